@@ -1,0 +1,4 @@
+//! The replica plane: wire format, and (as the issues land) the VSR consensus core,
+//! the message bus and the deterministic simulator.
+
+pub mod wire;

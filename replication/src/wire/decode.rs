@@ -80,6 +80,35 @@ pub enum Message<'a> {
 }
 
 impl Message<'_> {
+    /// The typed header, for printing its fields.
+    pub fn header_fields(&self) -> &dyn HeaderFields {
+        match *self {
+            Message::Request(h, _) => h,
+            Message::Prepare(h, _) | Message::RepairPrepare(h, _) => h,
+            Message::PrepareOk(h) => h,
+            Message::Reply(h, _) => h,
+            Message::Commit(h) => h,
+            Message::StartViewChange(h) => h,
+            Message::DoViewChange(h, _) => h,
+            Message::StartView(h, _) => h,
+            Message::Eviction(h) => h,
+            Message::ReplicaHello(h) => h,
+            Message::ReplicaChallenge(h) => h,
+            Message::ReplicaFinish(h) => h,
+            Message::RequestStartView(h) => h,
+            Message::RequestPrepares(h) => h,
+            Message::RepairDone(h) | Message::RangeEvicted(h) => h,
+            Message::RequestStateTransfer(h) => h,
+            Message::StateTransferTarget(h, _) => h,
+            Message::RequestStateChunk(h) => h,
+            Message::StateChunk(h, _) => h,
+            Message::ForwardRegister(h) => h,
+            Message::ForwardRegisterResult(h) => h,
+            Message::ForwardLogout(h) => h,
+            Message::ForwardLogoutResult(h) => h,
+        }
+    }
+
     /// The command of the frame.
     pub fn command(&self) -> Command {
         match self {
@@ -221,7 +250,7 @@ fn check_group(command: Command, group: u64) -> Result<(), FrameError> {
 }
 
 fn suffix(body: &[u8]) -> Result<&[PrepareHeader], FrameError> {
-    if body.len() % HEADER_SIZE != 0 {
+    if !body.len().is_multiple_of(HEADER_SIZE) {
         return Err(FrameError::SuffixNotWhole { len: body.len() });
     }
     let count = body.len() / HEADER_SIZE;
@@ -283,7 +312,7 @@ fn decode_prepare<'a>(
     Ok(header)
 }
 
-fn decode_request<'a>(bytes: &'a [u8]) -> Result<&'a RequestHeader, FrameError> {
+fn decode_request(bytes: &[u8]) -> Result<&RequestHeader, FrameError> {
     let header: &RequestHeader = cast(bytes)?;
     if header.client == 0 {
         return Err(FrameError::ClientZero);

@@ -1,0 +1,3 @@
+//! Operator tools shared by the `appliance-inspect` and (later) `appliance-cli` binaries.
+
+pub mod inspect;

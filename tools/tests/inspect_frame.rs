@@ -1,0 +1,95 @@
+//! appliance-inspect frame, run as a process the way operators and scripts run it.
+
+use std::process::Command;
+
+use replication::wire::{CommitHeader, Frame, Header, RequestPreparesHeader, METADATA_GROUP};
+use serde_json::Value;
+
+fn inspect(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_appliance-inspect"))
+        .args(args)
+        .output()
+        .expect("appliance-inspect runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn commit_frame() -> Frame {
+    let mut h = CommitHeader::new();
+    h.frame.view = 3;
+    h.commit = 17;
+    h.timestamp_monotonic = 99;
+    h.group = METADATA_GROUP;
+    Frame::build(&h, &[])
+}
+
+#[test]
+fn json_report_names_every_field_with_decimal_strings() {
+    let (code, stdout, _) = inspect(&["frame", "--json", "--hex", &hex(commit_frame().as_bytes())]);
+    assert_eq!(code, 0);
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(report["command"], "Commit");
+    assert_eq!(report["valid"], true);
+    assert_eq!(report["body_len"], 0);
+    assert_eq!(report["fields"]["commit"], "17");
+    assert_eq!(report["fields"]["timestamp_monotonic"], "99");
+    assert_eq!(report["fields"]["view"], "3");
+    assert_eq!(report["fields"]["group"], (1u64 << 63).to_string());
+    assert_eq!(report["fields"]["command"], "9");
+    assert!(report["fields"].get("reserved_tail").is_none());
+}
+
+#[test]
+fn concatenated_frames_from_a_file_are_each_reported_and_a_bad_one_exits_1() {
+    let mut bytes = commit_frame().as_bytes().to_vec();
+    let mut repair = RequestPreparesHeader::new();
+    repair.nonce = 1;
+    repair.from_op = 5;
+    repair.to_op = 4;
+    repair.group = METADATA_GROUP;
+    bytes.extend_from_slice(Frame::build(&repair, &[]).as_bytes());
+    let dir = std::env::temp_dir().join(format!("inspect-frame-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("frames.bin");
+    std::fs::write(&path, &bytes).unwrap();
+    let (code, stdout, _) = inspect(&["frame", "--json", "--file", path.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(code, 1);
+    let reports: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(reports.len(), 2);
+    assert_eq!(reports[0]["valid"], true);
+    assert_eq!(reports[1]["command"], "RequestPrepares");
+    assert_eq!(reports[1]["valid"], false);
+    assert_eq!(reports[1]["reason_code"], "repair_range_invalid");
+    assert_eq!(reports[1]["fields"]["from_op"], "5");
+}
+
+#[test]
+fn a_tampered_frame_is_reported_invalid_with_its_reason() {
+    let mut bytes = commit_frame().as_bytes().to_vec();
+    bytes[152] ^= 1;
+    let (code, stdout, _) = inspect(&["frame", "--json", "--hex", &hex(&bytes)]);
+    assert_eq!(code, 1);
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(report["reason_code"], "frame_seal_mismatch");
+}
+
+#[test]
+fn bad_hex_is_a_usage_error_with_one_line_on_stderr() {
+    let (code, _, stderr) = inspect(&["frame", "--hex", "zz"]);
+    assert_eq!(code, 2);
+    assert_eq!(stderr.lines().count(), 1);
+    assert!(stderr.contains("hex"));
+    let (code, _, _) = inspect(&["frame"]);
+    assert_eq!(code, 2);
+}

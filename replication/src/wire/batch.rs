@@ -235,21 +235,57 @@ fn walk(
     Ok(())
 }
 
+/// Feeds message checksum fields to the batch hasher in blocks: one streaming update
+/// per 8-byte field costs about a tenth of verify's time on 1 KiB messages.
+struct ChecksumFeed {
+    hasher: Xxh3Default,
+    block: [u8; CHECKSUM_FEED_BLOCK],
+    len: usize,
+}
+
+const CHECKSUM_FEED_BLOCK: usize = 8 * 256;
+
+impl ChecksumFeed {
+    fn new(header: &BatchHeader) -> ChecksumFeed {
+        let mut hasher = Xxh3Default::new();
+        let mut stamp = [0u8; 44];
+        stamp[0..8].copy_from_slice(&header.partition_id.get().to_le_bytes());
+        stamp[8..16].copy_from_slice(&header.base_offset.get().to_le_bytes());
+        stamp[16..24].copy_from_slice(&header.base_timestamp.get().to_le_bytes());
+        stamp[24..32].copy_from_slice(&header.origin_timestamp.get().to_le_bytes());
+        stamp[32..40].copy_from_slice(&header.batch_length.get().to_le_bytes());
+        stamp[40..44].copy_from_slice(&header.message_count.get().to_le_bytes());
+        hasher.update(&stamp);
+        ChecksumFeed {
+            hasher,
+            block: [0; CHECKSUM_FEED_BLOCK],
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, checksum: &[u8]) {
+        self.block[self.len..self.len + 8].copy_from_slice(&checksum[..8]);
+        self.len += 8;
+        if self.len == CHECKSUM_FEED_BLOCK {
+            self.hasher.update(&self.block);
+            self.len = 0;
+        }
+    }
+
+    fn digest(mut self) -> u64 {
+        self.hasher.update(&self.block[..self.len]);
+        self.hasher.digest()
+    }
+}
+
 /// batch_checksum over the stamp fields and every message's checksum field.
 fn batch_checksum(batch: &[u8], message_count: u32) -> Result<u64, BatchError> {
-    let header = header_of(batch)?;
-    let mut hasher = Xxh3Default::new();
-    hasher.update(&header.partition_id.get().to_le_bytes());
-    hasher.update(&header.base_offset.get().to_le_bytes());
-    hasher.update(&header.base_timestamp.get().to_le_bytes());
-    hasher.update(&header.origin_timestamp.get().to_le_bytes());
-    hasher.update(&header.batch_length.get().to_le_bytes());
-    hasher.update(&header.message_count.get().to_le_bytes());
+    let mut feed = ChecksumFeed::new(header_of(batch)?);
     walk(batch, message_count, |_, frame, _| {
-        hasher.update(&frame[..8]);
+        feed.push(frame);
         Ok(())
     })?;
-    Ok(hasher.digest())
+    Ok(feed.digest())
 }
 
 /// Stamps a batch at journal append: partition_id, base_offset, base_timestamp, and the
@@ -309,13 +345,7 @@ pub fn verify(batch: &[u8]) -> Result<BatchInfo, BatchError> {
     if message_count == 0 {
         return Err(BatchError::Empty);
     }
-    let mut hasher = Xxh3Default::new();
-    hasher.update(&header.partition_id.get().to_le_bytes());
-    hasher.update(&header.base_offset.get().to_le_bytes());
-    hasher.update(&header.base_timestamp.get().to_le_bytes());
-    hasher.update(&header.origin_timestamp.get().to_le_bytes());
-    hasher.update(&batch_length.to_le_bytes());
-    hasher.update(&message_count.to_le_bytes());
+    let mut feed = ChecksumFeed::new(header);
     walk(batch, message_count, |index, frame, message| {
         if message.reserved != [0; 8] {
             return Err(BatchError::ReservedNonZero {
@@ -331,10 +361,10 @@ pub fn verify(batch: &[u8]) -> Result<BatchInfo, BatchError> {
         if xxh3_64(&frame[8..]) != message.checksum.get() {
             return Err(BatchError::MessageChecksum { message: index });
         }
-        hasher.update(&frame[..8]);
+        feed.push(frame);
         Ok(())
     })?;
-    let computed = hasher.digest();
+    let computed = feed.digest();
     let stored = header.batch_checksum.get();
     if computed != stored {
         return Err(BatchError::BatchChecksum { stored, computed });

@@ -1,1 +1,1 @@
-//! placeholder
+//! The `journal` crate (see DESIGN.md). Not built yet (see README.md, "Status").

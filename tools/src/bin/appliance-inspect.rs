@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use replication::wire::Limits;
-use tools::inspect::{frame, from_hex, InspectError};
+use tools::inspect::{frame, from_hex, manifest, InspectError};
 
 #[derive(Parser)]
 #[command(
@@ -38,6 +38,30 @@ enum Cmd {
         #[arg(long, default_value_t = replication::wire::decode::MAX_MESSAGE_SIZE_DEFAULT)]
         max_message_size: u32,
     },
+    /// Decode and verify an ISM1 state-transfer manifest.
+    Manifest {
+        /// The manifest file.
+        file: PathBuf,
+    },
+}
+
+fn read(path: &std::path::Path) -> Result<Vec<u8>, InspectError> {
+    std::fs::read(path)
+        .map_err(|e| InspectError::Runtime(format!("reading {}: {e}", path.display())))
+}
+
+/// Prints a report as JSON or text and says whether it was valid.
+fn print(
+    json: bool,
+    report: &serde_json::Value,
+    text: impl Fn(&serde_json::Value) -> String,
+) -> bool {
+    if json {
+        println!("{report}");
+    } else {
+        println!("{}", text(report));
+    }
+    report["valid"] == true
 }
 
 fn run(cli: Cli) -> Result<bool, InspectError> {
@@ -60,9 +84,7 @@ fn run(cli: Cli) -> Result<bool, InspectError> {
                     };
                     from_hex(&text).map_err(|e| InspectError::Usage(format!("--hex: {e}")))?
                 }
-                (None, Some(path)) => std::fs::read(&path).map_err(|e| {
-                    InspectError::Runtime(format!("reading {}: {e}", path.display()))
-                })?,
+                (None, Some(path)) => read(&path)?,
                 (None, None) => return Err(InspectError::Usage("give --hex or --file".into())),
             };
             if bytes.is_empty() {
@@ -70,15 +92,18 @@ fn run(cli: Cli) -> Result<bool, InspectError> {
             }
             let limits = Limits { max_message_size };
             let reports = frame::reports(&bytes, &limits);
-            for report in &reports {
-                if cli.json {
-                    println!("{report}");
-                } else {
-                    println!("{}", frame::render_text(report));
-                }
-            }
-            Ok(reports.iter().all(|r| r["valid"] == true))
+            // Print every report, then say whether all were valid.
+            let verdicts: Vec<bool> = reports
+                .iter()
+                .map(|report| print(cli.json, report, frame::render_text))
+                .collect();
+            Ok(verdicts.into_iter().all(|valid| valid))
         }
+        Cmd::Manifest { file } => Ok(print(
+            cli.json,
+            &manifest::report(&read(&file)?),
+            manifest::render_text,
+        )),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Offline inspection: decode what is on the wire or on disk and report it.
 
 pub mod frame;
+pub mod manifest;
 
 /// A report failure: bad usage (exit 2) or a runtime failure (exit 1).
 #[derive(Debug)]

@@ -93,3 +93,32 @@ fn bad_hex_is_a_usage_error_with_one_line_on_stderr() {
     let (code, _, _) = inspect(&["frame"]);
     assert_eq!(code, 2);
 }
+
+#[test]
+fn manifest_report_lists_artifacts_and_flags_a_corrupt_file() {
+    use statexfer::{ArtifactKind, Manifest, ManifestEntry};
+    let manifest = Manifest {
+        entries: vec![ManifestEntry {
+            kind: ArtifactKind::SegmentLog,
+            frontier: 4096,
+            len: 10,
+            checksum: 0xab,
+        }],
+    };
+    let dir = std::env::temp_dir().join(format!("inspect-manifest-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("manifest.ism1");
+    std::fs::write(&path, manifest.encode()).unwrap();
+    let (code, stdout, _) = inspect(&["manifest", "--json", path.to_str().unwrap()]);
+    assert_eq!(code, 0);
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(report["entries"][0]["kind"], "SEGMENT_LOG");
+    assert_eq!(report["entries"][0]["frontier"], "4096");
+    let mut corrupt = manifest.encode();
+    corrupt[12] ^= 1;
+    std::fs::write(&path, corrupt).unwrap();
+    let (code, stdout, _) = inspect(&["manifest", path.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(code, 1);
+    assert!(stdout.contains("trailer"), "{stdout}");
+}

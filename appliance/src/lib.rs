@@ -1,2 +1,4 @@
 //! The appliance daemon: config, executors, client plane, state machines, stats
-//! endpoint. Not built yet (see README.md, "Status").
+//! endpoint. So far: the configuration (see README.md, "Status").
+
+pub mod config;

@@ -10,7 +10,12 @@ fn main() -> std::io::Result<()> {
         .unwrap_or_else(|| "statexfer/fuzz/corpus/manifest_decode".into());
     let out = std::path::Path::new(&out);
     std::fs::create_dir_all(out)?;
-    let entry = |kind, frontier, len| ManifestEntry { kind, frontier, len, checksum: len ^ 0x5a5a };
+    let entry = |kind, frontier, len| ManifestEntry {
+        kind,
+        frontier,
+        len,
+        checksum: len ^ 0x5a5a,
+    };
     let typical = Manifest {
         entries: vec![
             entry(ArtifactKind::MetadataSnapshot, 900, 8192),

@@ -1,0 +1,418 @@
+//! The appliance's configuration (INTERFACES.md, "Config"): TOML with the spec's keys,
+//! an environment override for every key, and validation at start that names the key,
+//! the value and the rule it broke. With no file, a single node on loopback.
+
+mod env;
+pub mod units;
+mod validate;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use env::ENV_PREFIX;
+pub use units::{ByteSize, ConfigDuration};
+
+/// A configuration that failed to load or validate: which key, what value, which rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Dotted key path (`cluster.nodes[1].ports.tcp`), or the file or variable read.
+    pub key: String,
+    /// The offending value as written (may be empty when the key is missing).
+    pub value: String,
+    /// The rule, in words an operator can act on.
+    pub rule: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(
+        key: impl Into<String>,
+        value: impl Into<String>,
+        rule: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError {
+            key: key.into(),
+            value: value.into(),
+            rule: rule.into(),
+        }
+    }
+}
+
+impl core::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        if self.value.is_empty() {
+            write!(f, "config {}: {}", self.key, self.rule)
+        } else {
+            write!(f, "config {} = {:?}: {}", self.key, self.value, self.rule)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The whole configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub cluster: ClusterConfig,
+    pub message_bus: MessageBusConfig,
+    pub storage: StorageConfig,
+    pub limits: LimitsConfig,
+    pub runtime: RuntimeConfig,
+    pub log: LogConfig,
+}
+
+/// `[cluster]`: membership, consensus timing and peer authentication.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// blake3(name) is the cluster id on every replica frame.
+    pub name: String,
+    /// The Commit broadcast, the only heartbeat.
+    pub commit_broadcast_interval: ConfigDuration,
+    /// A backup that hears no newer Commit for this long starts a view change.
+    pub heartbeat_timeout: ConfigDuration,
+    pub prepare_retransmit_interval: ConfigDuration,
+    pub view_change_retransmit_interval: ConfigDuration,
+    /// Prepares per repair chunk; must stay below message_bus.peer_queue_capacity.
+    pub repair_chunk_max: u32,
+    /// Prepares in flight per group (at most 127: the DVC bitsets are u128).
+    pub pipeline_max: u32,
+    pub auth: AuthConfig,
+    pub tls: TlsConfig,
+    pub nodes: Vec<NodeConfig>,
+}
+
+/// `[cluster.auth]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    pub enabled: bool,
+    /// At least 32 bytes.
+    pub shared_secret: String,
+    /// Accepted for verification during a rotation window.
+    pub previous_shared_secret: Option<String>,
+}
+
+/// `[cluster.tls]`: TLS 1.3 on the replica plane.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    pub enabled: bool,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+}
+
+/// `[[cluster.nodes]]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    pub name: String,
+    /// The roster address for the replica plane, and the clients' fallback address.
+    pub ip: IpAddr,
+    pub replica_id: u8,
+    pub ports: Ports,
+    /// The address clients are redirected to, when it differs from `ip`.
+    #[serde(default)]
+    pub advertised_address: Option<String>,
+}
+
+/// `ports = { tcp, quic, http, websocket, tcp_replica }`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ports {
+    /// The client plane.
+    pub tcp: u16,
+    /// Accepted and reported as not served.
+    pub quic: u16,
+    /// The stats endpoint.
+    pub http: u16,
+    /// Accepted and reported as not served.
+    pub websocket: u16,
+    /// The replica plane.
+    pub tcp_replica: u16,
+}
+
+/// `[message_bus]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MessageBusConfig {
+    pub max_message_size: ByteSize,
+    /// Frames queued per peer; overruns are dropped and counted.
+    pub peer_queue_capacity: u32,
+    /// Frames per writev.
+    pub max_batch: u32,
+    pub reconnect_period: ConfigDuration,
+    /// How long an inbound handshake may take.
+    pub handshake_grace: ConfigDuration,
+    /// Inbound replica handshakes in flight.
+    pub handshakes_max: u32,
+}
+
+/// When written data reaches stable storage before an ack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// fdatasync before every ack.
+    EveryBatch,
+    /// fdatasync at most this often; acks within the window may be lost with the host.
+    Interval(Duration),
+    /// Never forced; the page cache decides.
+    None,
+}
+
+impl<'de> Deserialize<'de> for Durability {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        match text.as_str() {
+            "every_batch" => Ok(Durability::EveryBatch),
+            "none" => Ok(Durability::None),
+            other => units::parse_duration(other)
+                .map(Durability::Interval)
+                .map_err(|_| {
+                    serde::de::Error::custom(format!(
+                        "\"{other}\" is not \"every_batch\", \"none\" or an interval like \"10ms\""
+                    ))
+                }),
+        }
+    }
+}
+
+impl Serialize for Durability {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Durability::EveryBatch => serializer.serialize_str("every_batch"),
+            Durability::None => serializer.serialize_str("none"),
+            Durability::Interval(d) => serializer.serialize_str(&units::format_duration(*d)),
+        }
+    }
+}
+
+/// `[storage]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    pub data_dir: PathBuf,
+    /// The preallocated metadata journal.
+    pub journal_size: ByteSize,
+    /// Partition segments roll at this size.
+    pub segment_size: ByteSize,
+    pub message_durability: Durability,
+    pub offset_durability: Durability,
+}
+
+/// `[limits]`: every bound on what clients and peers may make the node hold.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    pub client_connections_max: u32,
+    pub requests_in_flight_per_session: u32,
+    pub request_body_max: ByteSize,
+    /// Sessions in the client table; the oldest is evicted past this.
+    pub sessions_max: u32,
+    /// Memory for buffered frames across all connections.
+    pub frame_memory_max: ByteSize,
+}
+
+/// `[runtime]`: executors.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// Pin executors to CPUs where the host allows.
+    pub pin_cpus: bool,
+    /// io_uring registered memory per executor (locked; see LimitMEMLOCK).
+    pub io_memory: ByteSize,
+    /// Spin this long before parking the reactor (0 disables).
+    pub spin_before_park: ConfigDuration,
+}
+
+/// `[log]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// error, warn, info, debug or trace.
+    pub level: String,
+}
+
+const fn ms(n: u64) -> ConfigDuration {
+    ConfigDuration(Duration::from_millis(n))
+}
+
+impl Default for ClusterConfig {
+    fn default() -> ClusterConfig {
+        ClusterConfig {
+            name: "appliance".into(),
+            commit_broadcast_interval: ms(100),
+            heartbeat_timeout: ms(1000),
+            prepare_retransmit_interval: ms(200),
+            view_change_retransmit_interval: ms(300),
+            repair_chunk_max: 64,
+            pipeline_max: 64,
+            auth: AuthConfig::default(),
+            tls: TlsConfig::default(),
+            nodes: vec![NodeConfig::loopback()],
+        }
+    }
+}
+
+impl NodeConfig {
+    /// The node `appliance` runs with no config: 127.0.0.1, the default ports.
+    pub fn loopback() -> NodeConfig {
+        NodeConfig {
+            name: "node-0".into(),
+            ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            replica_id: 0,
+            ports: Ports {
+                tcp: 8090,
+                quic: 8080,
+                http: 3000,
+                websocket: 8092,
+                tcp_replica: 9090,
+            },
+            advertised_address: None,
+        }
+    }
+}
+
+impl Default for MessageBusConfig {
+    fn default() -> MessageBusConfig {
+        MessageBusConfig {
+            max_message_size: ByteSize(64 << 20),
+            peer_queue_capacity: 1024,
+            max_batch: 64,
+            reconnect_period: ms(500),
+            handshake_grace: ms(2000),
+            handshakes_max: 256,
+        }
+    }
+}
+
+impl Default for StorageConfig {
+    fn default() -> StorageConfig {
+        StorageConfig {
+            data_dir: PathBuf::from("./appliance-data"),
+            journal_size: ByteSize(256 << 20),
+            segment_size: ByteSize(1 << 30),
+            message_durability: Durability::EveryBatch,
+            offset_durability: Durability::EveryBatch,
+        }
+    }
+}
+
+impl Default for LimitsConfig {
+    fn default() -> LimitsConfig {
+        LimitsConfig {
+            client_connections_max: 10_000,
+            requests_in_flight_per_session: 64,
+            request_body_max: ByteSize(8 << 20),
+            sessions_max: 10_000,
+            frame_memory_max: ByteSize(1 << 30),
+        }
+    }
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> RuntimeConfig {
+        RuntimeConfig {
+            pin_cpus: false,
+            io_memory: ByteSize(4 << 20),
+            spin_before_park: ms(0),
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> LogConfig {
+        LogConfig {
+            level: "info".into(),
+        }
+    }
+}
+
+/// Merges `over` into `base`: tables key by key, anything else (arrays included)
+/// replaced whole.
+fn merge(base: &mut toml::Value, over: toml::Value) {
+    match (base, over) {
+        (toml::Value::Table(base), toml::Value::Table(over)) => {
+            for (key, value) in over {
+                match base.get_mut(&key) {
+                    Some(slot) => merge(slot, value),
+                    None => {
+                        base.insert(key, value);
+                    }
+                }
+            }
+        }
+        (slot, value) => *slot = value,
+    }
+}
+
+impl Config {
+    /// Parses TOML text, applies `APPLIANCE_*` overrides from `vars`, and validates.
+    pub fn from_toml(
+        text: &str,
+        source: &str,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let file: toml::Value = toml::from_str(text).map_err(|e| {
+            ConfigError::new(source, "", format!("is not valid TOML: {}", e.message()))
+        })?;
+        // Defaults first, the file over them, the environment over both: so an override
+        // can reach a key the file leaves out (APPLIANCE_CLUSTER__NODES__0__PORTS__HTTP
+        // with no file at all).
+        let mut value = toml::Value::try_from(Config::default())
+            .map_err(|e| ConfigError::new("(defaults)", "", e.to_string()))?;
+        merge(&mut value, file);
+        env::apply_overrides(&mut value, vars)?;
+        let config: Config = serde_path_to_error::deserialize(value).map_err(|e| {
+            let key = e.path().to_string();
+            let inner = e.into_inner();
+            ConfigError::new(
+                if key == "." { source.to_string() } else { key },
+                "",
+                inner.message().to_string(),
+            )
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Loads `path` (or, with `None`, the single-node loopback default) with the process
+    /// environment's overrides.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let vars = std::env::vars().filter(|(k, _)| k.starts_with(ENV_PREFIX));
+        match path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    ConfigError::new(
+                        path.display().to_string(),
+                        "",
+                        format!("cannot be read: {e}"),
+                    )
+                })?;
+                Config::from_toml(&text, &path.display().to_string(), vars)
+            }
+            None => Config::from_toml("", "(default config)", vars),
+        }
+    }
+
+    /// Checks every rule; the first broken one is returned.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        validate::validate(self)
+    }
+
+    /// The node entry of `replica_id`.
+    pub fn node(&self, replica_id: u8) -> Option<&NodeConfig> {
+        self.cluster
+            .nodes
+            .iter()
+            .find(|n| n.replica_id == replica_id)
+    }
+
+    /// Replicas in the cluster.
+    pub fn replica_count(&self) -> usize {
+        self.cluster.nodes.len()
+    }
+}

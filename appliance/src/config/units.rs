@@ -67,9 +67,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 /// Formats a duration the way config files write it.
 pub fn format_duration(duration: Duration) -> String {
     let ms = duration.as_millis();
-    if duration.subsec_micros() % 1000 != 0 {
+    if !duration.subsec_micros().is_multiple_of(1000) {
         format!("{}us", duration.as_micros())
-    } else if ms % 1000 == 0 && ms > 0 {
+    } else if ms.is_multiple_of(1000) && ms > 0 {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")
@@ -79,7 +79,7 @@ pub fn format_duration(duration: Duration) -> String {
 /// Formats a size the way config files write it.
 pub fn format_size(bytes: u64) -> String {
     for (unit, scale) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-        if bytes >= scale && bytes % scale == 0 {
+        if bytes >= scale && bytes.is_multiple_of(scale) {
             return format!("{} {unit}", bytes / scale);
         }
     }

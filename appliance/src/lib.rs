@@ -2,3 +2,4 @@
 //! endpoint. So far: the configuration (see README.md, "Status").
 
 pub mod config;
+pub mod protocol;

@@ -1,0 +1,158 @@
+//! Little-endian body codec for the client protocol: bounded reads that return typed
+//! errors, never panic, and refuse trailing bytes.
+
+/// Why a request or reply body does not parse.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BodyError {
+    /// The body ended inside `field`.
+    Truncated { field: &'static str },
+    /// Bytes left after the last field.
+    TrailingBytes { count: usize },
+    /// A string field is not UTF-8.
+    NotUtf8 { field: &'static str },
+    /// A field's value is out of its range.
+    Invalid {
+        field: &'static str,
+        rule: &'static str,
+    },
+    /// A list is longer than its bound.
+    TooMany {
+        field: &'static str,
+        count: u64,
+        max: u64,
+    },
+}
+
+impl core::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            BodyError::Truncated { field } => write!(f, "body ends inside {field}"),
+            BodyError::TrailingBytes { count } => write!(f, "{count} bytes follow the last field"),
+            BodyError::NotUtf8 { field } => write!(f, "{field} is not UTF-8"),
+            BodyError::Invalid { field, rule } => write!(f, "{field}: {rule}"),
+            BodyError::TooMany { field, count, max } => {
+                write!(f, "{field}: {count} entries exceed {max}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for BodyError {}
+
+/// Reads fields off a body in order.
+pub struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(bytes: &'a [u8]) -> Reader<'a> {
+        Reader { bytes }
+    }
+
+    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], BodyError> {
+        if self.bytes.len() < n {
+            return Err(BodyError::Truncated { field });
+        }
+        let (head, rest) = self.bytes.split_at(n);
+        self.bytes = rest;
+        Ok(head)
+    }
+
+    pub fn u8(&mut self, field: &'static str) -> Result<u8, BodyError> {
+        Ok(self.take(1, field)?[0])
+    }
+
+    pub fn u32(&mut self, field: &'static str) -> Result<u32, BodyError> {
+        let b = self.take(4, field)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    pub fn u64(&mut self, field: &'static str) -> Result<u64, BodyError> {
+        let b = self.take(8, field)?;
+        let mut word = [0u8; 8];
+        word.copy_from_slice(b);
+        Ok(u64::from_le_bytes(word))
+    }
+
+    /// A string: u8 length, then UTF-8 bytes; empty strings are refused.
+    pub fn name(&mut self, field: &'static str) -> Result<String, BodyError> {
+        let len = usize::from(self.u8(field)?);
+        if len == 0 {
+            return Err(BodyError::Invalid {
+                field,
+                rule: "must not be empty",
+            });
+        }
+        let bytes = self.take(len, field)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| BodyError::NotUtf8 { field })
+    }
+
+    /// A secret: u8 length, then bytes (1 to 255).
+    pub fn secret(&mut self, field: &'static str) -> Result<Vec<u8>, BodyError> {
+        let len = usize::from(self.u8(field)?);
+        if len == 0 {
+            return Err(BodyError::Invalid {
+                field,
+                rule: "must not be empty",
+            });
+        }
+        Ok(self.take(len, field)?.to_vec())
+    }
+
+    /// Everything left (for a message batch that ends the body).
+    pub fn rest(&mut self) -> &'a [u8] {
+        core::mem::take(&mut self.bytes)
+    }
+
+    /// Refuses trailing bytes.
+    pub fn finish(self) -> Result<(), BodyError> {
+        if self.bytes.is_empty() {
+            Ok(())
+        } else {
+            Err(BodyError::TrailingBytes {
+                count: self.bytes.len(),
+            })
+        }
+    }
+}
+
+/// Appends fields to a body.
+#[derive(Default)]
+pub struct Writer {
+    pub bytes: Vec<u8>,
+}
+
+impl Writer {
+    pub fn u8(&mut self, v: u8) -> &mut Writer {
+        self.bytes.push(v);
+        self
+    }
+
+    pub fn u32(&mut self, v: u32) -> &mut Writer {
+        self.bytes.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
+    pub fn u64(&mut self, v: u64) -> &mut Writer {
+        self.bytes.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
+    /// A string or secret of 1 to 255 bytes (callers validate lengths first; longer
+    /// input is cut at 255 bytes rather than written with a wrong length).
+    pub fn short_bytes(&mut self, v: &[u8]) -> &mut Writer {
+        let len = v.len().min(255);
+        self.bytes.push(len as u8);
+        self.bytes.extend_from_slice(&v[..len]);
+        self
+    }
+
+    pub fn raw(&mut self, v: &[u8]) -> &mut Writer {
+        self.bytes.extend_from_slice(v);
+        self
+    }
+
+    pub fn finish(&mut self) -> Vec<u8> {
+        core::mem::take(&mut self.bytes)
+    }
+}

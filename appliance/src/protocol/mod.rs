@@ -1,0 +1,14 @@
+//! The client protocol carried in Request (5) and Reply (8) bodies on the `tcp` port:
+//! request bodies per operation, NonReplicated read commands and reply statuses.
+//! docs/client-protocol.md is the reference for every encoding.
+
+pub mod codec;
+pub mod request;
+pub mod status;
+
+pub use codec::BodyError;
+pub use request::{ClientRequest, Consumer, PollStrategy, ReadCommand, StreamPermission};
+pub use status::Status;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,605 @@
+//! Client request bodies (docs/client-protocol.md): one variant per operation of
+//! wire-tables.md that a client may send, and the NonReplicated reads.
+
+use replication::wire::{Operation, PartitionKey};
+
+use super::codec::{BodyError, Reader, Writer};
+
+/// Permission entries a user may hold.
+pub const PERMISSIONS_MAX: usize = 1024;
+/// Messages a poll may ask for.
+pub const POLL_COUNT_MAX: u32 = 100_000;
+
+/// Rights on one stream (stream_id 0: every stream).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StreamPermission {
+    pub stream_id: u32,
+    pub read: bool,
+    pub write: bool,
+    pub manage: bool,
+}
+
+impl StreamPermission {
+    fn bits(&self) -> u8 {
+        u8::from(self.read) | u8::from(self.write) << 1 | u8::from(self.manage) << 2
+    }
+}
+
+/// Whose consumer offset: a single consumer or a consumer group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Consumer {
+    Single(u32),
+    Group(u32),
+}
+
+/// Where a poll starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollStrategy {
+    Offset(u64),
+    /// The first message at or after this timestamp (microseconds).
+    Timestamp(u64),
+    /// After the consumer's stored offset.
+    Next,
+}
+
+/// NonReplicated read commands (RequestHeader.read_command).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadCommand {
+    Login = 1,
+    ClusterMetadata = 2,
+    ListStreams = 3,
+    ListTopics = 4,
+    PollMessages = 5,
+    GetConsumerOffset = 6,
+}
+
+impl ReadCommand {
+    pub fn from_u32(value: u32) -> Option<ReadCommand> {
+        Some(match value {
+            1 => ReadCommand::Login,
+            2 => ReadCommand::ClusterMetadata,
+            3 => ReadCommand::ListStreams,
+            4 => ReadCommand::ListTopics,
+            5 => ReadCommand::PollMessages,
+            6 => ReadCommand::GetConsumerOffset,
+            _ => return None,
+        })
+    }
+}
+
+/// A parsed client request body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientRequest<'a> {
+    Register,
+    Logout,
+    CreateStream {
+        name: String,
+    },
+    DeleteStream {
+        stream_id: u32,
+    },
+    CreateTopic {
+        stream_id: u32,
+        name: String,
+        partitions: u32,
+    },
+    DeleteTopic {
+        stream_id: u32,
+        topic_id: u32,
+    },
+    CreatePartitions {
+        stream_id: u32,
+        topic_id: u32,
+        count: u32,
+    },
+    DeletePartitions {
+        stream_id: u32,
+        topic_id: u32,
+        count: u32,
+    },
+    CreateUser {
+        username: String,
+        password: Vec<u8>,
+        permissions: Vec<StreamPermission>,
+    },
+    DeleteUser {
+        user_id: u32,
+    },
+    ChangePassword {
+        user_id: u32,
+        new_password: Vec<u8>,
+    },
+    UpdatePermissions {
+        user_id: u32,
+        permissions: Vec<StreamPermission>,
+    },
+    CreateConsumerGroup {
+        stream_id: u32,
+        topic_id: u32,
+        name: String,
+    },
+    DeleteConsumerGroup {
+        stream_id: u32,
+        topic_id: u32,
+        group_id: u32,
+    },
+    JoinConsumerGroup {
+        stream_id: u32,
+        topic_id: u32,
+        group_id: u32,
+    },
+    LeaveConsumerGroup {
+        stream_id: u32,
+        topic_id: u32,
+        group_id: u32,
+    },
+    /// The batch is verified separately (wire::batch::verify) at ingress.
+    SendMessages {
+        partition: PartitionKey,
+        batch: &'a [u8],
+    },
+    StoreConsumerOffset {
+        partition: PartitionKey,
+        consumer: Consumer,
+        offset: u64,
+    },
+    DeleteConsumerOffset {
+        partition: PartitionKey,
+        consumer: Consumer,
+    },
+    /// Delete the oldest `segments` sealed segments of a partition.
+    DeleteSegments {
+        partition: PartitionKey,
+        segments: u32,
+    },
+    Login {
+        username: String,
+        password: Vec<u8>,
+    },
+    ClusterMetadata,
+    ListStreams,
+    ListTopics {
+        stream_id: u32,
+    },
+    PollMessages {
+        partition: PartitionKey,
+        consumer: Consumer,
+        strategy: PollStrategy,
+        count: u32,
+        auto_commit: bool,
+    },
+    GetConsumerOffset {
+        partition: PartitionKey,
+        consumer: Consumer,
+    },
+}
+
+fn partition(r: &mut Reader<'_>) -> Result<PartitionKey, BodyError> {
+    let key = PartitionKey {
+        stream: r.u32("stream_id")?,
+        topic: r.u32("topic_id")?,
+        partition: r.u32("partition_id")?,
+    };
+    key.pack().map_err(|_| BodyError::Invalid {
+        field: "partition",
+        rule: "stream/topic/partition must fit 20/12/20 bits and not all be 0",
+    })?;
+    Ok(key)
+}
+
+fn consumer(r: &mut Reader<'_>) -> Result<Consumer, BodyError> {
+    match r.u8("consumer_kind")? {
+        0 => Ok(Consumer::Single(r.u32("consumer_id")?)),
+        1 => Ok(Consumer::Group(r.u32("consumer_id")?)),
+        _ => Err(BodyError::Invalid {
+            field: "consumer_kind",
+            rule: "must be 0 (consumer) or 1 (group)",
+        }),
+    }
+}
+
+fn permissions(r: &mut Reader<'_>) -> Result<Vec<StreamPermission>, BodyError> {
+    let count = r.u32("permission_count")?;
+    if count as usize > PERMISSIONS_MAX {
+        return Err(BodyError::TooMany {
+            field: "permissions",
+            count: count.into(),
+            max: PERMISSIONS_MAX as u64,
+        });
+    }
+    (0..count)
+        .map(|_| {
+            let stream_id = r.u32("permission.stream_id")?;
+            let bits = r.u8("permission.bits")?;
+            if bits & !0b111 != 0 {
+                return Err(BodyError::Invalid {
+                    field: "permission.bits",
+                    rule: "only bits 0-2 (read, write, manage)",
+                });
+            }
+            Ok(StreamPermission {
+                stream_id,
+                read: bits & 1 != 0,
+                write: bits & 2 != 0,
+                manage: bits & 4 != 0,
+            })
+        })
+        .collect()
+}
+
+fn ids(r: &mut Reader<'_>, names: [&'static str; 3]) -> Result<(u32, u32, u32), BodyError> {
+    Ok((r.u32(names[0])?, r.u32(names[1])?, r.u32(names[2])?))
+}
+
+impl<'a> ClientRequest<'a> {
+    /// Parses a request body for `operation` (and `read_command` for NonReplicated).
+    /// Internal operations are never accepted from a client.
+    pub fn decode(
+        operation: Operation,
+        read_command: u32,
+        body: &'a [u8],
+    ) -> Result<ClientRequest<'a>, BodyError> {
+        use Operation as O;
+        let mut r = Reader::new(body);
+        let request = match operation {
+            O::Register => ClientRequest::Register,
+            O::Logout => ClientRequest::Logout,
+            O::CreateStream => ClientRequest::CreateStream {
+                name: r.name("name")?,
+            },
+            O::DeleteStream => ClientRequest::DeleteStream {
+                stream_id: r.u32("stream_id")?,
+            },
+            O::CreateTopic => ClientRequest::CreateTopic {
+                stream_id: r.u32("stream_id")?,
+                name: r.name("name")?,
+                partitions: r.u32("partitions")?,
+            },
+            O::DeleteTopic => ClientRequest::DeleteTopic {
+                stream_id: r.u32("stream_id")?,
+                topic_id: r.u32("topic_id")?,
+            },
+            O::CreatePartitions | O::DeletePartitions => {
+                let (stream_id, topic_id, count) = ids(&mut r, ["stream_id", "topic_id", "count"])?;
+                if operation == O::CreatePartitions {
+                    ClientRequest::CreatePartitions {
+                        stream_id,
+                        topic_id,
+                        count,
+                    }
+                } else {
+                    ClientRequest::DeletePartitions {
+                        stream_id,
+                        topic_id,
+                        count,
+                    }
+                }
+            }
+            O::CreateUser => ClientRequest::CreateUser {
+                username: r.name("username")?,
+                password: r.secret("password")?,
+                permissions: permissions(&mut r)?,
+            },
+            O::DeleteUser => ClientRequest::DeleteUser {
+                user_id: r.u32("user_id")?,
+            },
+            O::ChangePassword => ClientRequest::ChangePassword {
+                user_id: r.u32("user_id")?,
+                new_password: r.secret("new_password")?,
+            },
+            O::UpdatePermissions => ClientRequest::UpdatePermissions {
+                user_id: r.u32("user_id")?,
+                permissions: permissions(&mut r)?,
+            },
+            O::CreateConsumerGroup => ClientRequest::CreateConsumerGroup {
+                stream_id: r.u32("stream_id")?,
+                topic_id: r.u32("topic_id")?,
+                name: r.name("name")?,
+            },
+            O::DeleteConsumerGroup | O::JoinConsumerGroup | O::LeaveConsumerGroup => {
+                let (stream_id, topic_id, group_id) =
+                    ids(&mut r, ["stream_id", "topic_id", "group_id"])?;
+                match operation {
+                    O::DeleteConsumerGroup => ClientRequest::DeleteConsumerGroup {
+                        stream_id,
+                        topic_id,
+                        group_id,
+                    },
+                    O::JoinConsumerGroup => ClientRequest::JoinConsumerGroup {
+                        stream_id,
+                        topic_id,
+                        group_id,
+                    },
+                    _ => ClientRequest::LeaveConsumerGroup {
+                        stream_id,
+                        topic_id,
+                        group_id,
+                    },
+                }
+            }
+            O::SendMessages => ClientRequest::SendMessages {
+                partition: partition(&mut r)?,
+                batch: r.rest(),
+            },
+            O::StoreConsumerOffset => ClientRequest::StoreConsumerOffset {
+                partition: partition(&mut r)?,
+                consumer: consumer(&mut r)?,
+                offset: r.u64("offset")?,
+            },
+            O::DeleteConsumerOffset => ClientRequest::DeleteConsumerOffset {
+                partition: partition(&mut r)?,
+                consumer: consumer(&mut r)?,
+            },
+            O::DeleteSegments => ClientRequest::DeleteSegments {
+                partition: partition(&mut r)?,
+                segments: r.u32("segments")?,
+            },
+            O::NonReplicated => match ReadCommand::from_u32(read_command) {
+                Some(ReadCommand::Login) => ClientRequest::Login {
+                    username: r.name("username")?,
+                    password: r.secret("password")?,
+                },
+                Some(ReadCommand::ClusterMetadata) => ClientRequest::ClusterMetadata,
+                Some(ReadCommand::ListStreams) => ClientRequest::ListStreams,
+                Some(ReadCommand::ListTopics) => ClientRequest::ListTopics {
+                    stream_id: r.u32("stream_id")?,
+                },
+                Some(ReadCommand::PollMessages) => {
+                    let partition = partition(&mut r)?;
+                    let consumer = consumer(&mut r)?;
+                    let strategy = match r.u8("strategy")? {
+                        0 => PollStrategy::Offset(r.u64("value")?),
+                        1 => PollStrategy::Timestamp(r.u64("value")?),
+                        2 => {
+                            r.u64("value")?;
+                            PollStrategy::Next
+                        }
+                        _ => {
+                            return Err(BodyError::Invalid {
+                                field: "strategy",
+                                rule: "must be 0 (offset), 1 (timestamp) or 2 (next)",
+                            })
+                        }
+                    };
+                    let count = r.u32("count")?;
+                    if count == 0 || count > POLL_COUNT_MAX {
+                        return Err(BodyError::Invalid {
+                            field: "count",
+                            rule: "must be 1 to 100000",
+                        });
+                    }
+                    let auto_commit = match r.u8("auto_commit")? {
+                        0 => false,
+                        1 => true,
+                        _ => {
+                            return Err(BodyError::Invalid {
+                                field: "auto_commit",
+                                rule: "must be 0 or 1",
+                            })
+                        }
+                    };
+                    ClientRequest::PollMessages {
+                        partition,
+                        consumer,
+                        strategy,
+                        count,
+                        auto_commit,
+                    }
+                }
+                Some(ReadCommand::GetConsumerOffset) => ClientRequest::GetConsumerOffset {
+                    partition: partition(&mut r)?,
+                    consumer: consumer(&mut r)?,
+                },
+                None => {
+                    return Err(BodyError::Invalid {
+                        field: "read_command",
+                        rule: "unknown read command",
+                    })
+                }
+            },
+            _ => {
+                return Err(BodyError::Invalid {
+                    field: "operation",
+                    rule: "not a client operation",
+                })
+            }
+        };
+        r.finish()?;
+        Ok(request)
+    }
+
+    /// The operation byte and read command this request travels under.
+    pub fn operation(&self) -> (Operation, u32) {
+        use ClientRequest as R;
+        let read = |c: ReadCommand| (Operation::NonReplicated, c as u32);
+        match self {
+            R::Register => (Operation::Register, 0),
+            R::Logout => (Operation::Logout, 0),
+            R::CreateStream { .. } => (Operation::CreateStream, 0),
+            R::DeleteStream { .. } => (Operation::DeleteStream, 0),
+            R::CreateTopic { .. } => (Operation::CreateTopic, 0),
+            R::DeleteTopic { .. } => (Operation::DeleteTopic, 0),
+            R::CreatePartitions { .. } => (Operation::CreatePartitions, 0),
+            R::DeletePartitions { .. } => (Operation::DeletePartitions, 0),
+            R::CreateUser { .. } => (Operation::CreateUser, 0),
+            R::DeleteUser { .. } => (Operation::DeleteUser, 0),
+            R::ChangePassword { .. } => (Operation::ChangePassword, 0),
+            R::UpdatePermissions { .. } => (Operation::UpdatePermissions, 0),
+            R::CreateConsumerGroup { .. } => (Operation::CreateConsumerGroup, 0),
+            R::DeleteConsumerGroup { .. } => (Operation::DeleteConsumerGroup, 0),
+            R::JoinConsumerGroup { .. } => (Operation::JoinConsumerGroup, 0),
+            R::LeaveConsumerGroup { .. } => (Operation::LeaveConsumerGroup, 0),
+            R::SendMessages { .. } => (Operation::SendMessages, 0),
+            R::StoreConsumerOffset { .. } => (Operation::StoreConsumerOffset, 0),
+            R::DeleteConsumerOffset { .. } => (Operation::DeleteConsumerOffset, 0),
+            R::DeleteSegments { .. } => (Operation::DeleteSegments, 0),
+            R::Login { .. } => read(ReadCommand::Login),
+            R::ClusterMetadata => read(ReadCommand::ClusterMetadata),
+            R::ListStreams => read(ReadCommand::ListStreams),
+            R::ListTopics { .. } => read(ReadCommand::ListTopics),
+            R::PollMessages { .. } => read(ReadCommand::PollMessages),
+            R::GetConsumerOffset { .. } => read(ReadCommand::GetConsumerOffset),
+        }
+    }
+
+    /// Encodes the body.
+    pub fn encode(&self) -> Vec<u8> {
+        use ClientRequest as R;
+        let mut w = Writer::default();
+        let part = |w: &mut Writer, p: &PartitionKey| {
+            w.u32(p.stream).u32(p.topic).u32(p.partition);
+        };
+        let cons = |w: &mut Writer, c: &Consumer| match c {
+            Consumer::Single(id) => {
+                w.u8(0).u32(*id);
+            }
+            Consumer::Group(id) => {
+                w.u8(1).u32(*id);
+            }
+        };
+        let perms = |w: &mut Writer, p: &[StreamPermission]| {
+            w.u32(p.len() as u32);
+            for e in p {
+                w.u32(e.stream_id).u8(e.bits());
+            }
+        };
+        match self {
+            R::Register | R::Logout | R::ClusterMetadata | R::ListStreams => {}
+            R::CreateStream { name } => {
+                w.short_bytes(name.as_bytes());
+            }
+            R::DeleteStream { stream_id } | R::ListTopics { stream_id } => {
+                w.u32(*stream_id);
+            }
+            R::CreateTopic {
+                stream_id,
+                name,
+                partitions,
+            } => {
+                w.u32(*stream_id)
+                    .short_bytes(name.as_bytes())
+                    .u32(*partitions);
+            }
+            R::DeleteTopic {
+                stream_id,
+                topic_id,
+            } => {
+                w.u32(*stream_id).u32(*topic_id);
+            }
+            R::CreatePartitions {
+                stream_id,
+                topic_id,
+                count,
+            }
+            | R::DeletePartitions {
+                stream_id,
+                topic_id,
+                count,
+            } => {
+                w.u32(*stream_id).u32(*topic_id).u32(*count);
+            }
+            R::CreateUser {
+                username,
+                password,
+                permissions,
+            } => {
+                w.short_bytes(username.as_bytes()).short_bytes(password);
+                perms(&mut w, permissions);
+            }
+            R::DeleteUser { user_id } => {
+                w.u32(*user_id);
+            }
+            R::ChangePassword {
+                user_id,
+                new_password,
+            } => {
+                w.u32(*user_id).short_bytes(new_password);
+            }
+            R::UpdatePermissions {
+                user_id,
+                permissions,
+            } => {
+                w.u32(*user_id);
+                perms(&mut w, permissions);
+            }
+            R::CreateConsumerGroup {
+                stream_id,
+                topic_id,
+                name,
+            } => {
+                w.u32(*stream_id)
+                    .u32(*topic_id)
+                    .short_bytes(name.as_bytes());
+            }
+            R::DeleteConsumerGroup {
+                stream_id,
+                topic_id,
+                group_id,
+            }
+            | R::JoinConsumerGroup {
+                stream_id,
+                topic_id,
+                group_id,
+            }
+            | R::LeaveConsumerGroup {
+                stream_id,
+                topic_id,
+                group_id,
+            } => {
+                w.u32(*stream_id).u32(*topic_id).u32(*group_id);
+            }
+            R::SendMessages { partition, batch } => {
+                part(&mut w, partition);
+                w.raw(batch);
+            }
+            R::StoreConsumerOffset {
+                partition,
+                consumer,
+                offset,
+            } => {
+                part(&mut w, partition);
+                cons(&mut w, consumer);
+                w.u64(*offset);
+            }
+            R::DeleteConsumerOffset {
+                partition,
+                consumer,
+            }
+            | R::GetConsumerOffset {
+                partition,
+                consumer,
+            } => {
+                part(&mut w, partition);
+                cons(&mut w, consumer);
+            }
+            R::DeleteSegments {
+                partition,
+                segments,
+            } => {
+                part(&mut w, partition);
+                w.u32(*segments);
+            }
+            R::Login { username, password } => {
+                w.short_bytes(username.as_bytes()).short_bytes(password);
+            }
+            R::PollMessages {
+                partition,
+                consumer,
+                strategy,
+                count,
+                auto_commit,
+            } => {
+                part(&mut w, partition);
+                cons(&mut w, consumer);
+                match strategy {
+                    PollStrategy::Offset(v) => w.u8(0).u64(*v),
+                    PollStrategy::Timestamp(v) => w.u8(1).u64(*v),
+                    PollStrategy::Next => w.u8(2).u64(0),
+                };
+                w.u32(*count).u8(u8::from(*auto_commit));
+            }
+        }
+        w.finish()
+    }
+}

@@ -1,0 +1,644 @@
+//! The metadata state machine: streams, topics, partitions, users and consumer groups.
+//! `apply` is deterministic (ids are assigned in op order, no clocks, no randomness), so
+//! every replica that applies the same ops holds the same state. `prepare` runs on the
+//! primary only: it authorises the request and turns it into a prepared `MetadataOp`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use replication::wire::PartitionKey;
+use serde::{Deserialize, Serialize};
+
+use super::auth;
+use super::ops::MetadataOp;
+use crate::protocol::{ClientRequest, Status, StreamPermission};
+
+/// Streams a cluster may hold (stream ids are 20 bits; 0 is unused).
+pub const STREAMS_MAX: u32 = (1 << 20) - 1;
+/// Topics per stream (topic ids are 12 bits; 0 is unused).
+pub const TOPICS_PER_STREAM_MAX: u32 = (1 << 12) - 1;
+/// Partitions per topic.
+pub const PARTITIONS_PER_TOPIC_MAX: u32 = 10_000;
+/// Consumer groups per topic, and members per group.
+pub const GROUPS_PER_TOPIC_MAX: u32 = 1_000;
+pub const GROUP_MEMBERS_MAX: usize = 10_000;
+/// Users a cluster may hold.
+pub const USERS_MAX: u32 = 100_000;
+/// The root user set at format time.
+pub const ROOT_USER_ID: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stream {
+    pub name: String,
+    pub created_at: u64,
+    pub topics: BTreeMap<u32, Topic>,
+    pub next_topic_id: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Topic {
+    pub name: String,
+    pub created_at: u64,
+    /// Partition ids, 0..partition_count.
+    pub partition_count: u32,
+    pub groups: BTreeMap<u32, ConsumerGroup>,
+    pub next_group_id: u32,
+    /// Per partition: sealed segments removed by TruncatePartition so far.
+    pub truncated_segments: BTreeMap<u32, u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsumerGroup {
+    pub name: String,
+    pub members: BTreeSet<u128>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct User {
+    pub username: String,
+    pub password_hash: String,
+    pub permissions: Vec<(u32, u8)>,
+    pub root: bool,
+}
+
+/// Who is asking: the session's user and client (from the prepare header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub user_id: u32,
+    pub client: u128,
+}
+
+/// What applying an op produced: the reply status and body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    pub status: Status,
+    pub body: Vec<u8>,
+}
+
+impl Applied {
+    fn ok(body: Vec<u8>) -> Applied {
+        Applied {
+            status: Status::Ok,
+            body,
+        }
+    }
+
+    fn id(id: u32) -> Applied {
+        Applied::ok(id.to_le_bytes().to_vec())
+    }
+
+    fn fail(status: Status) -> Applied {
+        Applied {
+            status,
+            body: Vec::new(),
+        }
+    }
+}
+
+/// The right a request needs on a stream (stream 0: every stream / cluster-wide).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Right {
+    Read,
+    Write,
+    Manage,
+}
+
+/// The replicated metadata.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetadataState {
+    pub streams: BTreeMap<u32, Stream>,
+    pub next_stream_id: u32,
+    pub users: BTreeMap<u32, User>,
+    pub next_user_id: u32,
+}
+
+fn bits(p: &StreamPermission) -> u8 {
+    u8::from(p.read) | u8::from(p.write) << 1 | u8::from(p.manage) << 2
+}
+
+impl MetadataState {
+    /// The state a freshly formatted cluster starts with: only the root user.
+    pub fn formatted(root_username: &str, root_password_hash: String) -> MetadataState {
+        let mut state = MetadataState {
+            next_stream_id: 1,
+            next_user_id: ROOT_USER_ID + 1,
+            ..Default::default()
+        };
+        state.users.insert(
+            ROOT_USER_ID,
+            User {
+                username: root_username.to_string(),
+                password_hash: root_password_hash,
+                permissions: Vec::new(),
+                root: true,
+            },
+        );
+        state
+    }
+
+    /// The user a login names, if the password matches. Unknown names verify against a
+    /// decoy hash so timing does not reveal whether a user exists.
+    pub fn login(&self, username: &str, password: &[u8]) -> Option<u32> {
+        match self.users.iter().find(|(_, u)| u.username == username) {
+            Some((id, user)) => auth::verify_password(password, &user.password_hash).then_some(*id),
+            None => {
+                auth::verify_password(password, auth::decoy_hash());
+                None
+            }
+        }
+    }
+
+    /// Whether `user_id` holds `right` on `stream_id` (stream 0 asks for a cluster-wide
+    /// right). Root holds every right; a deleted user holds none.
+    pub fn allows(&self, user_id: u32, stream_id: u32, right: Right) -> bool {
+        let Some(user) = self.users.get(&user_id) else {
+            return false;
+        };
+        if user.root {
+            return true;
+        }
+        let bit = match right {
+            Right::Read => 1,
+            Right::Write => 2,
+            Right::Manage => 4,
+        };
+        user.permissions
+            .iter()
+            .any(|(stream, b)| (*stream == 0 || *stream == stream_id) && b & bit != 0)
+    }
+
+    /// The topic of a partition key, if the partition exists.
+    pub fn partition_exists(&self, key: PartitionKey) -> bool {
+        self.topic(key.stream, key.topic)
+            .is_some_and(|t| key.partition < t.partition_count)
+    }
+
+    pub fn topic(&self, stream_id: u32, topic_id: u32) -> Option<&Topic> {
+        self.streams.get(&stream_id)?.topics.get(&topic_id)
+    }
+
+    fn topic_mut(&mut self, stream_id: u32, topic_id: u32) -> Option<&mut Topic> {
+        self.streams.get_mut(&stream_id)?.topics.get_mut(&topic_id)
+    }
+
+    /// Every partition key the cluster holds, in order (one VSR group each).
+    pub fn partitions(&self) -> Vec<PartitionKey> {
+        let mut keys = Vec::new();
+        for (stream, s) in &self.streams {
+            for (topic, t) in &s.topics {
+                keys.extend((0..t.partition_count).map(|partition| PartitionKey {
+                    stream: *stream,
+                    topic: *topic,
+                    partition,
+                }));
+            }
+        }
+        keys
+    }
+
+    /// The primary's step: authorise `request` for `caller` and prepare it. Errors are
+    /// answered to the client without preparing anything.
+    pub fn prepare(
+        &self,
+        caller: Caller,
+        request: &ClientRequest<'_>,
+        now: u64,
+    ) -> Result<MetadataOp, Status> {
+        use ClientRequest as R;
+        let need = |stream: u32, right: Right| {
+            if self.allows(caller.user_id, stream, right) {
+                Ok(())
+            } else {
+                Err(Status::PermissionDenied)
+            }
+        };
+        let hash =
+            |password: &[u8]| auth::hash_password(password).map_err(|_| Status::InvalidRequest);
+        Ok(match request {
+            R::CreateStream { name } => {
+                need(0, Right::Manage)?;
+                MetadataOp::CreateStream {
+                    name: name.clone(),
+                    created_at: now,
+                }
+            }
+            R::DeleteStream { stream_id } => {
+                need(*stream_id, Right::Manage)?;
+                MetadataOp::DeleteStream {
+                    stream_id: *stream_id,
+                }
+            }
+            R::CreateTopic {
+                stream_id,
+                name,
+                partitions,
+            } => {
+                need(*stream_id, Right::Manage)?;
+                MetadataOp::CreateTopic {
+                    stream_id: *stream_id,
+                    name: name.clone(),
+                    partitions: *partitions,
+                    created_at: now,
+                }
+            }
+            R::DeleteTopic {
+                stream_id,
+                topic_id,
+            } => {
+                need(*stream_id, Right::Manage)?;
+                MetadataOp::DeleteTopic {
+                    stream_id: *stream_id,
+                    topic_id: *topic_id,
+                }
+            }
+            R::CreatePartitions {
+                stream_id,
+                topic_id,
+                count,
+            } => {
+                need(*stream_id, Right::Manage)?;
+                MetadataOp::CreatePartitions {
+                    stream_id: *stream_id,
+                    topic_id: *topic_id,
+                    count: *count,
+                }
+            }
+            R::DeletePartitions {
+                stream_id,
+                topic_id,
+                count,
+            } => {
+                need(*stream_id, Right::Manage)?;
+                MetadataOp::DeletePartitions {
+                    stream_id: *stream_id,
+                    topic_id: *topic_id,
+                    count: *count,
+                }
+            }
+            R::DeleteSegments {
+                partition,
+                segments,
+            } => {
+                need(partition.stream, Right::Manage)?;
+                MetadataOp::TruncatePartition {
+                    partition: *partition,
+                    segments: *segments,
+                }
+            }
+            R::CreateUser {
+                username,
+                password,
+                permissions,
+            } => {
+                need(0, Right::Manage)?;
+                MetadataOp::CreateUser {
+                    username: username.clone(),
+                    password_hash: hash(password)?,
+                    permissions: permissions.clone(),
+                }
+            }
+            R::DeleteUser { user_id } => {
+                need(0, Right::Manage)?;
+                MetadataOp::DeleteUser { user_id: *user_id }
+            }
+            R::ChangePassword {
+                user_id,
+                new_password,
+            } => {
+                if *user_id != caller.user_id {
+                    need(0, Right::Manage)?;
+                }
+                MetadataOp::ChangePassword {
+                    user_id: *user_id,
+                    password_hash: hash(new_password)?,
+                }
+            }
+            R::UpdatePermissions {
+                user_id,
+                permissions,
+            } => {
+                need(0, Right::Manage)?;
+                MetadataOp::UpdatePermissions {
+                    user_id: *user_id,
+                    permissions: permissions.clone(),
+                }
+            }
+            R::CreateConsumerGroup {
+                stream_id,
+                topic_id,
+                name,
+            } => {
+                need(*stream_id, Right::Manage)?;
+                MetadataOp::CreateConsumerGroup {
+                    stream_id: *stream_id,
+                    topic_id: *topic_id,
+                    name: name.clone(),
+                }
+            }
+            R::DeleteConsumerGroup {
+                stream_id,
+                topic_id,
+                group_id,
+            } => {
+                need(*stream_id, Right::Manage)?;
+                MetadataOp::DeleteConsumerGroup {
+                    stream_id: *stream_id,
+                    topic_id: *topic_id,
+                    group_id: *group_id,
+                }
+            }
+            R::JoinConsumerGroup {
+                stream_id,
+                topic_id,
+                group_id,
+            } => {
+                need(*stream_id, Right::Read)?;
+                MetadataOp::JoinConsumerGroup {
+                    stream_id: *stream_id,
+                    topic_id: *topic_id,
+                    group_id: *group_id,
+                }
+            }
+            R::LeaveConsumerGroup {
+                stream_id,
+                topic_id,
+                group_id,
+            } => {
+                need(*stream_id, Right::Read)?;
+                MetadataOp::LeaveConsumerGroup {
+                    stream_id: *stream_id,
+                    topic_id: *topic_id,
+                    group_id: *group_id,
+                }
+            }
+            // Sessions, partition-plane writes and reads are not metadata ops.
+            _ => return Err(Status::InvalidRequest),
+        })
+    }
+
+    /// Applies a committed op. Deterministic: validation against the state at this op
+    /// decides the outcome, so two racing creates of one name resolve the same way on
+    /// every replica.
+    pub fn apply(&mut self, caller: Caller, op: &MetadataOp) -> Applied {
+        use MetadataOp as M;
+        match op {
+            M::CreateStream { name, created_at } => {
+                if self.streams.values().any(|s| s.name == *name) {
+                    return Applied::fail(Status::AlreadyExists);
+                }
+                if self.next_stream_id == 0 {
+                    self.next_stream_id = 1;
+                }
+                if self.streams.len() as u32 >= STREAMS_MAX || self.next_stream_id > STREAMS_MAX {
+                    return Applied::fail(Status::LimitReached);
+                }
+                let id = self.next_stream_id;
+                self.next_stream_id += 1;
+                self.streams.insert(
+                    id,
+                    Stream {
+                        name: name.clone(),
+                        created_at: *created_at,
+                        topics: BTreeMap::new(),
+                        next_topic_id: 1,
+                    },
+                );
+                Applied::id(id)
+            }
+            M::DeleteStream { stream_id } => match self.streams.remove(stream_id) {
+                Some(_) => Applied::ok(Vec::new()),
+                None => Applied::fail(Status::NotFound),
+            },
+            M::CreateTopic {
+                stream_id,
+                name,
+                partitions,
+                created_at,
+            } => {
+                let Some(stream) = self.streams.get_mut(stream_id) else {
+                    return Applied::fail(Status::NotFound);
+                };
+                if stream.topics.values().any(|t| t.name == *name) {
+                    return Applied::fail(Status::AlreadyExists);
+                }
+                if *partitions == 0 || *partitions > PARTITIONS_PER_TOPIC_MAX {
+                    return Applied::fail(Status::InvalidRequest);
+                }
+                if stream.next_topic_id > TOPICS_PER_STREAM_MAX {
+                    return Applied::fail(Status::LimitReached);
+                }
+                let id = stream.next_topic_id;
+                stream.next_topic_id += 1;
+                stream.topics.insert(
+                    id,
+                    Topic {
+                        name: name.clone(),
+                        created_at: *created_at,
+                        partition_count: *partitions,
+                        groups: BTreeMap::new(),
+                        next_group_id: 1,
+                        truncated_segments: BTreeMap::new(),
+                    },
+                );
+                let mut body = id.to_le_bytes().to_vec();
+                body.extend_from_slice(&partitions.to_le_bytes());
+                Applied::ok(body)
+            }
+            M::DeleteTopic {
+                stream_id,
+                topic_id,
+            } => match self
+                .streams
+                .get_mut(stream_id)
+                .and_then(|s| s.topics.remove(topic_id))
+            {
+                Some(_) => Applied::ok(Vec::new()),
+                None => Applied::fail(Status::NotFound),
+            },
+            M::CreatePartitions {
+                stream_id,
+                topic_id,
+                count,
+            } => {
+                let Some(topic) = self.topic_mut(*stream_id, *topic_id) else {
+                    return Applied::fail(Status::NotFound);
+                };
+                match topic.partition_count.checked_add(*count) {
+                    Some(total) if *count > 0 && total <= PARTITIONS_PER_TOPIC_MAX => {
+                        topic.partition_count = total;
+                        Applied::ok(total.to_le_bytes().to_vec())
+                    }
+                    _ => Applied::fail(Status::InvalidRequest),
+                }
+            }
+            M::DeletePartitions {
+                stream_id,
+                topic_id,
+                count,
+            } => {
+                let Some(topic) = self.topic_mut(*stream_id, *topic_id) else {
+                    return Applied::fail(Status::NotFound);
+                };
+                if *count == 0 || *count >= topic.partition_count {
+                    return Applied::fail(Status::InvalidRequest);
+                }
+                topic.partition_count -= count;
+                let remaining = topic.partition_count;
+                topic.truncated_segments.retain(|p, _| *p < remaining);
+                Applied::ok(remaining.to_le_bytes().to_vec())
+            }
+            M::TruncatePartition {
+                partition,
+                segments,
+            } => {
+                let Some(topic) = self.topic_mut(partition.stream, partition.topic) else {
+                    return Applied::fail(Status::NotFound);
+                };
+                if partition.partition >= topic.partition_count {
+                    return Applied::fail(Status::NotFound);
+                }
+                *topic
+                    .truncated_segments
+                    .entry(partition.partition)
+                    .or_default() += u64::from(*segments);
+                Applied::ok(Vec::new())
+            }
+            M::CreateUser {
+                username,
+                password_hash,
+                permissions,
+            } => {
+                if self.users.values().any(|u| u.username == *username) {
+                    return Applied::fail(Status::AlreadyExists);
+                }
+                if self.users.len() as u32 >= USERS_MAX {
+                    return Applied::fail(Status::LimitReached);
+                }
+                let id = self.next_user_id.max(ROOT_USER_ID + 1);
+                self.next_user_id = id + 1;
+                self.users.insert(
+                    id,
+                    User {
+                        username: username.clone(),
+                        password_hash: password_hash.clone(),
+                        permissions: permissions.iter().map(|p| (p.stream_id, bits(p))).collect(),
+                        root: false,
+                    },
+                );
+                Applied::id(id)
+            }
+            M::DeleteUser { user_id } => {
+                if *user_id == ROOT_USER_ID {
+                    return Applied::fail(Status::PermissionDenied);
+                }
+                match self.users.remove(user_id) {
+                    Some(_) => Applied::ok(Vec::new()),
+                    None => Applied::fail(Status::NotFound),
+                }
+            }
+            M::ChangePassword {
+                user_id,
+                password_hash,
+            } => match self.users.get_mut(user_id) {
+                Some(user) => {
+                    user.password_hash = password_hash.clone();
+                    Applied::ok(Vec::new())
+                }
+                None => Applied::fail(Status::NotFound),
+            },
+            M::UpdatePermissions {
+                user_id,
+                permissions,
+            } => match self.users.get_mut(user_id) {
+                Some(user) if !user.root => {
+                    user.permissions = permissions.iter().map(|p| (p.stream_id, bits(p))).collect();
+                    Applied::ok(Vec::new())
+                }
+                Some(_) => Applied::fail(Status::PermissionDenied),
+                None => Applied::fail(Status::NotFound),
+            },
+            M::CreateConsumerGroup {
+                stream_id,
+                topic_id,
+                name,
+            } => {
+                let Some(topic) = self.topic_mut(*stream_id, *topic_id) else {
+                    return Applied::fail(Status::NotFound);
+                };
+                if topic.groups.values().any(|g| g.name == *name) {
+                    return Applied::fail(Status::AlreadyExists);
+                }
+                if topic.groups.len() as u32 >= GROUPS_PER_TOPIC_MAX {
+                    return Applied::fail(Status::LimitReached);
+                }
+                let id = topic.next_group_id;
+                topic.next_group_id += 1;
+                topic.groups.insert(
+                    id,
+                    ConsumerGroup {
+                        name: name.clone(),
+                        members: BTreeSet::new(),
+                    },
+                );
+                Applied::id(id)
+            }
+            M::DeleteConsumerGroup {
+                stream_id,
+                topic_id,
+                group_id,
+            } => {
+                match self
+                    .topic_mut(*stream_id, *topic_id)
+                    .and_then(|t| t.groups.remove(group_id))
+                {
+                    Some(_) => Applied::ok(Vec::new()),
+                    None => Applied::fail(Status::NotFound),
+                }
+            }
+            M::JoinConsumerGroup {
+                stream_id,
+                topic_id,
+                group_id,
+            } => {
+                match self
+                    .topic_mut(*stream_id, *topic_id)
+                    .and_then(|t| t.groups.get_mut(group_id))
+                {
+                    Some(group)
+                        if group.members.len() < GROUP_MEMBERS_MAX
+                            || group.members.contains(&caller.client) =>
+                    {
+                        group.members.insert(caller.client);
+                        Applied::ok(Vec::new())
+                    }
+                    Some(_) => Applied::fail(Status::LimitReached),
+                    None => Applied::fail(Status::NotFound),
+                }
+            }
+            M::LeaveConsumerGroup {
+                stream_id,
+                topic_id,
+                group_id,
+            } => {
+                let removed = self
+                    .topic_mut(*stream_id, *topic_id)
+                    .and_then(|t| t.groups.get_mut(group_id))
+                    .is_some_and(|group| group.members.remove(&caller.client));
+                if removed {
+                    Applied::ok(Vec::new())
+                } else {
+                    Applied::fail(Status::NotFound)
+                }
+            }
+        }
+    }
+
+    /// The snapshot of this state, as checkpoints and state transfer ship it.
+    pub fn snapshot(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Restores a snapshot; a snapshot that does not parse is an error, never a panic.
+    pub fn restore(bytes: &[u8]) -> Result<MetadataState, String> {
+        serde_json::from_slice(bytes).map_err(|e| format!("metadata snapshot does not parse: {e}"))
+    }
+}

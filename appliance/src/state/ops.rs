@@ -1,0 +1,364 @@
+//! Prepared metadata operations: the bodies the primary puts in metadata-plane prepares.
+//! They may differ from the client's request (replica-plane.md, "Prepare"): topic and
+//! partition creation travel as the internal *WithAssignments operations, segment
+//! deletion as TruncatePartition, and passwords only as salted hashes.
+
+use replication::wire::{Operation, PartitionKey};
+
+use crate::protocol::codec::{BodyError, Reader, Writer};
+use crate::protocol::StreamPermission;
+
+/// A metadata-plane operation as prepared and applied on every replica.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetadataOp {
+    CreateStream {
+        name: String,
+        created_at: u64,
+    },
+    DeleteStream {
+        stream_id: u32,
+    },
+    /// CreateTopicWithAssignments (64): partition ids 0..partitions are assigned.
+    CreateTopic {
+        stream_id: u32,
+        name: String,
+        partitions: u32,
+        created_at: u64,
+    },
+    DeleteTopic {
+        stream_id: u32,
+        topic_id: u32,
+    },
+    /// CreatePartitionsWithAssignments (65).
+    CreatePartitions {
+        stream_id: u32,
+        topic_id: u32,
+        count: u32,
+    },
+    DeletePartitions {
+        stream_id: u32,
+        topic_id: u32,
+        count: u32,
+    },
+    /// TruncatePartition (68): DeleteSegments as resolved by the primary.
+    TruncatePartition {
+        partition: PartitionKey,
+        segments: u32,
+    },
+    CreateUser {
+        username: String,
+        password_hash: String,
+        permissions: Vec<StreamPermission>,
+    },
+    DeleteUser {
+        user_id: u32,
+    },
+    ChangePassword {
+        user_id: u32,
+        password_hash: String,
+    },
+    UpdatePermissions {
+        user_id: u32,
+        permissions: Vec<StreamPermission>,
+    },
+    CreateConsumerGroup {
+        stream_id: u32,
+        topic_id: u32,
+        name: String,
+    },
+    DeleteConsumerGroup {
+        stream_id: u32,
+        topic_id: u32,
+        group_id: u32,
+    },
+    /// The member is the prepare's client.
+    JoinConsumerGroup {
+        stream_id: u32,
+        topic_id: u32,
+        group_id: u32,
+    },
+    LeaveConsumerGroup {
+        stream_id: u32,
+        topic_id: u32,
+        group_id: u32,
+    },
+}
+
+fn long_string(r: &mut Reader<'_>, field: &'static str) -> Result<String, BodyError> {
+    let len = r.u32(field)? as usize;
+    if len > 4096 {
+        return Err(BodyError::Invalid {
+            field,
+            rule: "longer than 4096 bytes",
+        });
+    }
+    let mut bytes = Vec::with_capacity(len);
+    for _ in 0..len {
+        bytes.push(r.u8(field)?);
+    }
+    String::from_utf8(bytes).map_err(|_| BodyError::NotUtf8 { field })
+}
+
+fn permissions(r: &mut Reader<'_>) -> Result<Vec<StreamPermission>, BodyError> {
+    // Same layout as the client's (docs/client-protocol.md).
+    let count = r.u32("permission_count")?;
+    if count as usize > crate::protocol::request::PERMISSIONS_MAX {
+        return Err(BodyError::TooMany {
+            field: "permissions",
+            count: count.into(),
+            max: 1024,
+        });
+    }
+    (0..count)
+        .map(|_| {
+            let stream_id = r.u32("permission.stream_id")?;
+            let bits = r.u8("permission.bits")?;
+            Ok(StreamPermission {
+                stream_id,
+                read: bits & 1 != 0,
+                write: bits & 2 != 0,
+                manage: bits & 4 != 0,
+            })
+        })
+        .collect()
+}
+
+fn write_permissions(w: &mut Writer, permissions: &[StreamPermission]) {
+    w.u32(permissions.len() as u32);
+    for p in permissions {
+        w.u32(p.stream_id)
+            .u8(u8::from(p.read) | u8::from(p.write) << 1 | u8::from(p.manage) << 2);
+    }
+}
+
+impl MetadataOp {
+    /// The operation byte this op is prepared under.
+    pub fn operation(&self) -> Operation {
+        use MetadataOp as M;
+        match self {
+            M::CreateStream { .. } => Operation::CreateStream,
+            M::DeleteStream { .. } => Operation::DeleteStream,
+            M::CreateTopic { .. } => Operation::CreateTopicWithAssignments,
+            M::DeleteTopic { .. } => Operation::DeleteTopic,
+            M::CreatePartitions { .. } => Operation::CreatePartitionsWithAssignments,
+            M::DeletePartitions { .. } => Operation::DeletePartitions,
+            M::TruncatePartition { .. } => Operation::TruncatePartition,
+            M::CreateUser { .. } => Operation::CreateUser,
+            M::DeleteUser { .. } => Operation::DeleteUser,
+            M::ChangePassword { .. } => Operation::ChangePassword,
+            M::UpdatePermissions { .. } => Operation::UpdatePermissions,
+            M::CreateConsumerGroup { .. } => Operation::CreateConsumerGroup,
+            M::DeleteConsumerGroup { .. } => Operation::DeleteConsumerGroup,
+            M::JoinConsumerGroup { .. } => Operation::JoinConsumerGroup,
+            M::LeaveConsumerGroup { .. } => Operation::LeaveConsumerGroup,
+        }
+    }
+
+    /// Encodes the prepared body.
+    pub fn encode(&self) -> Vec<u8> {
+        use MetadataOp as M;
+        let mut w = Writer::default();
+        match self {
+            M::CreateStream { name, created_at } => {
+                w.short_bytes(name.as_bytes()).u64(*created_at);
+            }
+            M::DeleteStream { stream_id } => {
+                w.u32(*stream_id);
+            }
+            M::CreateTopic {
+                stream_id,
+                name,
+                partitions,
+                created_at,
+            } => {
+                w.u32(*stream_id)
+                    .short_bytes(name.as_bytes())
+                    .u32(*partitions)
+                    .u64(*created_at);
+            }
+            M::DeleteTopic {
+                stream_id,
+                topic_id,
+            } => {
+                w.u32(*stream_id).u32(*topic_id);
+            }
+            M::CreatePartitions {
+                stream_id,
+                topic_id,
+                count,
+            }
+            | M::DeletePartitions {
+                stream_id,
+                topic_id,
+                count,
+            } => {
+                w.u32(*stream_id).u32(*topic_id).u32(*count);
+            }
+            M::TruncatePartition {
+                partition,
+                segments,
+            } => {
+                w.u32(partition.stream)
+                    .u32(partition.topic)
+                    .u32(partition.partition)
+                    .u32(*segments);
+            }
+            M::CreateUser {
+                username,
+                password_hash,
+                permissions,
+            } => {
+                w.short_bytes(username.as_bytes())
+                    .u32(password_hash.len() as u32)
+                    .raw(password_hash.as_bytes());
+                write_permissions(&mut w, permissions);
+            }
+            M::DeleteUser { user_id } => {
+                w.u32(*user_id);
+            }
+            M::ChangePassword {
+                user_id,
+                password_hash,
+            } => {
+                w.u32(*user_id)
+                    .u32(password_hash.len() as u32)
+                    .raw(password_hash.as_bytes());
+            }
+            M::UpdatePermissions {
+                user_id,
+                permissions,
+            } => {
+                w.u32(*user_id);
+                write_permissions(&mut w, permissions);
+            }
+            M::CreateConsumerGroup {
+                stream_id,
+                topic_id,
+                name,
+            } => {
+                w.u32(*stream_id)
+                    .u32(*topic_id)
+                    .short_bytes(name.as_bytes());
+            }
+            M::DeleteConsumerGroup {
+                stream_id,
+                topic_id,
+                group_id,
+            }
+            | M::JoinConsumerGroup {
+                stream_id,
+                topic_id,
+                group_id,
+            }
+            | M::LeaveConsumerGroup {
+                stream_id,
+                topic_id,
+                group_id,
+            } => {
+                w.u32(*stream_id).u32(*topic_id).u32(*group_id);
+            }
+        }
+        w.finish()
+    }
+
+    /// Decodes a prepared body; a journaled or repaired prepare goes through here, so
+    /// it is as strict as client input.
+    pub fn decode(operation: Operation, body: &[u8]) -> Result<MetadataOp, BodyError> {
+        use Operation as O;
+        let mut r = Reader::new(body);
+        let op = match operation {
+            O::CreateStream => MetadataOp::CreateStream {
+                name: r.name("name")?,
+                created_at: r.u64("created_at")?,
+            },
+            O::DeleteStream => MetadataOp::DeleteStream {
+                stream_id: r.u32("stream_id")?,
+            },
+            O::CreateTopicWithAssignments => MetadataOp::CreateTopic {
+                stream_id: r.u32("stream_id")?,
+                name: r.name("name")?,
+                partitions: r.u32("partitions")?,
+                created_at: r.u64("created_at")?,
+            },
+            O::DeleteTopic => MetadataOp::DeleteTopic {
+                stream_id: r.u32("stream_id")?,
+                topic_id: r.u32("topic_id")?,
+            },
+            O::CreatePartitionsWithAssignments | O::DeletePartitions => {
+                let (stream_id, topic_id, count) =
+                    (r.u32("stream_id")?, r.u32("topic_id")?, r.u32("count")?);
+                if operation == O::DeletePartitions {
+                    MetadataOp::DeletePartitions {
+                        stream_id,
+                        topic_id,
+                        count,
+                    }
+                } else {
+                    MetadataOp::CreatePartitions {
+                        stream_id,
+                        topic_id,
+                        count,
+                    }
+                }
+            }
+            O::TruncatePartition => MetadataOp::TruncatePartition {
+                partition: PartitionKey {
+                    stream: r.u32("stream_id")?,
+                    topic: r.u32("topic_id")?,
+                    partition: r.u32("partition_id")?,
+                },
+                segments: r.u32("segments")?,
+            },
+            O::CreateUser => MetadataOp::CreateUser {
+                username: r.name("username")?,
+                password_hash: long_string(&mut r, "password_hash")?,
+                permissions: permissions(&mut r)?,
+            },
+            O::DeleteUser => MetadataOp::DeleteUser {
+                user_id: r.u32("user_id")?,
+            },
+            O::ChangePassword => MetadataOp::ChangePassword {
+                user_id: r.u32("user_id")?,
+                password_hash: long_string(&mut r, "password_hash")?,
+            },
+            O::UpdatePermissions => MetadataOp::UpdatePermissions {
+                user_id: r.u32("user_id")?,
+                permissions: permissions(&mut r)?,
+            },
+            O::CreateConsumerGroup => MetadataOp::CreateConsumerGroup {
+                stream_id: r.u32("stream_id")?,
+                topic_id: r.u32("topic_id")?,
+                name: r.name("name")?,
+            },
+            O::DeleteConsumerGroup | O::JoinConsumerGroup | O::LeaveConsumerGroup => {
+                let (stream_id, topic_id, group_id) =
+                    (r.u32("stream_id")?, r.u32("topic_id")?, r.u32("group_id")?);
+                match operation {
+                    O::DeleteConsumerGroup => MetadataOp::DeleteConsumerGroup {
+                        stream_id,
+                        topic_id,
+                        group_id,
+                    },
+                    O::JoinConsumerGroup => MetadataOp::JoinConsumerGroup {
+                        stream_id,
+                        topic_id,
+                        group_id,
+                    },
+                    _ => MetadataOp::LeaveConsumerGroup {
+                        stream_id,
+                        topic_id,
+                        group_id,
+                    },
+                }
+            }
+            _ => {
+                return Err(BodyError::Invalid {
+                    field: "operation",
+                    rule: "not a prepared metadata operation",
+                })
+            }
+        };
+        r.finish()?;
+        Ok(op)
+    }
+}

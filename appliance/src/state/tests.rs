@@ -1,0 +1,348 @@
+//! The metadata state machine: determinism, authorisation, and prepared bodies.
+
+use proptest::prelude::*;
+use replication::wire::PartitionKey;
+
+use super::metadata::ROOT_USER_ID;
+use super::*;
+use crate::protocol::{ClientRequest, Status, StreamPermission};
+
+const ROOT: Caller = Caller {
+    user_id: ROOT_USER_ID,
+    client: 1,
+};
+
+fn formatted() -> MetadataState {
+    MetadataState::formatted("root", auth::hash_password(b"root-password").unwrap())
+}
+
+/// Prepares on the "primary", ships the body, decodes and applies on `replicas`.
+fn run(
+    primary: &MetadataState,
+    replicas: &mut [&mut MetadataState],
+    caller: Caller,
+    request: ClientRequest<'_>,
+) -> Applied {
+    let op = primary.prepare(caller, &request, 1_000).expect("prepare");
+    let body = op.encode();
+    let decoded = MetadataOp::decode(op.operation(), &body).expect("prepared body decodes");
+    assert_eq!(decoded, op);
+    let mut results = replicas
+        .iter_mut()
+        .map(|state| state.apply(caller, &decoded));
+    let first = results.next().expect("at least one replica");
+    for other in results {
+        assert_eq!(other, first, "replicas disagree on the outcome");
+    }
+    first
+}
+
+#[test]
+fn replicas_applying_the_same_ops_hold_the_same_state_and_ids() {
+    let mut a = formatted();
+    let mut b = a.clone();
+    let create = |name: &str| ClientRequest::CreateStream { name: name.into() };
+    let primary = a.clone();
+    let r1 = run(&primary, &mut [&mut a, &mut b], ROOT, create("orders"));
+    let r2 = run(&primary, &mut [&mut a, &mut b], ROOT, create("payments"));
+    assert_eq!(
+        (r1.body.clone(), r2.body.clone()),
+        (1u32.to_le_bytes().to_vec(), 2u32.to_le_bytes().to_vec())
+    );
+    let topic = ClientRequest::CreateTopic {
+        stream_id: 1,
+        name: "eu".into(),
+        partitions: 3,
+    };
+    let r = run(&a.clone(), &mut [&mut a, &mut b], ROOT, topic);
+    assert_eq!(r.status, Status::Ok);
+    assert_eq!(a, b);
+    assert_eq!(
+        a.partitions(),
+        (0..3)
+            .map(|partition| PartitionKey {
+                stream: 1,
+                topic: 1,
+                partition
+            })
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(MetadataState::restore(&a.snapshot()), Ok(a.clone()));
+}
+
+#[test]
+fn two_creates_of_one_name_resolve_the_same_way_everywhere() {
+    let mut a = formatted();
+    let mut b = a.clone();
+    let primary = a.clone();
+    // Both prepared against the same (pre-pipeline) state: the second fails at apply.
+    let first = run(
+        &primary,
+        &mut [&mut a, &mut b],
+        ROOT,
+        ClientRequest::CreateStream { name: "dup".into() },
+    );
+    let second = run(
+        &primary,
+        &mut [&mut a, &mut b],
+        ROOT,
+        ClientRequest::CreateStream { name: "dup".into() },
+    );
+    assert_eq!(first.status, Status::Ok);
+    assert_eq!(second.status, Status::AlreadyExists);
+    assert_eq!(a, b);
+}
+
+#[test]
+fn passwords_are_replicated_only_as_salted_hashes() {
+    let state = formatted();
+    let request = ClientRequest::CreateUser {
+        username: "ana".into(),
+        password: b"s3cret-pass".to_vec(),
+        permissions: vec![],
+    };
+    let op = state.prepare(ROOT, &request, 0).unwrap();
+    let body = op.encode();
+    assert!(
+        !body.windows(11).any(|w| w == b"s3cret-pass"),
+        "plaintext password in a prepared body"
+    );
+    let mut state = state;
+    let applied = state.apply(ROOT, &op);
+    let id = u32::from_le_bytes(applied.body[..4].try_into().unwrap());
+    assert_eq!(state.login("ana", b"s3cret-pass"), Some(id));
+    assert_eq!(state.login("ana", b"wrong-pass"), None);
+    assert_eq!(state.login("nobody", b"s3cret-pass"), None);
+}
+
+#[test]
+fn permissions_are_checked_per_stream_and_right() {
+    let mut state = formatted();
+    state.apply(
+        ROOT,
+        &MetadataOp::CreateStream {
+            name: "s1".into(),
+            created_at: 0,
+        },
+    );
+    state.apply(
+        ROOT,
+        &MetadataOp::CreateStream {
+            name: "s2".into(),
+            created_at: 0,
+        },
+    );
+    let reader = StreamPermission {
+        stream_id: 1,
+        read: true,
+        write: false,
+        manage: false,
+    };
+    let op = MetadataOp::CreateUser {
+        username: "r".into(),
+        password_hash: auth::hash_password(b"reader-pass").unwrap(),
+        permissions: vec![reader],
+    };
+    let id = u32::from_le_bytes(state.apply(ROOT, &op).body[..4].try_into().unwrap());
+    assert!(state.allows(id, 1, Right::Read));
+    assert!(!state.allows(id, 1, Right::Write));
+    assert!(!state.allows(id, 2, Right::Read));
+    let caller = Caller {
+        user_id: id,
+        client: 9,
+    };
+    let topic = ClientRequest::CreateTopic {
+        stream_id: 1,
+        name: "t".into(),
+        partitions: 1,
+    };
+    assert_eq!(
+        state.prepare(caller, &topic, 0),
+        Err(Status::PermissionDenied)
+    );
+    assert_eq!(
+        state.prepare(caller, &ClientRequest::CreateStream { name: "x".into() }, 0),
+        Err(Status::PermissionDenied)
+    );
+    // A user may change their own password, not another's.
+    let own = ClientRequest::ChangePassword {
+        user_id: id,
+        new_password: b"new-password".to_vec(),
+    };
+    assert!(state.prepare(caller, &own, 0).is_ok());
+    let other = ClientRequest::ChangePassword {
+        user_id: ROOT_USER_ID,
+        new_password: b"new-password".to_vec(),
+    };
+    assert_eq!(
+        state.prepare(caller, &other, 0),
+        Err(Status::PermissionDenied)
+    );
+    // A deleted user holds no rights.
+    state.apply(ROOT, &MetadataOp::DeleteUser { user_id: id });
+    assert!(!state.allows(id, 1, Right::Read));
+    assert_eq!(
+        state
+            .apply(
+                ROOT,
+                &MetadataOp::DeleteUser {
+                    user_id: ROOT_USER_ID
+                }
+            )
+            .status,
+        Status::PermissionDenied
+    );
+}
+
+#[test]
+fn partitions_grow_shrink_and_bound() {
+    let mut state = formatted();
+    state.apply(
+        ROOT,
+        &MetadataOp::CreateStream {
+            name: "s".into(),
+            created_at: 0,
+        },
+    );
+    let create = MetadataOp::CreateTopic {
+        stream_id: 1,
+        name: "t".into(),
+        partitions: 2,
+        created_at: 0,
+    };
+    assert_eq!(state.apply(ROOT, &create).status, Status::Ok);
+    assert_eq!(
+        state
+            .apply(
+                ROOT,
+                &MetadataOp::CreatePartitions {
+                    stream_id: 1,
+                    topic_id: 1,
+                    count: 3
+                }
+            )
+            .status,
+        Status::Ok
+    );
+    assert!(state.partition_exists(PartitionKey {
+        stream: 1,
+        topic: 1,
+        partition: 4
+    }));
+    assert_eq!(
+        state
+            .apply(
+                ROOT,
+                &MetadataOp::DeletePartitions {
+                    stream_id: 1,
+                    topic_id: 1,
+                    count: 5
+                }
+            )
+            .status,
+        Status::InvalidRequest
+    );
+    assert_eq!(
+        state
+            .apply(
+                ROOT,
+                &MetadataOp::DeletePartitions {
+                    stream_id: 1,
+                    topic_id: 1,
+                    count: 4
+                }
+            )
+            .status,
+        Status::Ok
+    );
+    assert!(!state.partition_exists(PartitionKey {
+        stream: 1,
+        topic: 1,
+        partition: 1
+    }));
+    let too_many = MetadataOp::CreateTopic {
+        stream_id: 1,
+        name: "big".into(),
+        partitions: 10_001,
+        created_at: 0,
+    };
+    assert_eq!(state.apply(ROOT, &too_many).status, Status::InvalidRequest);
+    assert_eq!(
+        state
+            .apply(
+                ROOT,
+                &MetadataOp::DeleteTopic {
+                    stream_id: 1,
+                    topic_id: 9
+                }
+            )
+            .status,
+        Status::NotFound
+    );
+}
+
+#[test]
+fn consumer_group_membership_follows_the_client() {
+    let mut state = formatted();
+    state.apply(
+        ROOT,
+        &MetadataOp::CreateStream {
+            name: "s".into(),
+            created_at: 0,
+        },
+    );
+    state.apply(
+        ROOT,
+        &MetadataOp::CreateTopic {
+            stream_id: 1,
+            name: "t".into(),
+            partitions: 1,
+            created_at: 0,
+        },
+    );
+    let group = state.apply(
+        ROOT,
+        &MetadataOp::CreateConsumerGroup {
+            stream_id: 1,
+            topic_id: 1,
+            name: "g".into(),
+        },
+    );
+    assert_eq!(group.body, 1u32.to_le_bytes().to_vec());
+    let join = MetadataOp::JoinConsumerGroup {
+        stream_id: 1,
+        topic_id: 1,
+        group_id: 1,
+    };
+    let leave = MetadataOp::LeaveConsumerGroup {
+        stream_id: 1,
+        topic_id: 1,
+        group_id: 1,
+    };
+    let alice = Caller {
+        user_id: ROOT_USER_ID,
+        client: 77,
+    };
+    assert_eq!(state.apply(alice, &join).status, Status::Ok);
+    assert!(state.topic(1, 1).unwrap().groups[&1].members.contains(&77));
+    assert_eq!(
+        state.apply(ROOT, &leave).status,
+        Status::NotFound,
+        "client 1 never joined"
+    );
+    assert_eq!(state.apply(alice, &leave).status, Status::Ok);
+}
+
+proptest! {
+    #[test]
+    fn arbitrary_prepared_bodies_never_panic_the_decoder(body in proptest::collection::vec(any::<u8>(), 0..200)) {
+        for operation in replication::wire::Operation::ALL {
+            let _ = MetadataOp::decode(*operation, &body);
+        }
+    }
+
+    #[test]
+    fn arbitrary_snapshots_are_an_error_not_a_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let _ = MetadataState::restore(&bytes);
+    }
+}

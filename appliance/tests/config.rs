@@ -305,3 +305,12 @@ fn the_error_line_names_key_value_and_rule() {
     );
     assert_eq!(line.lines().count(), 1);
 }
+
+#[test]
+fn the_shipped_example_config_is_valid() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../systemd/appliance.toml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let config = load(&text, no_env()).unwrap();
+    assert_eq!(config.replica_count(), 3);
+    assert!(config.cluster.auth.enabled);
+}

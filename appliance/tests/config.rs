@@ -314,3 +314,11 @@ fn the_shipped_example_config_is_valid() {
     assert_eq!(config.replica_count(), 3);
     assert!(config.cluster.auth.enabled);
 }
+
+#[test]
+fn replica_id_from_the_environment_must_name_a_node() {
+    let config = load(THREE_NODES, env(&[("APPLIANCE_REPLICA_ID", "2")])).unwrap();
+    assert_eq!(config.replica_id, Some(2));
+    let e = error_of(THREE_NODES, env(&[("APPLIANCE_REPLICA_ID", "3")]));
+    assert_eq!((e.key.as_str(), e.value.as_str()), ("replica_id", "3"));
+}

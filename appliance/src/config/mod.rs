@@ -56,6 +56,9 @@ impl std::error::Error for ConfigError {}
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// Which [[cluster.nodes]] entry this node is (`--replica-id` overrides); may be
+    /// left out when the cluster has one node.
+    pub replica_id: Option<u8>,
     pub cluster: ClusterConfig,
     pub message_bus: MessageBusConfig,
     pub storage: StorageConfig,

@@ -98,6 +98,15 @@ fn validate_cluster(config: &Config) -> Result<(), ConfigError> {
             }
         }
     }
+    if let Some(id) = config.replica_id {
+        if !ids.contains(&id) {
+            return err(
+                "replica_id",
+                id,
+                "must be the replica_id of one of cluster.nodes",
+            );
+        }
+    }
     let auth = &cluster.auth;
     if auth.enabled && auth.shared_secret.len() < SECRET_LEN_MIN {
         return err(

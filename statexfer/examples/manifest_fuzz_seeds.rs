@@ -1,6 +1,6 @@
 //! Writes the seed corpus of the manifest fuzz target: an empty manifest, a typical one
 //! and one with longer (forward-compatible) entries.
-//! Usage: cargo run -p statexfer --example fuzz_seeds -- statexfer/fuzz/corpus/manifest_decode
+//! Usage: cargo run -p statexfer --example manifest_fuzz_seeds -- statexfer/fuzz/corpus/manifest_decode
 
 use statexfer::{ArtifactKind, Manifest, ManifestEntry};
 

@@ -1,6 +1,6 @@
 //! Writes the seed corpora of the wire fuzz targets: one valid frame of each common
 //! shape and a few message batches, so the fuzzers start past the first checks.
-//! Usage: cargo run -p replication --example fuzz_seeds -- replication/fuzz/corpus
+//! Usage: cargo run -p replication --example wire_fuzz_seeds -- replication/fuzz/corpus
 
 use std::path::Path;
 

@@ -197,8 +197,16 @@ pub fn decode<'a>(bytes: &'a [u8], limits: &Limits) -> Result<Message<'a>, Frame
     let command = info.command;
     let (head, body) = bytes.split_at(HEADER_SIZE);
     let head: &[u8; HEADER_SIZE] = head.try_into().map_err(|_| FrameError::Misaligned)?;
+    let frame = &generic(bytes)?.frame;
+    // Client and handshake frames leave both checksum fields zero (wire-tables.md,
+    // "Handshake frames"; replica-plane.md, "Frame integrity"). Checking it means a bit
+    // flip in a sealed frame's command byte cannot turn it into an unsealed one.
+    if command.seal_kind() == SealKind::Unsealed
+        && (frame.checksum != 0 || frame.checksum_body != 0)
+    {
+        return Err(FrameError::UnsealedChecksumNonZero { command });
+    }
     if command.seal_kind() == SealKind::Frame {
-        let frame = &generic(bytes)?.frame;
         if frame.checksum != frame_seal(head) {
             return Err(FrameError::FrameSealMismatch { command });
         }

@@ -37,6 +37,8 @@ pub enum FrameError {
     BodySealMismatch { command: Command },
     /// checksum_body must be zero for this command or plane.
     BodySealNotZero { command: Command },
+    /// Client and handshake frames leave checksum and checksum_body zero.
+    UnsealedChecksumNonZero { command: Command },
     /// A DoViewChange/StartView body is not a whole number of Prepare headers.
     SuffixNotWhole { len: usize },
     /// A DoViewChange/StartView body holds more than 128 headers.
@@ -98,6 +100,7 @@ impl FrameError {
             FrameError::PrepareIdentityMismatch { .. } => "prepare_identity_mismatch",
             FrameError::BodySealMismatch { .. } => "body_seal_mismatch",
             FrameError::BodySealNotZero { .. } => "body_seal_not_zero",
+            FrameError::UnsealedChecksumNonZero { .. } => "unsealed_checksum_non_zero",
             FrameError::SuffixNotWhole { .. } => "suffix_not_whole",
             FrameError::SuffixTooLong { .. } => "suffix_too_long",
             FrameError::SuffixEntryInvalid { .. } => "suffix_entry_invalid",
@@ -155,6 +158,11 @@ impl core::fmt::Display for FrameError {
             E::BodySealNotZero { command } => {
                 write!(f, "{} checksum_body must be zero", command.name())
             }
+            E::UnsealedChecksumNonZero { command } => write!(
+                f,
+                "{} is unsealed: checksum and checksum_body must be zero",
+                command.name()
+            ),
             E::SuffixNotWhole { len } => {
                 write!(f, "suffix of {len} bytes is not whole 256-byte headers")
             }

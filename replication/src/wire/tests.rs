@@ -469,6 +469,56 @@ fn sealed_control_frames_with_a_bad_frame_seal_are_rejected() {
 }
 
 #[test]
+fn client_and_handshake_frames_with_non_zero_checksum_fields_are_rejected() {
+    for command in [
+        Command::Request,
+        Command::Reply,
+        Command::Eviction,
+        Command::ReplicaHello,
+        Command::ReplicaChallenge,
+        Command::ReplicaFinish,
+    ] {
+        let frame = sample(command).unwrap();
+        for offset in [0usize, 16] {
+            let buf = tampered(&frame, |b| b[offset] = 1);
+            assert_eq!(
+                decode_err(&buf),
+                FrameError::UnsealedChecksumNonZero { command }
+            );
+        }
+    }
+}
+
+#[test]
+fn a_bit_flip_that_turns_a_sealed_command_into_an_unsealed_one_is_rejected() {
+    // Regression (proptest): RepairDone (20) with bit 2 of the command flipped is
+    // ReplicaFinish (16), an unsealed header-only frame.
+    let frame = sample(Command::RepairDone).unwrap();
+    let buf = tampered(&frame, |b| b[60] ^= 1 << 2);
+    assert_eq!(
+        decode_err(&buf),
+        FrameError::UnsealedChecksumNonZero {
+            command: Command::ReplicaFinish
+        }
+    );
+    // Every single-bit flip of every sealed sample's command byte is caught.
+    for frame in samples() {
+        let command = Command::from_u8(frame.header().command).unwrap();
+        if command.seal_kind() == registry::SealKind::Unsealed {
+            continue;
+        }
+        for bit in 0..8 {
+            let buf = tampered(&frame, |b| b[60] ^= 1 << bit);
+            assert!(
+                decode(buf.as_bytes(), &limits()).is_err(),
+                "{} bit {bit}",
+                command.name()
+            );
+        }
+    }
+}
+
+#[test]
 fn prepare_with_a_bad_identity_is_rejected() {
     let frame = metadata_prepare();
     let buf = tampered(&frame, |b| b[3] ^= 0x40);
@@ -1082,7 +1132,7 @@ fn decoded_fields(message: &Message<'_>) -> Vec<(&'static str, header::FieldValu
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(1024))]
 
     #[test]
     fn encode_then_decode_gives_the_same_fields_for_every_header_type(

@@ -1,7 +1,15 @@
 //! State transfer (replica-plane.md, "State transfer"): bulk catch-up for a replica too
-//! far behind for journal repair. So far: the ISM1 manifest codec and the artifact
-//! kinds. The chunk server, fetcher and install are still to come (see README.md).
+//! far behind for journal repair. The ISM1 manifest codec, artifact sources and sinks,
+//! the lockstep chunk server and fetcher (sans-IO), and atomic install of a staged
+//! state. The daemon runs server and fetcher on its "statexfer" executor.
 
+pub mod artifact;
+pub mod fetcher;
+pub mod install;
 pub mod manifest;
+pub mod server;
 
+pub use artifact::{ArtifactSink, ArtifactSource, MemoryArtifacts, Offer, Unavailable};
+pub use fetcher::{FetchError, Fetcher, FetcherConfig, Outcome, Progress};
 pub use manifest::{ArtifactKind, Manifest, ManifestEntry, ManifestError};
+pub use server::{Server, ServerStats};

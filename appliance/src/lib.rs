@@ -4,3 +4,4 @@
 pub mod config;
 pub mod protocol;
 pub mod state;
+pub mod stats;

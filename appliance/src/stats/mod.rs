@@ -1,0 +1,302 @@
+//! What a node reports about itself (INTERFACES.md, "Stats endpoint"): one snapshot
+//! type, rendered as JSON for `GET /stats` and as Prometheus text for `GET /metrics`,
+//! and the health verdict for `GET /health`. The replica executor publishes snapshots;
+//! the HTTP server only reads the latest, so a slow client never touches consensus.
+
+pub mod http;
+pub mod prometheus;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// A group's VSR status as operators see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupStatus {
+    Normal,
+    ViewChange,
+    Recovering,
+    StateTransfer,
+}
+
+impl GroupStatus {
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupStatus::Normal => "normal",
+            GroupStatus::ViewChange => "view_change",
+            GroupStatus::Recovering => "recovering",
+            GroupStatus::StateTransfer => "state_transfer",
+        }
+    }
+}
+
+/// One consensus group on this node.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GroupStats {
+    /// The group value (decimal string: u64 does not fit a JSON number safely).
+    pub group: String,
+    /// "metadata" or "stream/topic/partition".
+    pub name: String,
+    pub status: GroupStatus,
+    pub view: u32,
+    pub log_view: u32,
+    pub primary: u8,
+    pub is_primary: bool,
+    pub op: u64,
+    pub commit: u64,
+    /// Whether a replication quorum is reachable (for /health).
+    pub quorum: bool,
+}
+
+/// One replica-plane peer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PeerStats {
+    pub replica: u8,
+    pub connected: bool,
+    pub queue_depth: u64,
+    pub dropped: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+}
+
+/// Journal repair progress.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RepairStats {
+    pub requests_sent: u64,
+    pub prepares_received: u64,
+    pub prepares_served: u64,
+    pub ranges_evicted: u64,
+}
+
+/// State transfer progress.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct StateTransferStats {
+    pub active: bool,
+    pub commit_op: u64,
+    pub artifacts_total: u64,
+    pub artifacts_done: u64,
+    pub bytes_total: u64,
+    pub bytes_done: u64,
+    pub rate_bytes_per_s: f64,
+    pub chunks_served: u64,
+    pub bytes_served: u64,
+}
+
+/// Percentiles of one latency histogram, microseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Latency {
+    pub count: u64,
+    pub p50: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub max: u64,
+}
+
+impl Latency {
+    /// Summarises an hdrhistogram of microseconds.
+    pub fn of(histogram: &hdrhistogram::Histogram<u64>) -> Latency {
+        if histogram.is_empty() {
+            return Latency::default();
+        }
+        Latency {
+            count: histogram.len(),
+            p50: histogram.value_at_quantile(0.50),
+            p99: histogram.value_at_quantile(0.99),
+            p999: histogram.value_at_quantile(0.999),
+            max: histogram.max(),
+        }
+    }
+}
+
+/// The three latency figures of INTERFACES.md.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Latencies {
+    /// Client request received to reply sent.
+    pub request: Latency,
+    /// Prepare sent to committed (primary).
+    pub prepare_commit: Latency,
+    /// Journal write to durable.
+    pub journal_fsync: Latency,
+}
+
+/// Everything `GET /stats` returns.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Snapshot {
+    pub replica_id: u8,
+    pub cluster: String,
+    pub uptime_s: u64,
+    pub groups: Vec<GroupStats>,
+    pub peers: Vec<PeerStats>,
+    /// Rejected frames and requests by reason label.
+    pub rejected: BTreeMap<String, u64>,
+    pub repair: RepairStats,
+    pub state_transfer: StateTransferStats,
+    pub latency_us: Latencies,
+    pub client_connections: u64,
+    pub sessions: u64,
+}
+
+impl Snapshot {
+    /// `GET /health`: healthy when every group is normal with a quorum; otherwise the
+    /// first reason it is not.
+    pub fn health(&self) -> Result<(), String> {
+        if self.groups.is_empty() {
+            return Err("no consensus group is running yet".into());
+        }
+        for group in &self.groups {
+            if group.status != GroupStatus::Normal {
+                return Err(format!("group {} is {}", group.name, group.status.name()));
+            }
+            if !group.quorum {
+                return Err(format!("group {} has no replication quorum", group.name));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A snapshot with every kind of field filled, for renderer tests.
+    pub fn sample() -> Snapshot {
+        let mut rejected = BTreeMap::new();
+        rejected.insert("frame_seal_mismatch".to_string(), 3);
+        rejected.insert("size_too_large".to_string(), 1);
+        let mut histogram = hdrhistogram::Histogram::<u64>::new(3).unwrap();
+        for v in 1..=1000 {
+            histogram.record(v).unwrap();
+        }
+        Snapshot {
+            replica_id: 1,
+            cluster: "prod".into(),
+            uptime_s: 42,
+            groups: vec![
+                GroupStats {
+                    group: (1u64 << 63).to_string(),
+                    name: "metadata".into(),
+                    status: GroupStatus::Normal,
+                    view: 3,
+                    log_view: 3,
+                    primary: 0,
+                    is_primary: false,
+                    op: 120,
+                    commit: 118,
+                    quorum: true,
+                },
+                GroupStats {
+                    group: (1u64 << 32 | 1 << 20).to_string(),
+                    name: "1/1/0".into(),
+                    status: GroupStatus::Normal,
+                    view: 3,
+                    log_view: 3,
+                    primary: 0,
+                    is_primary: false,
+                    op: 5000,
+                    commit: 4999,
+                    quorum: true,
+                },
+            ],
+            peers: vec![
+                PeerStats {
+                    replica: 0,
+                    connected: true,
+                    queue_depth: 2,
+                    dropped: 0,
+                    bytes_sent: 100,
+                    bytes_received: 900,
+                },
+                PeerStats {
+                    replica: 2,
+                    connected: false,
+                    queue_depth: 0,
+                    dropped: 7,
+                    bytes_sent: 10,
+                    bytes_received: 0,
+                },
+            ],
+            rejected,
+            repair: RepairStats {
+                requests_sent: 2,
+                prepares_received: 40,
+                prepares_served: 0,
+                ranges_evicted: 0,
+            },
+            state_transfer: StateTransferStats::default(),
+            latency_us: Latencies {
+                request: Latency::of(&histogram),
+                ..Default::default()
+            },
+            client_connections: 5,
+            sessions: 4,
+        }
+    }
+
+    #[test]
+    fn health_names_the_first_group_that_is_not_normal() {
+        let mut s = sample();
+        assert_eq!(s.health(), Ok(()));
+        s.groups[1].status = GroupStatus::ViewChange;
+        assert_eq!(s.health(), Err("group 1/1/0 is view_change".into()));
+        s.groups[1].status = GroupStatus::Normal;
+        s.groups[0].quorum = false;
+        assert!(s.health().unwrap_err().contains("quorum"));
+        assert!(Snapshot::default().health().is_err());
+    }
+
+    #[test]
+    fn latency_summary_reads_percentiles() {
+        let l = sample().latency_us.request;
+        assert_eq!(l.count, 1000);
+        assert!((495..=505).contains(&l.p50), "{l:?}");
+        assert!((985..=995).contains(&l.p99), "{l:?}");
+        assert_eq!(l.max, 1000);
+    }
+
+    #[test]
+    fn json_has_every_documented_field() {
+        let json: serde_json::Value = serde_json::to_value(sample()).unwrap();
+        for key in [
+            "replica_id",
+            "cluster",
+            "uptime_s",
+            "groups",
+            "peers",
+            "rejected",
+            "repair",
+            "state_transfer",
+            "latency_us",
+        ] {
+            assert!(json.get(key).is_some(), "missing {key}");
+        }
+        for key in [
+            "group", "status", "view", "log_view", "primary", "op", "commit",
+        ] {
+            assert!(
+                json["groups"][0].get(key).is_some(),
+                "groups[] missing {key}"
+            );
+        }
+        for key in [
+            "replica",
+            "connected",
+            "queue_depth",
+            "dropped",
+            "bytes_sent",
+            "bytes_received",
+        ] {
+            assert!(json["peers"][0].get(key).is_some(), "peers[] missing {key}");
+        }
+        for figure in ["request", "prepare_commit", "journal_fsync"] {
+            for key in ["p50", "p99", "p999", "max"] {
+                assert!(
+                    json["latency_us"][figure].get(key).is_some(),
+                    "latency_us.{figure} missing {key}"
+                );
+            }
+        }
+        assert_eq!(json["groups"][0]["status"], "normal");
+    }
+}

@@ -1,0 +1,353 @@
+//! `GET /metrics`: the snapshot in the Prometheus text exposition format (0.0.4), named
+//! by its conventions: `appliance_` prefix, base units in names, `_total` counters.
+
+use std::fmt::Write;
+
+use super::{Latency, Snapshot};
+
+/// Escapes a label value (backslash, double quote, newline).
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+struct Out {
+    text: String,
+}
+
+impl Out {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.text, "# HELP {name} {help}");
+        let _ = writeln!(self.text, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        self.text.push_str(name);
+        if !labels.is_empty() {
+            self.text.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.text.push(',');
+                }
+                let _ = write!(self.text, "{k}=\"{}\"", escape(v));
+            }
+            self.text.push('}');
+        }
+        let _ = writeln!(self.text, " {value}");
+    }
+
+    fn one(&mut self, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+        self.family(name, kind, help);
+        self.sample(name, &[], value);
+    }
+
+    fn latency(&mut self, name: &str, help: &str, latency: &Latency) {
+        let seconds = |us: u64| us as f64 / 1e6;
+        self.family(name, "summary", help);
+        for (quantile, value) in [
+            ("0.5", latency.p50),
+            ("0.99", latency.p99),
+            ("0.999", latency.p999),
+        ] {
+            self.sample(name, &[("quantile", quantile)], seconds(value));
+        }
+        // The histogram keeps percentiles, not a sum: p50 x count stands in for it.
+        self.sample(
+            &format!("{name}_sum"),
+            &[],
+            seconds(latency.p50) * latency.count as f64,
+        );
+        self.sample(&format!("{name}_count"), &[], latency.count);
+        self.one(
+            &format!("{name}_max"),
+            "gauge",
+            &format!("{help} (maximum)"),
+            seconds(latency.max),
+        );
+    }
+}
+
+/// A per-group gauge: name, help, and how to read it.
+type GroupSeries = (&'static str, &'static str, fn(&super::GroupStats) -> u64);
+/// A per-peer series: name, type, help, and how to read it.
+type PeerSeries = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&super::PeerStats) -> u64,
+);
+
+/// Renders a snapshot.
+pub fn render(s: &Snapshot) -> String {
+    let mut out = Out {
+        text: String::with_capacity(4096),
+    };
+    let replica = s.replica_id.to_string();
+    out.family("appliance_info", "gauge", "Node identity; always 1.");
+    out.sample(
+        "appliance_info",
+        &[("replica_id", &replica), ("cluster", &s.cluster)],
+        1,
+    );
+    out.one(
+        "appliance_uptime_seconds",
+        "gauge",
+        "Seconds since the node started.",
+        s.uptime_s,
+    );
+    out.one(
+        "appliance_client_connections",
+        "gauge",
+        "Open client connections.",
+        s.client_connections,
+    );
+    out.one(
+        "appliance_sessions",
+        "gauge",
+        "Sessions in the client table.",
+        s.sessions,
+    );
+
+    let group_gauges: [GroupSeries; 6] = [
+        ("appliance_group_view", "Current view of the group.", |g| {
+            u64::from(g.view)
+        }),
+        (
+            "appliance_group_log_view",
+            "View in which the group's log was last normal.",
+            |g| u64::from(g.log_view),
+        ),
+        (
+            "appliance_group_op",
+            "Highest op in the group's log.",
+            |g| g.op,
+        ),
+        (
+            "appliance_group_commit",
+            "Highest committed op of the group.",
+            |g| g.commit,
+        ),
+        (
+            "appliance_group_primary",
+            "Replica id of the group's primary.",
+            |g| u64::from(g.primary),
+        ),
+        (
+            "appliance_group_quorum",
+            "1 when a replication quorum is reachable.",
+            |g| u64::from(g.quorum),
+        ),
+    ];
+    for (name, help, value) in group_gauges {
+        out.family(name, "gauge", help);
+        for g in &s.groups {
+            out.sample(name, &[("group", &g.group), ("name", &g.name)], value(g));
+        }
+    }
+    out.family(
+        "appliance_group_status",
+        "gauge",
+        "1 for the group's current status.",
+    );
+    for g in &s.groups {
+        out.sample(
+            "appliance_group_status",
+            &[
+                ("group", &g.group),
+                ("name", &g.name),
+                ("status", g.status.name()),
+            ],
+            1,
+        );
+    }
+
+    let peer_series: [PeerSeries; 5] = [
+        (
+            "appliance_peer_connected",
+            "gauge",
+            "1 when the replica-plane link is up.",
+            |p| u64::from(p.connected),
+        ),
+        (
+            "appliance_peer_queue_depth",
+            "gauge",
+            "Frames queued for the peer.",
+            |p| p.queue_depth,
+        ),
+        (
+            "appliance_peer_dropped_frames_total",
+            "counter",
+            "Frames dropped on a full send queue.",
+            |p| p.dropped,
+        ),
+        (
+            "appliance_peer_sent_bytes_total",
+            "counter",
+            "Bytes sent to the peer.",
+            |p| p.bytes_sent,
+        ),
+        (
+            "appliance_peer_received_bytes_total",
+            "counter",
+            "Bytes received from the peer.",
+            |p| p.bytes_received,
+        ),
+    ];
+    for (name, kind, help, value) in peer_series {
+        out.family(name, kind, help);
+        for p in &s.peers {
+            out.sample(name, &[("replica", &p.replica.to_string())], value(p));
+        }
+    }
+
+    out.family(
+        "appliance_rejected_frames_total",
+        "counter",
+        "Frames and requests rejected, by reason.",
+    );
+    for (reason, count) in &s.rejected {
+        out.sample(
+            "appliance_rejected_frames_total",
+            &[("reason", reason)],
+            count,
+        );
+    }
+
+    out.one(
+        "appliance_repair_requests_total",
+        "counter",
+        "RequestPrepares sent.",
+        s.repair.requests_sent,
+    );
+    out.one(
+        "appliance_repair_prepares_received_total",
+        "counter",
+        "Prepares received by repair.",
+        s.repair.prepares_received,
+    );
+    out.one(
+        "appliance_repair_prepares_served_total",
+        "counter",
+        "Prepares served to peers' repair.",
+        s.repair.prepares_served,
+    );
+    out.one(
+        "appliance_repair_ranges_evicted_total",
+        "counter",
+        "Repairs answered with RangeEvicted.",
+        s.repair.ranges_evicted,
+    );
+
+    let st = &s.state_transfer;
+    out.one(
+        "appliance_state_transfer_active",
+        "gauge",
+        "1 while this node fetches state.",
+        u64::from(st.active),
+    );
+    out.one(
+        "appliance_state_transfer_artifacts",
+        "gauge",
+        "Artifacts in the current transfer.",
+        st.artifacts_total,
+    );
+    out.one(
+        "appliance_state_transfer_artifacts_done",
+        "gauge",
+        "Artifacts fetched and verified.",
+        st.artifacts_done,
+    );
+    out.one(
+        "appliance_state_transfer_bytes",
+        "gauge",
+        "Bytes in the current transfer.",
+        st.bytes_total,
+    );
+    out.one(
+        "appliance_state_transfer_bytes_done",
+        "gauge",
+        "Bytes fetched so far.",
+        st.bytes_done,
+    );
+    out.one(
+        "appliance_state_transfer_rate_bytes_per_second",
+        "gauge",
+        "Current fetch rate.",
+        st.rate_bytes_per_s,
+    );
+    out.one(
+        "appliance_state_transfer_served_chunks_total",
+        "counter",
+        "Chunks served to peers.",
+        st.chunks_served,
+    );
+    out.one(
+        "appliance_state_transfer_served_bytes_total",
+        "counter",
+        "Bytes served to peers.",
+        st.bytes_served,
+    );
+
+    out.latency(
+        "appliance_request_latency_seconds",
+        "Client request to reply.",
+        &s.latency_us.request,
+    );
+    out.latency(
+        "appliance_prepare_commit_latency_seconds",
+        "Prepare to commit on the primary.",
+        &s.latency_us.prepare_commit,
+    );
+    out.latency(
+        "appliance_journal_fsync_latency_seconds",
+        "Journal write to durable.",
+        &s.latency_us.journal_fsync,
+    );
+    out.text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_sample_follows_a_help_and_type_and_counters_end_in_total() {
+        let text = render(&crate::stats::tests::sample());
+        let mut declared = std::collections::HashMap::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let mut parts = rest.split(' ');
+                let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());
+                declared.insert(name.to_string(), kind.to_string());
+                if kind == "counter" {
+                    assert!(name.ends_with("_total"), "{name}");
+                }
+                assert!(name.starts_with("appliance_"), "{name}");
+            } else if !line.starts_with('#') {
+                let name = line.split(['{', ' ']).next().unwrap();
+                let family = ["_sum", "_count"]
+                    .iter()
+                    .fold(name, |n, s| n.strip_suffix(s).unwrap_or(n));
+                assert!(
+                    declared.contains_key(name) || declared.contains_key(family),
+                    "undeclared {name}"
+                );
+                let value = line.rsplit(' ').next().unwrap();
+                assert!(value.parse::<f64>().is_ok(), "bad value in {line}");
+            }
+        }
+        assert!(text.contains(
+            "appliance_group_commit{group=\"9223372036854775808\",name=\"metadata\"} 118"
+        ));
+        assert!(text.contains("appliance_peer_connected{replica=\"2\"} 0"));
+        assert!(text.contains("appliance_rejected_frames_total{reason=\"frame_seal_mismatch\"} 3"));
+        assert!(text.contains("appliance_request_latency_seconds{quantile=\"0.99\"}"));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

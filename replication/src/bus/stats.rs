@@ -1,0 +1,186 @@
+//! Bus counters for the stats endpoint: rejections by reason label, and per-peer link
+//! state, queue depth, drops and bytes. Shareable across threads (`Arc<BusStats>`) so the
+//! stats endpoint reads them off the replica executor's hot path.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+/// Counters of one peer link.
+#[derive(Debug, Default)]
+pub struct PeerStats {
+    connected: AtomicBool,
+    queue_depth: AtomicU64,
+    dropped: AtomicU64,
+    bytes_sent: AtomicU64,
+    bytes_received: AtomicU64,
+    frames_sent: AtomicU64,
+    frames_received: AtomicU64,
+    connects: AtomicU64,
+}
+
+/// A copy of one peer's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerSnapshot {
+    pub replica: u8,
+    pub connected: bool,
+    pub queue_depth: u64,
+    /// Frames dropped: queue overruns, sends while disconnected, frames queued on a link
+    /// that died.
+    pub dropped: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub frames_sent: u64,
+    pub frames_received: u64,
+    /// Handshakes completed on this link (reconnects included).
+    pub connects: u64,
+}
+
+impl PeerStats {
+    pub(crate) fn set_connected(&self, connected: bool) {
+        self.connected.store(connected, Relaxed);
+        if connected {
+            self.connects.fetch_add(1, Relaxed);
+        }
+    }
+
+    pub(crate) fn set_queue_depth(&self, depth: usize) {
+        self.queue_depth.store(depth as u64, Relaxed);
+    }
+
+    pub(crate) fn add_dropped(&self, frames: u64) {
+        self.dropped.fetch_add(frames, Relaxed);
+    }
+
+    pub(crate) fn add_sent(&self, frames: u64, bytes: u64) {
+        self.frames_sent.fetch_add(frames, Relaxed);
+        self.bytes_sent.fetch_add(bytes, Relaxed);
+    }
+
+    pub(crate) fn add_received(&self, bytes: u64) {
+        self.frames_received.fetch_add(1, Relaxed);
+        self.bytes_received.fetch_add(bytes, Relaxed);
+    }
+
+    fn snapshot(&self, replica: u8) -> PeerSnapshot {
+        PeerSnapshot {
+            replica,
+            connected: self.connected.load(Relaxed),
+            queue_depth: self.queue_depth.load(Relaxed),
+            dropped: self.dropped.load(Relaxed),
+            bytes_sent: self.bytes_sent.load(Relaxed),
+            bytes_received: self.bytes_received.load(Relaxed),
+            frames_sent: self.frames_sent.load(Relaxed),
+            frames_received: self.frames_received.load(Relaxed),
+            connects: self.connects.load(Relaxed),
+        }
+    }
+}
+
+/// All counters of one bus.
+#[derive(Debug)]
+pub struct BusStats {
+    replica: u8,
+    peers: Vec<PeerStats>,
+    /// Rejections are rare (never the hot path), so a map under a lock is enough.
+    rejected: Mutex<BTreeMap<&'static str, u64>>,
+    client_dropped: AtomicU64,
+}
+
+/// A copy of every counter, for the stats endpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    pub replica: u8,
+    /// Every peer but this node.
+    pub peers: Vec<PeerSnapshot>,
+    /// Rejected frames and connections by reason label (FrameError, GateError and
+    /// HandshakeError labels, plus the bus's own: see `reasons`).
+    pub rejected: BTreeMap<&'static str, u64>,
+    /// Frames to clients dropped on a full client queue.
+    pub client_dropped: u64,
+}
+
+impl StatsSnapshot {
+    /// The count of one rejection reason (0 if never seen).
+    pub fn rejected(&self, reason: &str) -> u64 {
+        self.rejected.get(reason).copied().unwrap_or(0)
+    }
+
+    /// One peer's counters.
+    pub fn peer(&self, replica: u8) -> Option<&PeerSnapshot> {
+        self.peers.iter().find(|peer| peer.replica == replica)
+    }
+}
+
+impl BusStats {
+    pub(crate) fn new(replica: u8, replica_count: u8) -> BusStats {
+        BusStats {
+            replica,
+            peers: (0..replica_count).map(|_| PeerStats::default()).collect(),
+            rejected: Mutex::new(BTreeMap::new()),
+            client_dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts one rejection under `reason`.
+    pub fn reject(&self, reason: &'static str) {
+        // A poisoned lock only means another thread panicked mid-increment; keep counting.
+        let mut rejected = self
+            .rejected
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *rejected.entry(reason).or_insert(0) += 1;
+    }
+
+    pub(crate) fn peer(&self, replica: u8) -> Option<&PeerStats> {
+        self.peers.get(usize::from(replica))
+    }
+
+    pub(crate) fn add_client_dropped(&self) {
+        self.client_dropped.fetch_add(1, Relaxed);
+    }
+
+    /// A consistent-enough copy of every counter (each counter is read atomically).
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let rejected = self
+            .rejected
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        StatsSnapshot {
+            replica: self.replica,
+            peers: self
+                .peers
+                .iter()
+                .enumerate()
+                .filter(|(replica, _)| *replica != usize::from(self.replica))
+                .map(|(replica, stats)| stats.snapshot(replica as u8))
+                .collect(),
+            rejected,
+            client_dropped: self.client_dropped.load(Relaxed),
+        }
+    }
+}
+
+/// The bus's own rejection labels (frame, gate and handshake labels come from their
+/// error types' `reason()`).
+pub mod reasons {
+    /// A replica-listener connection arrived while 256 handshakes were in flight.
+    pub const HANDSHAKE_LIMIT: &str = "handshake_limit";
+    /// A handshake (TLS included) did not finish within handshake_grace.
+    pub const HANDSHAKE_TIMEOUT: &str = "handshake_timeout";
+    /// The connection closed or failed during the handshake.
+    pub const HANDSHAKE_IO: &str = "handshake_io";
+    /// The TLS handshake failed (untrusted certificate, wrong version, ...).
+    pub const TLS_HANDSHAKE: &str = "tls_handshake_failed";
+    /// TLS completed without ALPN "iggy-replica".
+    pub const TLS_ALPN: &str = "tls_alpn_mismatch";
+    /// The TLS exporter could not be derived.
+    pub const TLS_EXPORTER: &str = "tls_exporter_failed";
+    /// A client-listener connection arrived while the client connection limit was reached.
+    pub const CLIENT_LIMIT: &str = "client_connection_limit";
+    /// A dial to a peer failed (refused, unreachable, timed out).
+    pub const DIAL_FAILED: &str = "dial_failed";
+    /// An established connection was replaced by a newer one from the same peer.
+    pub const REPLACED: &str = "connection_replaced";
+}

@@ -123,6 +123,13 @@ impl BusConfig {
 
     /// Checks the configuration; the error names the key, the value and the rule.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_transport()?;
+        self.validate_security()
+    }
+
+    /// Everything but cluster.auth and cluster.tls (for callers that supply keys and TLS
+    /// material themselves).
+    pub fn validate_transport(&self) -> Result<(), ConfigError> {
         let count = self.nodes.len();
         if count == 0 || count > REPLICA_COUNT_MAX {
             return Err(ConfigError::new("cluster.nodes", count, "1 to 128 nodes"));
@@ -181,6 +188,10 @@ impl BusConfig {
                 "must be positive",
             ));
         }
+        Ok(())
+    }
+
+    fn validate_security(&self) -> Result<(), ConfigError> {
         if self.auth.enabled {
             let len = self.auth.shared_secret.len();
             if len < SECRET_LEN_MIN {

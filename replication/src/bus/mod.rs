@@ -275,14 +275,16 @@ impl Bus {
         Bus::start_with_tls(config, keys, tls, handler)
     }
 
-    /// As `start`, with TLS material already parsed (tests build certificates in memory).
+    /// As `start`, with keys and TLS material supplied by the caller (tests build
+    /// certificates in memory): auth runs iff `keys` is Some, TLS iff `tls` is Some, and
+    /// config.auth / config.tls are not read.
     pub fn start_with_tls(
         config: BusConfig,
         keys: Option<Keys>,
         tls: Option<TlsContext>,
         handler: Rc<dyn Handler>,
     ) -> Result<Bus, BusError> {
-        config.validate().map_err(BusError::Config)?;
+        config.validate_transport().map_err(BusError::Config)?;
         let bind = |addr: SocketAddr| {
             TcpListener::bind(addr).map_err(|error| BusError::Bind {
                 addr,

@@ -92,6 +92,16 @@ impl TlsContext {
         TlsContext::new(chain, key, roots)
     }
 
+    /// The acceptor-side rustls config.
+    pub fn server_config(&self) -> Arc<ServerConfig> {
+        self.server.clone()
+    }
+
+    /// The dialer-side rustls config.
+    pub fn client_config(&self) -> Arc<ClientConfig> {
+        self.client.clone()
+    }
+
     /// Builds the configs from parsed material (tests build theirs in memory).
     pub fn new(
         chain: Vec<CertificateDer<'static>>,

@@ -229,10 +229,15 @@ impl ReadError {
 }
 
 /// Reads frames off a stream through a read-ahead stage.
+///
+/// Small frames arrive many to a read. A large body is read straight into its frame
+/// buffer; after a large frame the next header is read without read-ahead, so a stream of
+/// large frames is copied once (socket to frame buffer), not twice.
 pub(crate) struct FrameReader {
     stage: Box<[u8]>,
     start: usize,
     end: usize,
+    read_ahead: bool,
 }
 
 impl FrameReader {
@@ -241,6 +246,7 @@ impl FrameReader {
             stage: vec![0u8; STAGE_SIZE].into_boxed_slice(),
             start: 0,
             end: 0,
+            read_ahead: true,
         }
     }
 
@@ -257,7 +263,12 @@ impl FrameReader {
             self.start = 0;
         }
         while self.buffered() < need {
-            let n = read_some(stream, &mut self.stage[self.end..])
+            let limit = if self.read_ahead {
+                STAGE_SIZE
+            } else {
+                self.start + need
+            };
+            let n = read_some(stream, &mut self.stage[self.end..limit])
                 .await
                 .map_err(ReadError::Io)?;
             if n == 0 {
@@ -272,21 +283,39 @@ impl FrameReader {
         Ok(())
     }
 
+    fn consume(&mut self, len: usize) {
+        self.start += len;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
     /// Reads exactly one 256-byte header into `buf` (resized to 256), unchecked.
     pub(crate) async fn read_header(
         &mut self,
         stream: &SharedStream,
         buf: &mut FrameBuf,
     ) -> Result<(), ReadError> {
-        self.fill(stream, HEADER_SIZE).await?;
+        self.read_header_keep_len(stream, buf).await?;
         buf.resize(HEADER_SIZE);
-        buf.as_bytes_mut()
-            .copy_from_slice(&self.stage[self.start..self.start + HEADER_SIZE]);
-        self.start += HEADER_SIZE;
-        if self.start == self.end {
-            self.start = 0;
-            self.end = 0;
+        Ok(())
+    }
+
+    /// Reads a header into the front of `buf` without shrinking it: a pooled buffer
+    /// keeps its length, so a body of the same size is not zero-filled again.
+    async fn read_header_keep_len(
+        &mut self,
+        stream: &SharedStream,
+        buf: &mut FrameBuf,
+    ) -> Result<(), ReadError> {
+        self.fill(stream, HEADER_SIZE).await?;
+        if buf.len() < HEADER_SIZE {
+            buf.resize(HEADER_SIZE);
         }
+        buf.as_bytes_mut()[..HEADER_SIZE]
+            .copy_from_slice(&self.stage[self.start..self.start + HEADER_SIZE]);
+        self.consume(HEADER_SIZE);
         Ok(())
     }
 
@@ -298,40 +327,21 @@ impl FrameReader {
         size: usize,
     ) -> Result<(), ReadError> {
         buf.resize(size);
-        let mut filled = HEADER_SIZE;
-        let staged = self.buffered().min(size - filled);
-        buf.as_bytes_mut()[filled..filled + staged]
+        let staged = self.buffered().min(size - HEADER_SIZE);
+        let mut filled = HEADER_SIZE + staged;
+        buf.as_bytes_mut()[HEADER_SIZE..filled]
             .copy_from_slice(&self.stage[self.start..self.start + staged]);
-        self.start += staged;
-        filled += staged;
-        if self.start == self.end {
-            self.start = 0;
-            self.end = 0;
-        }
+        self.consume(staged);
         while filled < size {
-            let remaining = size - filled;
-            if remaining < STAGE_SIZE / 4 {
-                // A short tail: read ahead into the stage so the next headers come along.
-                self.fill(stream, remaining)
-                    .await
-                    .map_err(|error| match error {
-                        ReadError::Closed => ReadError::Io(io::ErrorKind::UnexpectedEof.into()),
-                        other => other,
-                    })?;
-                buf.as_bytes_mut()[filled..size]
-                    .copy_from_slice(&self.stage[self.start..self.start + remaining]);
-                self.start += remaining;
-                filled = size;
-            } else {
-                let n = read_some(stream, &mut buf.as_bytes_mut()[filled..size])
-                    .await
-                    .map_err(ReadError::Io)?;
-                if n == 0 {
-                    return Err(ReadError::Io(io::ErrorKind::UnexpectedEof.into()));
-                }
-                filled += n;
+            let n = read_some(stream, &mut buf.as_bytes_mut()[filled..size])
+                .await
+                .map_err(ReadError::Io)?;
+            if n == 0 {
+                return Err(ReadError::Io(io::ErrorKind::UnexpectedEof.into()));
             }
+            filled += n;
         }
+        self.read_ahead = size <= STAGE_SIZE / 4;
         Ok(())
     }
 
@@ -342,10 +352,13 @@ impl FrameReader {
         buf: &mut FrameBuf,
         limits: &Limits,
     ) -> Result<HeaderInfo, ReadError> {
-        self.read_header(stream, buf).await?;
+        self.read_header_keep_len(stream, buf).await?;
         let info = check_header(buf.as_bytes(), limits).map_err(ReadError::Frame)?;
         if info.size as usize > HEADER_SIZE {
             self.read_body(stream, buf, info.size as usize).await?;
+        } else {
+            buf.resize(HEADER_SIZE);
+            self.read_ahead = true;
         }
         Ok(info)
     }

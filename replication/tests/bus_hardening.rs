@@ -394,3 +394,35 @@ fn client_listener_admits_only_requests() {
         bus.shutdown();
     });
 }
+
+#[test]
+fn multi_megabyte_frame_arrives_intact_and_a_truncated_one_is_counted() {
+    run(|| async {
+        let (bus, seen) = acceptor(|c| c);
+        let mut tcp = raw_peer(bus.replica_addr()).await;
+        let mut header = replication::wire::StateChunkHeader::new();
+        header.frame.cluster = cluster_id(CLUSTER);
+        header.group = replication::wire::METADATA_GROUP;
+        header.nonce = 1;
+        let body: Vec<u8> = (0..3 * 1024 * 1024 + 17).map(|i| (i % 251) as u8).collect();
+        let frame = Frame::build(&header, &body);
+        tcp.write_all(frame.as_bytes()).await.unwrap();
+        assert!(wait_until(LINK_WAIT, || seen.seen.borrow().frames.len() == 1).await);
+        assert!(seen.seen.borrow().frames[0].1 == frame.as_bytes());
+        // Announce the same frame again, send half of it, and hang up.
+        tcp.write_all(&frame.as_bytes()[..frame.as_bytes().len() / 2])
+            .await
+            .unwrap();
+        drop(tcp);
+        assert!(
+            wait_until(LINK_WAIT, || bus
+                .stats()
+                .snapshot()
+                .rejected("truncated_frame")
+                == 1)
+            .await
+        );
+        assert_eq!(seen.seen.borrow().frames.len(), 1);
+        bus.shutdown();
+    });
+}

@@ -15,15 +15,24 @@ use socket2::SockRef;
 
 use crate::wire::{check_header, FrameBuf, FrameError, HeaderInfo, Limits, HEADER_SIZE};
 
-/// Bytes of the read-ahead stage: small frames are parsed from it; a larger body is read
-/// straight into its frame buffer.
+/// Bytes of an established replica link's read-ahead stage: small frames are parsed from
+/// it; a larger body is read straight into its frame buffer.
 pub const STAGE_SIZE: usize = 64 * 1024;
+/// Stage of a connection still in its handshake: up to 256 of them exist at once, most
+/// possibly hostile, so each holds little memory until it is established.
+pub const HANDSHAKE_STAGE_SIZE: usize = 1024;
+/// Stage of a client connection (clients are many; their Requests are small).
+pub const CLIENT_STAGE_SIZE: usize = 16 * 1024;
+/// A body's buffer grows by at most this much ahead of the bytes actually received, so a
+/// peer announcing a large frame cannot make us allocate it before sending it.
+pub const BODY_GROW_STEP: usize = 1024 * 1024;
 /// Frame buffers kept for reuse.
 pub const POOL_BUFFERS_MAX: usize = 1024;
 /// Buffers larger than this go back to the allocator instead of the pool.
 pub const POOL_BUFFER_LEN_MAX: usize = 1024 * 1024;
 
-const _: () = assert!(STAGE_SIZE >= HEADER_SIZE);
+const _: () = assert!(HANDSHAKE_STAGE_SIZE >= HEADER_SIZE && HANDSHAKE_STAGE_SIZE <= STAGE_SIZE);
+const _: () = assert!(CLIENT_STAGE_SIZE >= HEADER_SIZE);
 
 /// glommio TCP with a nonblocking `sendmsg` for vectored writes (glommio writes only the
 /// first slice of a vectored write).
@@ -241,13 +250,27 @@ pub(crate) struct FrameReader {
 }
 
 impl FrameReader {
-    pub(crate) fn new() -> FrameReader {
+    /// A reader whose stage holds `stage_size` bytes.
+    pub(crate) fn new(stage_size: usize) -> FrameReader {
         FrameReader {
-            stage: vec![0u8; STAGE_SIZE].into_boxed_slice(),
+            stage: vec![0u8; stage_size.max(HEADER_SIZE)].into_boxed_slice(),
             start: 0,
             end: 0,
             read_ahead: true,
         }
+    }
+
+    /// Grows the stage (keeping what it holds) once a handshake is done.
+    pub(crate) fn grow_stage(&mut self, stage_size: usize) {
+        if stage_size <= self.stage.len() {
+            return;
+        }
+        let mut stage = vec![0u8; stage_size].into_boxed_slice();
+        let held = self.buffered();
+        stage[..held].copy_from_slice(&self.stage[self.start..self.end]);
+        self.stage = stage;
+        self.start = 0;
+        self.end = held;
     }
 
     fn buffered(&self) -> usize {
@@ -256,15 +279,16 @@ impl FrameReader {
 
     /// Reads until at least `need` bytes are staged.
     async fn fill(&mut self, stream: &SharedStream, need: usize) -> Result<(), ReadError> {
-        debug_assert!(need <= STAGE_SIZE);
-        if self.start + need > STAGE_SIZE {
+        let stage_size = self.stage.len();
+        debug_assert!(need <= stage_size);
+        if self.start + need > stage_size {
             self.stage.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
         }
         while self.buffered() < need {
             let limit = if self.read_ahead {
-                STAGE_SIZE
+                stage_size
             } else {
                 self.start + need
             };
@@ -326,14 +350,22 @@ impl FrameReader {
         buf: &mut FrameBuf,
         size: usize,
     ) -> Result<(), ReadError> {
-        buf.resize(size);
         let staged = self.buffered().min(size - HEADER_SIZE);
         let mut filled = HEADER_SIZE + staged;
+        // A pooled buffer may already be long enough; otherwise grow in steps as bytes
+        // arrive. Shrinking (to the exact size at the end) keeps the allocation.
+        if buf.len() < filled {
+            buf.resize(filled);
+        }
         buf.as_bytes_mut()[HEADER_SIZE..filled]
             .copy_from_slice(&self.stage[self.start..self.start + staged]);
         self.consume(staged);
         while filled < size {
-            let n = read_some(stream, &mut buf.as_bytes_mut()[filled..size])
+            let want = size.min(filled + BODY_GROW_STEP);
+            if buf.len() < want {
+                buf.resize(want);
+            }
+            let n = read_some(stream, &mut buf.as_bytes_mut()[filled..want])
                 .await
                 .map_err(ReadError::Io)?;
             if n == 0 {
@@ -341,7 +373,8 @@ impl FrameReader {
             }
             filled += n;
         }
-        self.read_ahead = size <= STAGE_SIZE / 4;
+        buf.resize(size);
+        self.read_ahead = size <= self.stage.len() / 4;
         Ok(())
     }
 

@@ -264,7 +264,11 @@ pub(crate) async fn run_replica_link(
 }
 
 /// Runs a client connection: every frame must be a Request (the client plane gate).
-pub(crate) async fn run_client_link(inner: Rc<Inner>, stream: SharedStream) {
+pub(crate) async fn run_client_link(
+    inner: Rc<Inner>,
+    stream: SharedStream,
+    mut reader: FrameReader,
+) {
     let client = ClientId(inner.next_client.get());
     inner.next_client.set(client.0 + 1);
     let link = Rc::new(Link::new(
@@ -276,7 +280,6 @@ pub(crate) async fn run_client_link(inner: Rc<Inner>, stream: SharedStream) {
     inner.clients.borrow_mut().insert(client, link.clone());
     glommio::spawn_local(write_loop(inner.clone(), link.clone())).detach();
 
-    let mut reader = FrameReader::new();
     let mut buf = inner.pool.get();
     while !link.is_dead() {
         let info = match reader.read_frame(&stream, &mut buf, &inner.limits).await {

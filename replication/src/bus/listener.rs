@@ -11,7 +11,10 @@ use glommio::net::{TcpListener, TcpStream};
 
 use super::auth::ChannelBinding;
 use super::config::HANDSHAKES_IN_FLIGHT_MAX;
-use super::conn::{write_all_vectored, FrameReader, SharedStream, Stream, Tcp};
+use super::conn::{
+    write_all_vectored, FrameReader, SharedStream, Stream, Tcp, CLIENT_STAGE_SIZE,
+    HANDSHAKE_STAGE_SIZE, STAGE_SIZE,
+};
 use super::handshake::{Acceptor, AcceptorStep};
 use super::link::{run_client_link, run_replica_link};
 use super::stats::reasons;
@@ -93,7 +96,7 @@ async fn accept_handshake(
     };
     let stream: SharedStream = Rc::new(RefCell::new(stream));
     let mut acceptor = Acceptor::new(inner.local, inner.keys.clone(), binding);
-    let mut reader = FrameReader::new();
+    let mut reader = FrameReader::new(HANDSHAKE_STAGE_SIZE);
     let mut buf = inner.pool.get();
     let result = loop {
         // Handshake frames are exactly one header: never trust a larger size here.
@@ -120,6 +123,7 @@ async fn accept_handshake(
         }
     };
     inner.pool.put(buf);
+    reader.grow_stage(STAGE_SIZE);
     result.map(|peer| (peer, stream, reader))
 }
 
@@ -155,7 +159,7 @@ pub(crate) async fn client_accept_loop(inner: Rc<Inner>, listener: TcpListener) 
         glommio::spawn_local(async move {
             let _ = tcp.set_nodelay(true);
             let stream: SharedStream = Rc::new(RefCell::new(Stream::Plain(Tcp(tcp))));
-            run_client_link(inner, stream).await;
+            run_client_link(inner, stream, FrameReader::new(CLIENT_STAGE_SIZE)).await;
             drop(slot);
         })
         .detach();

@@ -10,7 +10,9 @@ use glommio::net::TcpStream;
 
 use super::auth::ChannelBinding;
 use super::config::{NodeAddress, RECONNECT_BACKOFF_FACTOR_MAX};
-use super::conn::{write_all_vectored, FrameReader, SharedStream, Stream, Tcp};
+use super::conn::{
+    write_all_vectored, FrameReader, SharedStream, Stream, Tcp, HANDSHAKE_STAGE_SIZE, STAGE_SIZE,
+};
 use super::handshake::Dialer;
 use super::link::run_replica_link;
 use super::stats::reasons;
@@ -25,8 +27,15 @@ pub(crate) async fn dial_loop(inner: Rc<Inner>, node: NodeAddress) {
         let result = glommio::timer::timeout(grace, async { Ok(dial(&inner, &node).await) }).await;
         match result {
             Ok(Ok((stream, reader))) => {
-                failures = 0;
+                let established = std::time::Instant::now();
                 run_replica_link(inner.clone(), node.replica_id, stream, reader).await;
+                // A link the acceptor drops at once (e.g. it refused our MAC, or we are
+                // unauthenticated against an authenticated node) backs off like a failure.
+                if established.elapsed() < grace {
+                    failures = failures.saturating_add(1);
+                } else {
+                    failures = 0;
+                }
             }
             Ok(Err(reason)) => {
                 inner.stats.reject(reason);
@@ -109,7 +118,7 @@ async fn dial(
     write_all_vectored(&stream, &[hello.as_bytes()])
         .await
         .map_err(|_| reasons::HANDSHAKE_IO)?;
-    let mut reader = FrameReader::new();
+    let mut reader = FrameReader::new(HANDSHAKE_STAGE_SIZE);
     if !dialer.is_established() {
         let mut buf = inner.pool.get();
         let read = reader.read_header(&stream, &mut buf).await;
@@ -131,6 +140,7 @@ async fn dial(
             .await
             .map_err(|_| reasons::HANDSHAKE_IO)?;
     }
+    reader.grow_stage(STAGE_SIZE);
     Ok((stream, reader))
 }
 

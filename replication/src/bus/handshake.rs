@@ -648,3 +648,61 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn local(replica: u8) -> Local {
+        Local {
+            cluster: crate::wire::cluster_id("prop"),
+            replica,
+            replica_count: 5,
+        }
+    }
+
+    fn frame_from(mut bytes: Vec<u8>, command: u8, plausible: bool) -> crate::wire::FrameBuf {
+        bytes.resize(256, 0);
+        bytes[60] = command;
+        if plausible {
+            // Size, release and cluster right: only the command area is random.
+            bytes[48..52].copy_from_slice(&256u32.to_le_bytes());
+            bytes[56..60].fill(0);
+            bytes[32..48].copy_from_slice(&local(0).cluster.to_le_bytes());
+            bytes[61] %= 5;
+        }
+        crate::wire::FrameBuf::from_bytes(&bytes)
+    }
+
+    proptest! {
+        #[test]
+        fn acceptor_and_dialer_never_panic_and_never_establish_on_forged_frames(
+            frames in proptest::collection::vec(
+                (proptest::collection::vec(any::<u8>(), 256), 12u8..18, any::<bool>()),
+                1..4,
+            ),
+            auth in any::<bool>(),
+        ) {
+            let keys = auth.then(|| Keys::new(&[7; 32], None).unwrap());
+            let mut acceptor = Acceptor::new(local(3), keys.clone(), ChannelBinding::Plaintext);
+            let (mut dialer, _) =
+                Dialer::new(local(0), Some(Keys::new(&[7; 32], None).unwrap()), ChannelBinding::Plaintext, 1)
+                    .unwrap();
+            for (bytes, command, plausible) in frames {
+                let frame = frame_from(bytes, command, plausible);
+                match acceptor.on_frame(frame.as_bytes()) {
+                    // Random bytes can form a valid hello only with auth off (with auth,
+                    // the finish MAC cannot be forged).
+                    Ok(AcceptorStep::Established { peer }) => {
+                        prop_assert!(!auth);
+                        prop_assert!(peer < 3);
+                    }
+                    Ok(AcceptorStep::Challenge(_)) => prop_assert!(auth),
+                    Err(_) => {}
+                }
+                prop_assert!(dialer.on_frame(frame.as_bytes()).is_err());
+            }
+        }
+    }
+}

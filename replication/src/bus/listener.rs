@@ -38,7 +38,7 @@ pub(crate) async fn replica_accept_loop(inner: Rc<Inner>, listener: TcpListener)
         let tcp = match listener.accept().await {
             Ok(tcp) => tcp,
             Err(_) => {
-                inner.stats.reject("accept_failed");
+                inner.stats.link_failure(reasons::ACCEPT_FAILED);
                 glommio::timer::sleep(ACCEPT_ERROR_PAUSE).await;
                 continue;
             }
@@ -143,7 +143,7 @@ pub(crate) async fn client_accept_loop(inner: Rc<Inner>, listener: TcpListener) 
         let tcp = match listener.accept().await {
             Ok(tcp) => tcp,
             Err(_) => {
-                inner.stats.reject("accept_failed");
+                inner.stats.link_failure(reasons::ACCEPT_FAILED);
                 glommio::timer::sleep(ACCEPT_ERROR_PAUSE).await;
                 continue;
             }

@@ -405,7 +405,12 @@ impl Bus {
             return Err(SendError::Disconnected { replica });
         };
         match link.push(frame.into()) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                if let Some(stats) = stats {
+                    stats.set_queue_depth(link.depth());
+                }
+                Ok(())
+            }
             Err(_) => {
                 if let Some(stats) = stats {
                     stats.add_dropped(1);

@@ -37,6 +37,10 @@ pub(crate) async fn dial_loop(inner: Rc<Inner>, node: NodeAddress) {
                     failures = 0;
                 }
             }
+            Ok(Err(reason)) if reason == reasons::DIAL_FAILED => {
+                inner.stats.link_failure(reason);
+                failures = failures.saturating_add(1);
+            }
             Ok(Err(reason)) => {
                 inner.stats.reject(reason);
                 failures = failures.saturating_add(1);

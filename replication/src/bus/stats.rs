@@ -84,6 +84,7 @@ pub struct BusStats {
     peers: Vec<PeerStats>,
     /// Rejections are rare (never the hot path), so a map under a lock is enough.
     rejected: Mutex<BTreeMap<&'static str, u64>>,
+    link_failures: Mutex<BTreeMap<&'static str, u64>>,
     client_dropped: AtomicU64,
 }
 
@@ -96,6 +97,8 @@ pub struct StatsSnapshot {
     /// Rejected frames and connections by reason label (FrameError, GateError and
     /// HandshakeError labels, plus the bus's own: see `reasons`).
     pub rejected: BTreeMap<&'static str, u64>,
+    /// Our own failures that reject no input: dials that failed, accepts that failed.
+    pub link_failures: BTreeMap<&'static str, u64>,
     /// Frames to clients dropped on a full client queue.
     pub client_dropped: u64,
 }
@@ -118,18 +121,19 @@ impl BusStats {
             replica,
             peers: (0..replica_count).map(|_| PeerStats::default()).collect(),
             rejected: Mutex::new(BTreeMap::new()),
+            link_failures: Mutex::new(BTreeMap::new()),
             client_dropped: AtomicU64::new(0),
         }
     }
 
-    /// Counts one rejection under `reason`.
+    /// Counts one rejected frame or connection under `reason`.
     pub fn reject(&self, reason: &'static str) {
-        // A poisoned lock only means another thread panicked mid-increment; keep counting.
-        let mut rejected = self
-            .rejected
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        *rejected.entry(reason).or_insert(0) += 1;
+        count(&self.rejected, reason);
+    }
+
+    /// Counts one failure of our own (a dial or an accept) under `reason`.
+    pub fn link_failure(&self, reason: &'static str) {
+        count(&self.link_failures, reason);
     }
 
     pub(crate) fn peer(&self, replica: u8) -> Option<&PeerStats> {
@@ -142,11 +146,11 @@ impl BusStats {
 
     /// A consistent-enough copy of every counter (each counter is read atomically).
     pub fn snapshot(&self) -> StatsSnapshot {
-        let rejected = self
-            .rejected
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone();
+        let copy = |map: &Mutex<BTreeMap<&'static str, u64>>| {
+            map.lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .clone()
+        };
         StatsSnapshot {
             replica: self.replica,
             peers: self
@@ -156,10 +160,17 @@ impl BusStats {
                 .filter(|(replica, _)| *replica != usize::from(self.replica))
                 .map(|(replica, stats)| stats.snapshot(replica as u8))
                 .collect(),
-            rejected,
+            rejected: copy(&self.rejected),
+            link_failures: copy(&self.link_failures),
             client_dropped: self.client_dropped.load(Relaxed),
         }
     }
+}
+
+fn count(map: &Mutex<BTreeMap<&'static str, u64>>, reason: &'static str) {
+    // A poisoned lock only means another thread panicked mid-increment; keep counting.
+    let mut map = map.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    *map.entry(reason).or_insert(0) += 1;
 }
 
 /// The bus's own rejection labels (frame, gate and handshake labels come from their
@@ -179,8 +190,10 @@ pub mod reasons {
     pub const TLS_EXPORTER: &str = "tls_exporter_failed";
     /// A client-listener connection arrived while the client connection limit was reached.
     pub const CLIENT_LIMIT: &str = "client_connection_limit";
-    /// A dial to a peer failed (refused, unreachable, timed out).
+    /// A dial to a peer failed (refused, unreachable); a link failure, not a rejection.
     pub const DIAL_FAILED: &str = "dial_failed";
+    /// accept() failed (e.g. out of file descriptors); a link failure, not a rejection.
+    pub const ACCEPT_FAILED: &str = "accept_failed";
     /// An established connection was replaced by a newer one from the same peer.
     pub const REPLACED: &str = "connection_replaced";
 }

@@ -108,6 +108,31 @@ fn peer_with_a_certificate_from_an_untrusted_ca_is_refused() {
         assert!(seen_1.seen.borrow().connected.is_empty());
         bus_0.shutdown();
         bus_1.shutdown();
+
+        // The other way round: an acceptor with a rogue certificate is refused by the
+        // dialer's verification against the cluster CA.
+        let (bus_1, _) = tls_node(
+            config(1, &[loopback(0), loopback(0)]),
+            rogue.context(&trusted),
+            true,
+        );
+        let (bus_0, seen_0) = tls_node(
+            config(0, &[loopback(0), bus_1.replica_addr()]),
+            trusted.context(&trusted),
+            true,
+        );
+        assert!(
+            wait_until(LINK_WAIT, || bus_0
+                .stats()
+                .snapshot()
+                .rejected("tls_handshake_failed")
+                >= 2)
+            .await
+        );
+        assert!(!bus_0.is_connected(1));
+        assert!(seen_0.seen.borrow().connected.is_empty());
+        bus_0.shutdown();
+        bus_1.shutdown();
     });
 }
 

@@ -231,6 +231,10 @@ impl ReadError {
             ReadError::Io(error) if error.kind() == io::ErrorKind::UnexpectedEof => {
                 Some("truncated_frame")
             }
+            // rustls reports undecryptable or malformed records as InvalidData.
+            ReadError::Io(error) if error.kind() == io::ErrorKind::InvalidData => {
+                Some("tls_invalid_record")
+            }
             ReadError::Io(_) => None,
             ReadError::Frame(error) => Some(error.reason()),
         }

@@ -68,7 +68,10 @@ impl Link {
             if self.dead.get() || self.queue.borrow().len() < self.capacity {
                 Poll::Ready(())
             } else {
-                self.room.borrow_mut().push(cx.waker().clone());
+                let mut room = self.room.borrow_mut();
+                if !room.iter().any(|waker| waker.will_wake(cx.waker())) {
+                    room.push(cx.waker().clone());
+                }
                 Poll::Pending
             }
         })

@@ -353,3 +353,61 @@ fn dialer_reconnects_after_the_acceptor_restarts() {
         bus_1.shutdown();
     });
 }
+
+#[test]
+fn three_nodes_form_one_link_per_pair_and_broadcast_reaches_all() {
+    run(|| async {
+        let seen_2 = recorder();
+        let bus_2 = Bus::start(
+            config(2, &[loopback(0), loopback(0), loopback(0)]),
+            seen_2.clone(),
+        )
+        .unwrap();
+        let seen_1 = recorder();
+        let bus_1 = Bus::start(
+            config(1, &[loopback(0), loopback(0), bus_2.replica_addr()]),
+            seen_1.clone(),
+        )
+        .unwrap();
+        let seen_0 = recorder();
+        let bus_0 = Bus::start(
+            config(
+                0,
+                &[loopback(0), bus_1.replica_addr(), bus_2.replica_addr()],
+            ),
+            seen_0.clone(),
+        )
+        .unwrap();
+        let buses = [&bus_0, &bus_1, &bus_2];
+        assert!(
+            wait_until(LINK_WAIT, || {
+                (0..3u8).all(|a| {
+                    (0..3u8)
+                        .filter(|b| *b != a)
+                        .all(|b| buses[a as usize].is_connected(b))
+                })
+            })
+            .await
+        );
+        assert_eq!(bus_1.broadcast(commit_frame(1, 5)), 2);
+        assert!(
+            wait_until(LINK_WAIT, || seen_0.seen.borrow().frames.len() == 1
+                && seen_2.seen.borrow().frames.len() == 1)
+            .await
+        );
+        assert_eq!(seen_0.seen.borrow().frames[0].0, 1);
+        assert_eq!(seen_2.seen.borrow().frames[0].0, 1);
+        settle(Duration::from_millis(100)).await;
+        // Exactly one handshake per pair: nobody reconnected or replaced a link.
+        for (seen, expected) in [(&seen_0, 2usize), (&seen_1, 2), (&seen_2, 2)] {
+            let seen = seen.seen.borrow();
+            assert_eq!(seen.connected.len(), expected);
+            assert!(seen.connected.values().all(|count| *count == 1));
+            assert!(seen.disconnected.is_empty());
+        }
+        for bus in buses {
+            assert_eq!(bus.stats().snapshot().rejected("connection_replaced"), 0);
+            bus.shutdown();
+        }
+    });
+}

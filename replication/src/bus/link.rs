@@ -225,24 +225,24 @@ pub(crate) async fn run_replica_link(
             Ok(info) => info,
             Err(error) => {
                 if let Some(reason) = error.reason() {
-                    inner.stats.reject(reason);
+                    inner.refuse(reason, None, Some(peer));
                 }
                 break;
             }
         };
         let command = info.command as u8;
         if let Err(error) = replica_plane_admit(false, command) {
-            inner.stats.reject(error.reason());
+            inner.refuse(error.reason(), None, Some(peer));
             break;
         }
         if let Err(error) = check_established_frame(buf.as_bytes(), &inner.local, peer) {
-            inner.stats.reject(error.reason());
+            inner.refuse(error.reason(), None, Some(peer));
             break;
         }
         if let Err(error) = decode(buf.as_bytes(), &inner.limits) {
             // Framing is intact: drop this frame, keep the link (replica-plane.md,
             // "Frame integrity": a mismatch drops the frame).
-            inner.stats.reject(error.reason());
+            inner.refuse(error.reason(), None, Some(peer));
             continue;
         }
         if let Some(stats) = stats {
@@ -262,6 +262,7 @@ pub(crate) async fn run_replica_link(
         if let Some(stats) = inner.stats.peer(peer) {
             stats.set_connected(false);
         }
+        tracing::info!(peer, "replica link closed");
         inner.handler.on_peer_disconnected(peer);
     }
 }

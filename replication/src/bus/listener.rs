@@ -45,13 +45,14 @@ pub(crate) async fn replica_accept_loop(inner: Rc<Inner>, listener: TcpListener)
         };
         let in_flight = inner.handshakes_in_flight.get();
         if in_flight >= HANDSHAKES_IN_FLIGHT_MAX {
-            inner.stats.reject(reasons::HANDSHAKE_LIMIT);
+            inner.refuse(reasons::HANDSHAKE_LIMIT, tcp.peer_addr().ok(), None);
             drop(tcp);
             continue;
         }
         inner.handshakes_in_flight.set(in_flight + 1);
         let guard = InFlight(inner.clone());
         let inner = inner.clone();
+        let remote = tcp.peer_addr().ok();
         glommio::spawn_local(async move {
             let grace = inner.config.handshake_grace;
             let result =
@@ -60,10 +61,11 @@ pub(crate) async fn replica_accept_loop(inner: Rc<Inner>, listener: TcpListener)
             drop(guard);
             match result {
                 Ok(Ok((peer, stream, reader))) => {
+                    tracing::info!(peer, ?remote, "replica link accepted");
                     run_replica_link(inner, peer, stream, reader).await;
                 }
-                Ok(Err(reason)) => inner.stats.reject(reason),
-                Err(_) => inner.stats.reject(reasons::HANDSHAKE_TIMEOUT),
+                Ok(Err(reason)) => inner.refuse(reason, remote, None),
+                Err(_) => inner.refuse(reasons::HANDSHAKE_TIMEOUT, remote, None),
             }
         })
         .detach();

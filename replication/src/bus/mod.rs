@@ -232,9 +232,28 @@ pub(crate) struct Inner {
     next_link: Cell<u64>,
     handshakes_in_flight: Cell<usize>,
     closed: Cell<bool>,
+    log_limiter: stats::LogLimiter,
 }
 
 impl Inner {
+    /// Counts a refused connection or frame and logs it (rate-limited). Statuses 4 and 5
+    /// are never sent (replica-plane.md, "Handshake"), so this is where they show.
+    pub(crate) fn refuse(
+        &self,
+        reason: &'static str,
+        remote: Option<SocketAddr>,
+        peer: Option<u8>,
+    ) {
+        self.stats.reject(reason);
+        if self.log_limiter.allow() {
+            if stats::is_notable(reason) {
+                tracing::warn!(reason, ?remote, ?peer, "replica bus refused a connection");
+            } else {
+                tracing::debug!(reason, ?remote, ?peer, "replica bus refused input");
+            }
+        }
+    }
+
     fn next_link_id(&self) -> u64 {
         let id = self.next_link.get();
         self.next_link.set(id + 1);
@@ -328,6 +347,7 @@ impl Bus {
             next_link: Cell::new(1),
             handshakes_in_flight: Cell::new(0),
             closed: Cell::new(false),
+            log_limiter: stats::LogLimiter::new(),
             config,
         });
         let mut tasks = Vec::new();

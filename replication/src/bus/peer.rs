@@ -27,6 +27,7 @@ pub(crate) async fn dial_loop(inner: Rc<Inner>, node: NodeAddress) {
         let result = glommio::timer::timeout(grace, async { Ok(dial(&inner, &node).await) }).await;
         match result {
             Ok(Ok((stream, reader))) => {
+                tracing::info!(peer = node.replica_id, remote = %node.addr, "replica link dialed");
                 let established = std::time::Instant::now();
                 run_replica_link(inner.clone(), node.replica_id, stream, reader).await;
                 // A link the acceptor drops at once (e.g. it refused our MAC, or we are
@@ -42,11 +43,15 @@ pub(crate) async fn dial_loop(inner: Rc<Inner>, node: NodeAddress) {
                 failures = failures.saturating_add(1);
             }
             Ok(Err(reason)) => {
-                inner.stats.reject(reason);
+                inner.refuse(reason, Some(node.addr), Some(node.replica_id));
                 failures = failures.saturating_add(1);
             }
             Err(_) => {
-                inner.stats.reject(reasons::HANDSHAKE_TIMEOUT);
+                inner.refuse(
+                    reasons::HANDSHAKE_TIMEOUT,
+                    Some(node.addr),
+                    Some(node.replica_id),
+                );
                 failures = failures.saturating_add(1);
             }
         }

@@ -197,3 +197,87 @@ pub mod reasons {
     /// An established connection was replaced by a newer one from the same peer.
     pub const REPLACED: &str = "connection_replaced";
 }
+
+/// Rate limit for refusal logs: a flood from an untrusted host is counted in full but
+/// logged at most `LOG_BURST` times per `LOG_WINDOW`, then summarised.
+pub(crate) const LOG_BURST: u32 = 20;
+pub(crate) const LOG_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+#[derive(Debug)]
+pub(crate) struct LogLimiter {
+    window_start: std::cell::Cell<std::time::Instant>,
+    logged: std::cell::Cell<u32>,
+    suppressed: std::cell::Cell<u64>,
+}
+
+impl LogLimiter {
+    pub(crate) fn new() -> LogLimiter {
+        LogLimiter {
+            window_start: std::cell::Cell::new(std::time::Instant::now()),
+            logged: std::cell::Cell::new(0),
+            suppressed: std::cell::Cell::new(0),
+        }
+    }
+
+    /// Whether to log now; reports how many were suppressed in the previous window.
+    pub(crate) fn allow(&self) -> bool {
+        let now = std::time::Instant::now();
+        if now.duration_since(self.window_start.get()) >= LOG_WINDOW {
+            let suppressed = self.suppressed.replace(0);
+            if suppressed > 0 {
+                tracing::warn!(
+                    suppressed,
+                    "replica bus: refusal logs suppressed (all counted)"
+                );
+            }
+            self.window_start.set(now);
+            self.logged.set(0);
+        }
+        if self.logged.get() < LOG_BURST {
+            self.logged.set(self.logged.get() + 1);
+            true
+        } else {
+            self.suppressed.set(self.suppressed.get() + 1);
+            false
+        }
+    }
+}
+
+/// Refusals that name a plausible but wrong peer (another cluster, a forbidden direction,
+/// a missing or wrong MAC, an untrusted certificate): worth an operator's attention.
+pub(crate) fn is_notable(reason: &str) -> bool {
+    matches!(
+        reason,
+        "handshake_cluster_mismatch"
+            | "handshake_directional_rule"
+            | "handshake_auth_required"
+            | "handshake_mac_mismatch"
+            | "handshake_refused_by_peer"
+            | "handshake_status_unknown"
+            | "handshake_wrong_peer"
+            | "tls_handshake_failed"
+            | "tls_alpn_mismatch"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusal_logs_are_limited_but_every_refusal_is_counted() {
+        let limiter = LogLimiter::new();
+        let allowed = (0..1000).filter(|_| limiter.allow()).count();
+        assert_eq!(allowed, LOG_BURST as usize);
+        let stats = BusStats::new(1, 3);
+        for _ in 0..1000 {
+            stats.reject("handshake_mac_mismatch");
+        }
+        stats.link_failure(reasons::DIAL_FAILED);
+        let snapshot = stats.snapshot();
+        assert_eq!(snapshot.rejected("handshake_mac_mismatch"), 1000);
+        assert_eq!(snapshot.link_failures[reasons::DIAL_FAILED], 1);
+        assert_eq!(snapshot.peers.len(), 2, "self is not a peer");
+        assert!(snapshot.peer(1).is_none());
+    }
+}

@@ -56,6 +56,8 @@ fn peers_connect_and_exchange_frames_both_ways_without_auth() {
             seen_0.seen.borrow().frames[0].1,
             commit_frame(1, 8).as_bytes()
         );
+        assert_eq!(seen_1.seen.borrow().commits, [7]);
+        assert_eq!(seen_0.seen.borrow().commits, [8]);
         let stats = bus_0.stats().snapshot();
         assert_eq!(stats.peer(1).unwrap().frames_sent, 1);
         assert!(stats.peer(1).unwrap().connected);

@@ -39,7 +39,9 @@ pub use handshake::HandshakeError;
 pub use stats::{BusStats, PeerSnapshot, StatsSnapshot};
 pub use tls::{TlsContext, TlsSetupError};
 
-use crate::wire::{cluster_id, decode, Command, Frame, FrameBuf, FrameError, Limits, Message};
+use crate::wire::{
+    cluster_id, decode, Command, Frame, FrameBuf, FrameError, Header, Limits, Message, HEADER_SIZE,
+};
 use conn::BufPool;
 use handshake::Local;
 use link::Link;
@@ -65,6 +67,22 @@ impl VerifiedFrame {
     /// passed at receipt with the same limits.
     pub fn message(&self, limits: &Limits) -> Result<Message<'_>, FrameError> {
         decode(self.buf.as_bytes(), limits)
+    }
+
+    /// The header as layout `H` without verifying again: Some when the frame's command
+    /// uses that layout (a PrepareOk is never read as a Commit).
+    pub fn header<H: Header>(&self) -> Option<&H> {
+        if !H::COMMANDS.contains(&self.command) {
+            return None;
+        }
+        H::ref_from_prefix(self.buf.as_bytes())
+            .ok()
+            .map(|(header, _)| header)
+    }
+
+    /// The body after the 256-byte header.
+    pub fn body(&self) -> &[u8] {
+        self.buf.as_bytes().get(HEADER_SIZE..).unwrap_or(&[])
     }
 
     /// The buffer, to hand back with `Bus::recycle` when done.

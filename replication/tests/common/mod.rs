@@ -41,6 +41,8 @@ where
 #[derive(Default)]
 pub struct Seen {
     pub frames: Vec<(u8, Vec<u8>)>,
+    /// The commit field of every Commit received, read through `VerifiedFrame::header`.
+    pub commits: Vec<u64>,
     pub client_frames: Vec<(ClientId, Vec<u8>)>,
     pub connected: BTreeMap<u8, u32>,
     pub disconnected: BTreeMap<u8, u32>,
@@ -53,10 +55,15 @@ pub struct Recorder {
 
 impl Handler for Recorder {
     fn on_replica_frame(&self, peer: u8, frame: VerifiedFrame) {
-        self.seen
-            .borrow_mut()
-            .frames
-            .push((peer, frame.as_bytes().to_vec()));
+        let mut seen = self.seen.borrow_mut();
+        if let Some(commit) = frame.header::<CommitHeader>() {
+            assert!(frame
+                .header::<replication::wire::PrepareOkHeader>()
+                .is_none());
+            assert!(frame.body().is_empty());
+            seen.commits.push(commit.commit);
+        }
+        seen.frames.push((peer, frame.as_bytes().to_vec()));
     }
 
     fn on_client_frame(&self, client: ClientId, frame: VerifiedFrame) {

@@ -413,3 +413,78 @@ fn three_nodes_form_one_link_per_pair_and_broadcast_reaches_all() {
         }
     });
 }
+
+#[test]
+fn a_node_never_dials_a_lower_replica() {
+    run(|| async {
+        // Replica 0's address is a listener that records connections.
+        let listener = glommio::net::TcpListener::bind(loopback(0)).unwrap();
+        let addr_0 = listener.local_addr().unwrap();
+        let accepted = std::rc::Rc::new(std::cell::Cell::new(0u32));
+        let counter = accepted.clone();
+        let task = glommio::spawn_local(async move {
+            while listener.accept().await.is_ok() {
+                counter.set(counter.get() + 1);
+            }
+        })
+        .detach();
+        let bus_1 = Bus::start(config(1, &[addr_0, loopback(0)]), recorder()).unwrap();
+        settle(Duration::from_millis(300)).await;
+        assert_eq!(accepted.get(), 0, "replica 1 dialed replica 0");
+        assert!(!bus_1.is_connected(0));
+        bus_1.shutdown();
+        task.cancel();
+    });
+}
+
+/// A fake acceptor that answers every hello with a challenge carrying `status`.
+fn fake_acceptor(status: u8) -> std::net::SocketAddr {
+    let listener = glommio::net::TcpListener::bind(loopback(0)).unwrap();
+    let addr = listener.local_addr().unwrap();
+    glommio::spawn_local(async move {
+        while let Ok(mut tcp) = listener.accept().await {
+            let mut hello = [0u8; 256];
+            if tcp.read_exact(&mut hello).await.is_err() {
+                continue;
+            }
+            let mut challenge = ReplicaChallengeHeader::new();
+            challenge.frame.cluster = cluster_id(CLUSTER);
+            challenge.frame.replica = 1;
+            challenge.nonce_a = [3; 32];
+            challenge.status = status;
+            let _ = tcp
+                .write_all(Frame::build(&challenge, &[]).as_bytes())
+                .await;
+        }
+    })
+    .detach();
+    addr
+}
+
+#[test]
+fn dialer_treats_unknown_and_log_only_status_bytes_as_refusals() {
+    run(|| async {
+        for (status, reason) in [
+            (77u8, "handshake_status_unknown"),
+            (255, "handshake_status_unknown"),
+            (4, "handshake_refused_by_peer"),
+            (5, "handshake_refused_by_peer"),
+            (3, "handshake_refused_by_peer"),
+        ] {
+            let addr = fake_acceptor(status);
+            let seen = recorder();
+            let bus_0 = Bus::start(
+                with_auth(config(0, &[loopback(0), addr]), SECRET, None),
+                seen.clone(),
+            )
+            .unwrap();
+            assert!(
+                wait_until(LINK_WAIT, || bus_0.stats().snapshot().rejected(reason) >= 1).await,
+                "status {status}"
+            );
+            assert!(!bus_0.is_connected(1));
+            assert!(seen.seen.borrow().connected.is_empty());
+            bus_0.shutdown();
+        }
+    });
+}

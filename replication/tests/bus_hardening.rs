@@ -427,3 +427,39 @@ fn multi_megabyte_frame_arrives_intact_and_a_truncated_one_is_counted() {
         bus.shutdown();
     });
 }
+
+#[test]
+fn a_newer_link_from_the_same_replica_replaces_the_older_one() {
+    run(|| async {
+        let (bus, seen) = acceptor(|c| c);
+        let mut first = raw_peer(bus.replica_addr()).await;
+        assert!(wait_until(LINK_WAIT, || bus.is_connected(0)).await);
+        let mut second = raw_peer(bus.replica_addr()).await;
+        assert!(
+            closed_within(&mut first, LINK_WAIT).await,
+            "old link closed"
+        );
+        assert!(
+            wait_until(LINK_WAIT, || bus
+                .stats()
+                .snapshot()
+                .link_failures
+                .get("connection_replaced")
+                == Some(&1))
+            .await
+        );
+        assert!(bus.is_connected(0));
+        // Traffic flows on the new link both ways.
+        second
+            .write_all(commit_frame(0, 4).as_bytes())
+            .await
+            .unwrap();
+        assert!(wait_until(LINK_WAIT, || seen.seen.borrow().frames.len() == 1).await);
+        bus.send(0, commit_frame(1, 5)).unwrap();
+        let mut answer = vec![0u8; 256];
+        second.read_exact(&mut answer).await.unwrap();
+        assert_eq!(answer, commit_frame(1, 5).as_bytes());
+        assert!(seen.seen.borrow().disconnected.is_empty());
+        bus.shutdown();
+    });
+}

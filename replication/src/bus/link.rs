@@ -209,7 +209,7 @@ pub(crate) async fn run_replica_link(
         inner.config.peer_queue_capacity,
     ));
     if let Some(old) = slot.borrow_mut().replace(link.clone()) {
-        inner.stats.reject(super::stats::reasons::REPLACED);
+        inner.stats.link_failure(super::stats::reasons::REPLACED);
         old.kill();
     }
     if let Some(stats) = inner.stats.peer(peer) {

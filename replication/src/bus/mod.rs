@@ -161,7 +161,8 @@ pub trait Handler {
     fn on_client_rejected(&self, client: ClientId, error: &FrameError) {
         let _ = (client, error);
     }
-    /// A replica link completed its handshake.
+    /// A replica link completed its handshake. A newer link from the same peer replaces
+    /// the old one silently, so this may repeat without a disconnect in between.
     fn on_peer_connected(&self, peer: u8) {
         let _ = peer;
     }

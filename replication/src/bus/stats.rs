@@ -97,7 +97,7 @@ pub struct StatsSnapshot {
     /// Rejected frames and connections by reason label (FrameError, GateError and
     /// HandshakeError labels, plus the bus's own: see `reasons`).
     pub rejected: BTreeMap<&'static str, u64>,
-    /// Our own failures that reject no input: dials that failed, accepts that failed.
+    /// Link events that reject no input: dials and accepts that failed, links replaced.
     pub link_failures: BTreeMap<&'static str, u64>,
     /// Frames to clients dropped on a full client queue.
     pub client_dropped: u64,
@@ -194,7 +194,8 @@ pub mod reasons {
     pub const DIAL_FAILED: &str = "dial_failed";
     /// accept() failed (e.g. out of file descriptors); a link failure, not a rejection.
     pub const ACCEPT_FAILED: &str = "accept_failed";
-    /// An established connection was replaced by a newer one from the same peer.
+    /// An established connection was replaced by a newer one from the same peer (a link
+    /// event, counted with the link failures).
     pub const REPLACED: &str = "connection_replaced";
 }
 

@@ -463,3 +463,57 @@ fn a_newer_link_from_the_same_replica_replaces_the_older_one() {
         bus.shutdown();
     });
 }
+
+#[test]
+fn frames_of_mixed_sizes_split_at_arbitrary_points_arrive_intact_and_in_order() {
+    run(|| async {
+        let (bus, seen) = acceptor(|c| c);
+        let mut tcp = raw_peer(bus.replica_addr()).await;
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let sizes = [0usize, 44, 1000, 4_000, 16_000, 20_000, 70_000, 200_000];
+        let mut frames = Vec::new();
+        for nonce in 0..600u128 {
+            let body_len = sizes[(next() % sizes.len() as u64) as usize];
+            if body_len == 0 {
+                frames.push(commit_frame(0, nonce as u64));
+                continue;
+            }
+            let mut header = replication::wire::StateChunkHeader::new();
+            header.frame.cluster = cluster_id(CLUSTER);
+            header.group = replication::wire::METADATA_GROUP;
+            header.nonce = nonce + 1;
+            let body: Vec<u8> = (0..body_len).map(|i| (i as u128 + nonce) as u8).collect();
+            frames.push(Frame::build(&header, &body));
+        }
+        let stream: Vec<u8> = frames.iter().flat_map(|f| f.as_bytes().to_vec()).collect();
+        let mut at = 0;
+        while at < stream.len() {
+            let chunk = (1 + next() % 90_000) as usize;
+            let end = stream.len().min(at + chunk);
+            tcp.write_all(&stream[at..end]).await.unwrap();
+            at = end;
+            if next() % 4 == 0 {
+                glommio::timer::sleep(Duration::from_micros(200)).await;
+            }
+        }
+        assert!(
+            wait_until(Duration::from_secs(20), || seen.seen.borrow().frames.len()
+                == frames.len())
+            .await
+        );
+        for (i, frame) in frames.iter().enumerate() {
+            assert!(
+                seen.seen.borrow().frames[i].1 == frame.as_bytes(),
+                "frame {i}"
+            );
+        }
+        assert!(bus.stats().snapshot().rejected.is_empty());
+        bus.shutdown();
+    });
+}

@@ -267,3 +267,42 @@ fn the_relay_itself_works_when_auth_is_off() {
         bus_1.shutdown();
     });
 }
+
+#[test]
+fn tls_client_without_the_replica_alpn_is_refused() {
+    run(|| async {
+        let pki = Pki::new("cluster ca");
+        let (bus_1, _) = tls_node(
+            config(1, &[loopback(0), loopback(0)]),
+            pki.context(&pki),
+            true,
+        );
+        let name = ServerName::IpAddress(bus_1.replica_addr().ip().into());
+        for alpn in [Vec::new(), vec![b"h2".to_vec()]] {
+            let mut client = (*pki.context(&pki).client_config()).clone();
+            client.alpn_protocols = alpn;
+            let tcp = TcpStream::connect(bus_1.replica_addr()).await.unwrap();
+            if let Ok(mut tls) = TlsConnector::from(std::sync::Arc::new(client))
+                .connect(name.clone(), tcp)
+                .await
+            {
+                // Handshake finished on our side; the node must still hang up.
+                let mut sink = Vec::new();
+                let _ = tls.read_to_end(&mut sink).await;
+                assert!(sink.is_empty());
+            }
+        }
+        let stats = bus_1.stats().snapshot();
+        assert!(
+            wait_until(LINK_WAIT, || {
+                let stats = bus_1.stats().snapshot();
+                stats.rejected("tls_alpn_mismatch") + stats.rejected("tls_handshake_failed") == 2
+            })
+            .await,
+            "{:?}",
+            stats.rejected
+        );
+        assert_eq!(bus_1.stats().snapshot().rejected("tls_alpn_mismatch"), 1);
+        bus_1.shutdown();
+    });
+}

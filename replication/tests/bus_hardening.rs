@@ -341,6 +341,19 @@ fn frames_arrive_in_order_in_writev_batches() {
         for (i, (_, bytes)) in seen_1.seen.borrow().frames.iter().enumerate() {
             assert_eq!(bytes.as_slice(), commit_frame(0, i as u64).as_bytes());
         }
+        // A burst queued before the writer runs leaves in writes of max_batch frames.
+        let before = bus_0.stats().snapshot().peer(1).unwrap().batches_sent;
+        for i in 0..160u64 {
+            bus_0.send(1, commit_frame(0, 1000 + i)).unwrap();
+        }
+        assert!(wait_until(LINK_WAIT, || seen_1.seen.borrow().frames.len() == 1160).await);
+        let peer = *bus_0.stats().snapshot().peer(1).unwrap();
+        assert_eq!(peer.frames_sent, 1160);
+        assert_eq!(
+            peer.batches_sent - before,
+            10,
+            "160 frames in batches of 16"
+        );
         bus_0.shutdown();
         bus_1.shutdown();
     });

@@ -16,6 +16,7 @@ pub struct PeerStats {
     bytes_received: AtomicU64,
     frames_sent: AtomicU64,
     frames_received: AtomicU64,
+    batches_sent: AtomicU64,
     connects: AtomicU64,
 }
 
@@ -32,6 +33,8 @@ pub struct PeerSnapshot {
     pub bytes_received: u64,
     pub frames_sent: u64,
     pub frames_received: u64,
+    /// Vectored writes (each carries up to max_batch frames).
+    pub batches_sent: u64,
     /// Handshakes completed on this link (reconnects included).
     pub connects: u64,
 }
@@ -55,6 +58,7 @@ impl PeerStats {
     pub(crate) fn add_sent(&self, frames: u64, bytes: u64) {
         self.frames_sent.fetch_add(frames, Relaxed);
         self.bytes_sent.fetch_add(bytes, Relaxed);
+        self.batches_sent.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn add_received(&self, bytes: u64) {
@@ -72,6 +76,7 @@ impl PeerStats {
             bytes_received: self.bytes_received.load(Relaxed),
             frames_sent: self.frames_sent.load(Relaxed),
             frames_received: self.frames_received.load(Relaxed),
+            batches_sent: self.batches_sent.load(Relaxed),
             connects: self.connects.load(Relaxed),
         }
     }

@@ -31,7 +31,9 @@ pub type Bytes32 = [u8; MAC_LEN];
 /// replayed as the other's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Direction {
+    /// mac_d, in ReplicaFinish.
     Dialer = 1,
+    /// mac_a, in ReplicaChallenge.
     Acceptor = 2,
 }
 
@@ -63,11 +65,17 @@ impl ChannelBinding {
 /// Everything both MACs of one handshake cover, in wire-tables.md order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Transcript {
+    /// The cluster id (`wire::cluster_id`).
     pub cluster: u128,
+    /// The dialing replica's id.
     pub dialer: u8,
+    /// The accepting replica's id.
     pub acceptor: u8,
+    /// ReplicaHello's nonce.
     pub nonce_d: Bytes32,
+    /// ReplicaChallenge's nonce.
     pub nonce_a: Bytes32,
+    /// Mode byte and TLS exporter value.
     pub binding: ChannelBinding,
 }
 
@@ -152,7 +160,9 @@ fn new_mac(key: &[u8]) -> HmacSha256 {
 /// Which configured secret verified a peer's MAC.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SecretUsed {
+    /// shared_secret.
     Current,
+    /// previous_shared_secret.
     Previous,
 }
 

@@ -25,6 +25,7 @@ const _: () = assert!(REPLICA_COUNT_MAX <= u8::MAX as usize);
 /// One replica of the roster ([[cluster.nodes]]): where its replica port is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeAddress {
+    /// The node's replica_id in the roster.
     pub replica_id: u8,
     /// ip:tcp_replica.
     pub addr: SocketAddr,
@@ -35,8 +36,11 @@ pub struct NodeAddress {
 /// cluster.auth.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct AuthConfig {
+    /// cluster.auth.enabled: run the challenge/finish MAC handshake.
     pub enabled: bool,
+    /// cluster.auth.shared_secret (32+ bytes): MACs are made and verified under it.
     pub shared_secret: Vec<u8>,
+    /// cluster.auth.previous_shared_secret (32+ bytes): verifies only (rotation window).
     pub previous_shared_secret: Option<Vec<u8>>,
 }
 
@@ -56,9 +60,13 @@ impl core::fmt::Debug for AuthConfig {
 /// cluster.tls: TLS 1.3 only, ALPN "iggy-replica", peers verified against ca_file.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TlsConfig {
+    /// cluster.tls.enabled.
     pub enabled: bool,
+    /// PEM chain this node presents, as acceptor and as dialer.
     pub cert_file: PathBuf,
+    /// PEM private key of cert_file.
     pub key_file: PathBuf,
+    /// PEM CA bundle every peer's certificate must chain to.
     pub ca_file: PathBuf,
 }
 
@@ -87,7 +95,9 @@ pub struct BusConfig {
     pub handshake_grace: Duration,
     /// Client connections beyond this are refused at accept.
     pub client_connections_max: usize,
+    /// cluster.auth.
     pub auth: AuthConfig,
+    /// cluster.tls.
     pub tls: TlsConfig,
 }
 
@@ -233,8 +243,11 @@ impl BusConfig {
 /// A configuration value broke a rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigError {
+    /// The config key, e.g. "message_bus.max_batch".
     pub key: &'static str,
+    /// The offending value (secrets are shown by length only).
     pub value: String,
+    /// The rule it broke.
     pub rule: &'static str,
 }
 

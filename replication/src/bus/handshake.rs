@@ -20,7 +20,9 @@ use crate::wire::{
 pub struct Local {
     /// blake3(cluster name), see `wire::cluster_id`.
     pub cluster: u128,
+    /// This node's replica_id.
     pub replica: u8,
+    /// Nodes in the roster; dialer ids must be below it.
     pub replica_count: u8,
 }
 
@@ -122,7 +124,9 @@ impl std::error::Error for HandshakeError {}
 /// A failed handshake: why, and the status frame to send before closing (statuses 1-3).
 #[derive(Debug)]
 pub struct Refusal {
+    /// Why, for the counters and the log.
     pub error: HandshakeError,
+    /// A status-only ReplicaChallenge (statuses 1-3), sent best-effort before closing.
     pub reply: Option<Frame>,
 }
 

@@ -104,8 +104,11 @@ impl core::fmt::Debug for VerifiedFrame {
 /// forwarded as received (chain replication, echoing).
 #[derive(Debug)]
 pub enum Outbound {
+    /// A frame built and sealed by this node.
     Frame(Frame),
+    /// One frame queued to several peers without copying.
     Shared(Rc<Frame>),
+    /// A received frame passed on unchanged.
     Verified(VerifiedFrame),
 }
 
@@ -212,9 +215,13 @@ impl std::error::Error for SendError {}
 /// Why the bus could not start.
 #[derive(Debug)]
 pub enum BusError {
+    /// A configuration value broke a rule.
     Config(ConfigError),
+    /// A secret is too short.
     Secret(SecretError),
+    /// TLS material could not be loaded or used.
     Tls(TlsSetupError),
+    /// A listener could not bind.
     Bind {
         addr: SocketAddr,
         error: std::io::Error,

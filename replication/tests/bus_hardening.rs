@@ -530,3 +530,30 @@ fn frames_of_mixed_sizes_split_at_arbitrary_points_arrive_intact_and_in_order() 
         bus.shutdown();
     });
 }
+
+#[test]
+fn client_connections_beyond_the_limit_are_closed_and_counted() {
+    run(|| async {
+        let (bus, _) = acceptor(|mut c| {
+            c.client_listen = Some(loopback(0));
+            c.client_connections_max = 2;
+            c
+        });
+        let addr = bus.client_addr().unwrap();
+        let _first = TcpStream::connect(addr).await.unwrap();
+        let _second = TcpStream::connect(addr).await.unwrap();
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        assert!(closed_within(&mut third, LINK_WAIT).await);
+        assert_eq!(
+            bus.stats().snapshot().rejected("client_connection_limit"),
+            1
+        );
+        // A slot frees when a client leaves.
+        drop(_first);
+        settle(Duration::from_millis(100)).await;
+        let mut fourth = TcpStream::connect(addr).await.unwrap();
+        fourth.write_all(request(7).as_bytes()).await.unwrap();
+        assert!(!closed_within(&mut fourth, Duration::from_millis(200)).await);
+        bus.shutdown();
+    });
+}

@@ -130,12 +130,11 @@ async fn accept_handshake(
 }
 
 /// Releases a client slot when the connection ends.
-struct ClientSlot(Rc<Inner>, Rc<std::cell::Cell<usize>>);
+struct ClientSlot(Rc<std::cell::Cell<usize>>);
 
 impl Drop for ClientSlot {
     fn drop(&mut self) {
-        self.1.set(self.1.get().saturating_sub(1));
-        let _ = &self.0;
+        self.0.set(self.0.get().saturating_sub(1));
     }
 }
 
@@ -156,7 +155,7 @@ pub(crate) async fn client_accept_loop(inner: Rc<Inner>, listener: TcpListener) 
             continue;
         }
         open.set(open.get() + 1);
-        let slot = ClientSlot(inner.clone(), open.clone());
+        let slot = ClientSlot(open.clone());
         let inner = inner.clone();
         glommio::spawn_local(async move {
             let _ = tcp.set_nodelay(true);

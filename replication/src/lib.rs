@@ -1,4 +1,5 @@
-//! The replica plane: wire format, and (as the issues land) the VSR consensus core,
-//! the message bus and the deterministic simulator.
+//! The replica plane: the wire format, the message bus, and (as the issues land) the
+//! VSR consensus core and the deterministic simulator.
 
+pub mod bus;
 pub mod wire;

@@ -1,0 +1,317 @@
+//! One established connection: its bounded send queue, the writer task that drains it in
+//! writev batches, and the reader loops that deliver validated frames.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+
+use super::conn::{write_all_vectored, FrameReader, SharedStream};
+use super::handshake::check_established_frame;
+use super::{ClientId, Inner, Outbound, VerifiedFrame};
+use crate::wire::{client_plane_admit, decode, replica_plane_admit};
+
+/// Who is at the other end of a link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Remote {
+    Replica(u8),
+    Client(ClientId),
+}
+
+pub(crate) struct Link {
+    pub(crate) id: u64,
+    remote: Remote,
+    stream: SharedStream,
+    queue: RefCell<VecDeque<Outbound>>,
+    capacity: usize,
+    writer: RefCell<Option<Waker>>,
+    room: RefCell<Vec<Waker>>,
+    dead: Cell<bool>,
+}
+
+impl Link {
+    pub(crate) fn new(id: u64, remote: Remote, stream: SharedStream, capacity: usize) -> Link {
+        Link {
+            id,
+            remote,
+            stream,
+            queue: RefCell::new(VecDeque::with_capacity(capacity.min(4096))),
+            capacity,
+            writer: RefCell::new(None),
+            room: RefCell::new(Vec::new()),
+            dead: Cell::new(false),
+        }
+    }
+
+    /// Queues a frame; gives it back when the queue is full or the link is dead.
+    pub(crate) fn push(&self, frame: Outbound) -> Result<(), Outbound> {
+        let mut queue = self.queue.borrow_mut();
+        if self.dead.get() || queue.len() >= self.capacity {
+            return Err(frame);
+        }
+        queue.push_back(frame);
+        drop(queue);
+        if let Some(waker) = self.writer.borrow_mut().take() {
+            waker.wake();
+        }
+        Ok(())
+    }
+
+    pub(crate) fn depth(&self) -> usize {
+        self.queue.borrow().len()
+    }
+
+    /// Resolves once the queue has room or the link is dead.
+    pub(crate) async fn room(&self) {
+        poll_fn(|cx| {
+            if self.dead.get() || self.queue.borrow().len() < self.capacity {
+                Poll::Ready(())
+            } else {
+                let mut room = self.room.borrow_mut();
+                if !room.iter().any(|waker| waker.will_wake(cx.waker())) {
+                    room.push(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+        })
+        .await
+    }
+
+    fn wake_room(&self) {
+        for waker in self.room.borrow_mut().drain(..) {
+            waker.wake();
+        }
+    }
+
+    /// Closes the connection both ways; the reader and writer tasks then end.
+    pub(crate) fn kill(&self) {
+        if self.dead.replace(true) {
+            return;
+        }
+        if let Ok(stream) = self.stream.try_borrow() {
+            stream.shutdown();
+        }
+        if let Some(waker) = self.writer.borrow_mut().take() {
+            waker.wake();
+        }
+        self.wake_room();
+    }
+
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.get()
+    }
+
+    /// Waits for frames; false once the link is dead.
+    async fn frames_ready(&self) -> bool {
+        poll_fn(|cx| {
+            if self.dead.get() {
+                Poll::Ready(false)
+            } else if !self.queue.borrow().is_empty() {
+                Poll::Ready(true)
+            } else {
+                *self.writer.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
+/// Drains the queue in batches of up to max_batch frames, one vectored write each.
+pub(crate) async fn write_loop(inner: Rc<Inner>, link: Rc<Link>) {
+    let max_batch = inner.config.max_batch;
+    let mut batch: Vec<Outbound> = Vec::with_capacity(max_batch);
+    while link.frames_ready().await {
+        {
+            let mut queue = link.queue.borrow_mut();
+            let take = queue.len().min(max_batch);
+            batch.extend(queue.drain(..take));
+            if let Remote::Replica(replica) = link.remote {
+                if let Some(stats) = inner.stats.peer(replica) {
+                    stats.set_queue_depth(queue.len());
+                }
+            }
+        }
+        link.wake_room();
+        match write_all_vectored(&link.stream, &batch).await {
+            Ok(bytes) => {
+                if let Remote::Replica(replica) = link.remote {
+                    if let Some(stats) = inner.stats.peer(replica) {
+                        stats.add_sent(batch.len() as u64, bytes as u64);
+                    }
+                }
+            }
+            Err(_) => {
+                drop_frames(&inner, link.remote, batch.len());
+                batch.clear();
+                link.kill();
+                break;
+            }
+        }
+        for frame in batch.drain(..) {
+            if let Outbound::Verified(frame) = frame {
+                inner.pool.put(frame.into_buf());
+            }
+        }
+    }
+    let left = {
+        let mut queue = link.queue.borrow_mut();
+        let left = queue.len();
+        queue.clear();
+        left
+    };
+    drop_frames(&inner, link.remote, left);
+    if let Remote::Replica(replica) = link.remote {
+        if let Some(stats) = inner.stats.peer(replica) {
+            stats.set_queue_depth(0);
+        }
+    }
+}
+
+fn drop_frames(inner: &Inner, remote: Remote, count: usize) {
+    if count == 0 {
+        return;
+    }
+    match remote {
+        Remote::Replica(replica) => {
+            if let Some(stats) = inner.stats.peer(replica) {
+                stats.add_dropped(count as u64);
+            }
+        }
+        Remote::Client(_) => {
+            for _ in 0..count {
+                inner.stats.add_client_dropped();
+            }
+        }
+    }
+}
+
+/// Runs an established replica link until it dies: installs it as the pair's only link
+/// (a newer link from the same peer replaces an older one), starts its writer, reads.
+pub(crate) async fn run_replica_link(
+    inner: Rc<Inner>,
+    peer: u8,
+    stream: SharedStream,
+    mut reader: FrameReader,
+) {
+    let Some(slot) = inner.peers.get(usize::from(peer)) else {
+        return;
+    };
+    if inner.closed.get() {
+        stream.borrow().shutdown();
+        return;
+    }
+    let link = Rc::new(Link::new(
+        inner.next_link_id(),
+        Remote::Replica(peer),
+        stream.clone(),
+        inner.config.peer_queue_capacity,
+    ));
+    if let Some(old) = slot.borrow_mut().replace(link.clone()) {
+        inner.stats.link_failure(super::stats::reasons::REPLACED);
+        old.kill();
+    }
+    if let Some(stats) = inner.stats.peer(peer) {
+        stats.set_connected(true);
+    }
+    inner.handler.on_peer_connected(peer);
+    glommio::spawn_local(write_loop(inner.clone(), link.clone())).detach();
+
+    let stats = inner.stats.peer(peer);
+    let mut buf = inner.pool.get();
+    while !link.is_dead() {
+        let info = match reader.read_frame(&stream, &mut buf, &inner.limits).await {
+            Ok(info) => info,
+            Err(error) => {
+                if let Some(reason) = error.reason() {
+                    inner.refuse(reason, None, Some(peer));
+                }
+                break;
+            }
+        };
+        let command = info.command as u8;
+        if let Err(error) = replica_plane_admit(false, command) {
+            inner.refuse(error.reason(), None, Some(peer));
+            break;
+        }
+        if let Err(error) = check_established_frame(buf.as_bytes(), &inner.local, peer) {
+            inner.refuse(error.reason(), None, Some(peer));
+            break;
+        }
+        if let Err(error) = decode(buf.as_bytes(), &inner.limits) {
+            // Framing is intact: drop this frame, keep the link (replica-plane.md,
+            // "Frame integrity": a mismatch drops the frame).
+            inner.refuse(error.reason(), None, Some(peer));
+            continue;
+        }
+        if let Some(stats) = stats {
+            stats.add_received(buf.len() as u64);
+        }
+        let frame = VerifiedFrame {
+            buf: core::mem::replace(&mut buf, inner.pool.get()),
+            command: info.command,
+        };
+        inner.handler.on_replica_frame(peer, frame);
+    }
+    inner.pool.put(buf);
+    link.kill();
+    let current = slot.borrow().as_ref().map(|l| l.id) == Some(link.id);
+    if current {
+        slot.borrow_mut().take();
+        if let Some(stats) = inner.stats.peer(peer) {
+            stats.set_connected(false);
+        }
+        tracing::info!(peer, "replica link closed");
+        inner.handler.on_peer_disconnected(peer);
+    }
+}
+
+/// Runs a client connection: every frame must be a Request (the client plane gate).
+pub(crate) async fn run_client_link(
+    inner: Rc<Inner>,
+    stream: SharedStream,
+    mut reader: FrameReader,
+) {
+    let client = ClientId(inner.next_client.get());
+    inner.next_client.set(client.0 + 1);
+    let link = Rc::new(Link::new(
+        inner.next_link_id(),
+        Remote::Client(client),
+        stream.clone(),
+        inner.config.peer_queue_capacity,
+    ));
+    inner.clients.borrow_mut().insert(client, link.clone());
+    glommio::spawn_local(write_loop(inner.clone(), link.clone())).detach();
+
+    let mut buf = inner.pool.get();
+    while !link.is_dead() {
+        let info = match reader.read_frame(&stream, &mut buf, &inner.limits).await {
+            Ok(info) => info,
+            Err(error) => {
+                if let Some(reason) = error.reason() {
+                    inner.stats.reject(reason);
+                }
+                break;
+            }
+        };
+        if let Err(error) = client_plane_admit(info.command as u8) {
+            inner.stats.reject(error.reason());
+            break;
+        }
+        if let Err(error) = decode(buf.as_bytes(), &inner.limits) {
+            inner.stats.reject(error.reason());
+            inner.handler.on_client_rejected(client, &error);
+            continue;
+        }
+        let frame = VerifiedFrame {
+            buf: core::mem::replace(&mut buf, inner.pool.get()),
+            command: info.command,
+        };
+        inner.handler.on_client_frame(client, frame);
+    }
+    inner.pool.put(buf);
+    link.kill();
+    inner.clients.borrow_mut().remove(&client);
+    inner.handler.on_client_closed(client);
+}

@@ -1,0 +1,168 @@
+//! The two listeners. The replica listener runs at most 256 handshakes at once, each
+//! bounded by handshake_grace from accept (TLS included); the client listener admits only
+//! Request frames (replica-plane.md, "Transport").
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use futures_rustls::TlsAcceptor;
+use glommio::net::{TcpListener, TcpStream};
+
+use super::auth::ChannelBinding;
+use super::config::HANDSHAKES_IN_FLIGHT_MAX;
+use super::conn::{
+    write_all_vectored, FrameReader, SharedStream, Stream, Tcp, CLIENT_STAGE_SIZE,
+    HANDSHAKE_STAGE_SIZE, STAGE_SIZE,
+};
+use super::handshake::{Acceptor, AcceptorStep};
+use super::link::{run_client_link, run_replica_link};
+use super::stats::reasons;
+use super::{tls, Inner};
+
+/// Pause after a failed accept (e.g. out of file descriptors) so the loop cannot spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
+
+/// Releases a handshake slot however the handshake ends.
+struct InFlight(Rc<Inner>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let count = self.0.handshakes_in_flight.get();
+        self.0.handshakes_in_flight.set(count.saturating_sub(1));
+    }
+}
+
+pub(crate) async fn replica_accept_loop(inner: Rc<Inner>, listener: TcpListener) {
+    while !inner.closed.get() {
+        let tcp = match listener.accept().await {
+            Ok(tcp) => tcp,
+            Err(_) => {
+                inner.stats.link_failure(reasons::ACCEPT_FAILED);
+                glommio::timer::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        let in_flight = inner.handshakes_in_flight.get();
+        if in_flight >= HANDSHAKES_IN_FLIGHT_MAX {
+            inner.refuse(reasons::HANDSHAKE_LIMIT, tcp.peer_addr().ok(), None);
+            drop(tcp);
+            continue;
+        }
+        inner.handshakes_in_flight.set(in_flight + 1);
+        let guard = InFlight(inner.clone());
+        let inner = inner.clone();
+        let remote = tcp.peer_addr().ok();
+        glommio::spawn_local(async move {
+            let grace = inner.config.handshake_grace;
+            let result =
+                glommio::timer::timeout(grace, async { Ok(accept_handshake(&inner, tcp).await) })
+                    .await;
+            drop(guard);
+            match result {
+                Ok(Ok((peer, stream, reader))) => {
+                    tracing::info!(peer, ?remote, "replica link accepted");
+                    run_replica_link(inner, peer, stream, reader).await;
+                }
+                Ok(Err(reason)) => inner.refuse(reason, remote, None),
+                Err(_) => inner.refuse(reasons::HANDSHAKE_TIMEOUT, remote, None),
+            }
+        })
+        .detach();
+    }
+}
+
+/// TLS (when enabled), then the acceptor state machine. Err carries the counter label.
+async fn accept_handshake(
+    inner: &Rc<Inner>,
+    tcp: TcpStream,
+) -> Result<(u8, SharedStream, FrameReader), &'static str> {
+    let _ = tcp.set_nodelay(true);
+    let (stream, binding) = match &inner.tls {
+        None => (Stream::Plain(Tcp(tcp)), ChannelBinding::Plaintext),
+        Some(context) => {
+            let tls = TlsAcceptor::from(context.server.clone())
+                .accept(Tcp(tcp))
+                .await
+                .map_err(|_| reasons::TLS_HANDSHAKE)?;
+            let connection = tls.get_ref().1;
+            if !tls::alpn_ok(connection) {
+                return Err(reasons::TLS_ALPN);
+            }
+            let exporter = tls::exporter(connection).ok_or(reasons::TLS_EXPORTER)?;
+            (
+                Stream::TlsServer(Box::new(tls)),
+                ChannelBinding::Tls(exporter),
+            )
+        }
+    };
+    let stream: SharedStream = Rc::new(RefCell::new(stream));
+    let mut acceptor = Acceptor::new(inner.local, inner.keys.clone(), binding);
+    let mut reader = FrameReader::new(HANDSHAKE_STAGE_SIZE);
+    let mut buf = inner.pool.get();
+    let result = loop {
+        // Handshake frames are exactly one header: never trust a larger size here.
+        if let Err(error) = reader.read_header(&stream, &mut buf).await {
+            break Err(error.reason().unwrap_or(reasons::HANDSHAKE_IO));
+        }
+        match acceptor.on_frame(buf.as_bytes()) {
+            Ok(AcceptorStep::Challenge(frame)) => {
+                if write_all_vectored(&stream, &[frame.as_bytes()])
+                    .await
+                    .is_err()
+                {
+                    break Err(reasons::HANDSHAKE_IO);
+                }
+            }
+            Ok(AcceptorStep::Established { peer }) => break Ok(peer),
+            Err(refusal) => {
+                if let Some(reply) = refusal.reply {
+                    let _ = write_all_vectored(&stream, &[reply.as_bytes()]).await;
+                }
+                stream.borrow().shutdown();
+                break Err(refusal.error.reason());
+            }
+        }
+    };
+    inner.pool.put(buf);
+    reader.grow_stage(STAGE_SIZE);
+    result.map(|peer| (peer, stream, reader))
+}
+
+/// Releases a client slot when the connection ends.
+struct ClientSlot(Rc<std::cell::Cell<usize>>);
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
+}
+
+pub(crate) async fn client_accept_loop(inner: Rc<Inner>, listener: TcpListener) {
+    let open = Rc::new(std::cell::Cell::new(0usize));
+    while !inner.closed.get() {
+        let tcp = match listener.accept().await {
+            Ok(tcp) => tcp,
+            Err(_) => {
+                inner.stats.link_failure(reasons::ACCEPT_FAILED);
+                glommio::timer::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        if open.get() >= inner.config.client_connections_max {
+            inner.stats.reject(reasons::CLIENT_LIMIT);
+            drop(tcp);
+            continue;
+        }
+        open.set(open.get() + 1);
+        let slot = ClientSlot(open.clone());
+        let inner = inner.clone();
+        glommio::spawn_local(async move {
+            let _ = tcp.set_nodelay(true);
+            let stream: SharedStream = Rc::new(RefCell::new(Stream::Plain(Tcp(tcp))));
+            run_client_link(inner, stream, FrameReader::new(CLIENT_STAGE_SIZE)).await;
+            drop(slot);
+        })
+        .detach();
+    }
+}

@@ -1,0 +1,161 @@
+//! TLS for the replica plane (replica-plane.md, "Handshake"): rustls configs from PEM
+//! files, TLS 1.3 only, ALPN "iggy-replica", both sides' certificates verified against
+//! ca_file, and the exporter value that binds the handshake MACs to this TLS session.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::crypto::{ring, CryptoProvider};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+
+use super::auth::{Bytes32, EXPORTER_LABEL};
+use super::config::TlsConfig;
+
+/// The only ALPN protocol the replica plane speaks.
+pub const ALPN: &[u8] = b"iggy-replica";
+
+/// Why TLS could not be set up at start.
+#[derive(Debug)]
+pub enum TlsSetupError {
+    /// A PEM file could not be read or holds no usable item.
+    Pem {
+        key: &'static str,
+        path: String,
+        error: String,
+    },
+    /// rustls refused the configuration (e.g. a key that does not match the cert).
+    Config { error: rustls::Error },
+    /// The CA bundle cannot build a client verifier.
+    Verifier { error: String },
+}
+
+impl core::fmt::Display for TlsSetupError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            TlsSetupError::Pem { key, path, error } => write!(f, "{key} = {path}: {error}"),
+            TlsSetupError::Config { error } => write!(f, "cluster.tls: {error}"),
+            TlsSetupError::Verifier { error } => write!(f, "cluster.tls.ca_file: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for TlsSetupError {}
+
+fn pem_error(key: &'static str, path: &Path, error: impl core::fmt::Display) -> TlsSetupError {
+    TlsSetupError::Pem {
+        key,
+        path: path.display().to_string(),
+        error: error.to_string(),
+    }
+}
+
+fn certificates(
+    key: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, TlsSetupError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|error| pem_error(key, path, error))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| pem_error(key, path, error))?;
+    if certs.is_empty() {
+        return Err(pem_error(key, path, "no CERTIFICATE in the file"));
+    }
+    Ok(certs)
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(ring::default_provider())
+}
+
+/// Client and server configs of one node.
+#[derive(Clone, Debug)]
+pub struct TlsContext {
+    pub(crate) server: Arc<ServerConfig>,
+    pub(crate) client: Arc<ClientConfig>,
+}
+
+impl TlsContext {
+    /// Loads cert_file, key_file and ca_file and builds TLS 1.3-only configs.
+    pub fn load(config: &TlsConfig) -> Result<TlsContext, TlsSetupError> {
+        let chain = certificates("cluster.tls.cert_file", &config.cert_file)?;
+        let key = PrivateKeyDer::from_pem_file(&config.key_file)
+            .map_err(|error| pem_error("cluster.tls.key_file", &config.key_file, error))?;
+        let mut roots = RootCertStore::empty();
+        for ca in certificates("cluster.tls.ca_file", &config.ca_file)? {
+            roots
+                .add(ca)
+                .map_err(|error| pem_error("cluster.tls.ca_file", &config.ca_file, error))?;
+        }
+        TlsContext::new(chain, key, roots)
+    }
+
+    /// The acceptor-side rustls config.
+    pub fn server_config(&self) -> Arc<ServerConfig> {
+        self.server.clone()
+    }
+
+    /// The dialer-side rustls config.
+    pub fn client_config(&self) -> Arc<ClientConfig> {
+        self.client.clone()
+    }
+
+    /// Builds the configs from parsed material (tests build theirs in memory).
+    pub fn new(
+        chain: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+        roots: RootCertStore,
+    ) -> Result<TlsContext, TlsSetupError> {
+        let roots = Arc::new(roots);
+        let config_error = |error| TlsSetupError::Config { error };
+        let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider())
+            .build()
+            .map_err(|error| TlsSetupError::Verifier {
+                error: error.to_string(),
+            })?;
+        let mut server = ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(config_error)?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain.clone(), key.clone_key())
+            .map_err(config_error)?;
+        server.alpn_protocols = vec![ALPN.to_vec()];
+        // Session resumption would skip client authentication on later connections.
+        server.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+        server.send_tls13_tickets = 0;
+        let mut client = ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(config_error)?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .map_err(config_error)?;
+        client.alpn_protocols = vec![ALPN.to_vec()];
+        client.resumption = rustls::client::Resumption::disabled();
+        Ok(TlsContext {
+            server: Arc::new(server),
+            client: Arc::new(client),
+        })
+    }
+}
+
+/// The name a dialer verifies the acceptor's certificate against.
+pub fn server_name(name: Option<&str>, ip: std::net::IpAddr) -> Option<ServerName<'static>> {
+    match name {
+        Some(name) => ServerName::try_from(name.to_owned()).ok(),
+        None => Some(ServerName::IpAddress(ip.into())),
+    }
+}
+
+/// The channel binding value: the TLS 1.3 exporter with the spec's label, no context.
+pub fn exporter<D>(connection: &rustls::ConnectionCommon<D>) -> Option<Bytes32> {
+    connection
+        .export_keying_material([0u8; 32], EXPORTER_LABEL, None)
+        .ok()
+}
+
+/// Whether the session negotiated the replica ALPN.
+pub fn alpn_ok<D>(connection: &rustls::ConnectionCommon<D>) -> bool {
+    connection.alpn_protocol() == Some(ALPN)
+}

@@ -1,0 +1,433 @@
+//! The metadata journal: a preallocated ring of prepare slots written with direct IO
+//! (glommio `DmaFile`, O_DIRECT | O_DSYNC) and read through a read-only mmap.
+//!
+//! An append writes the prepare durably, then its redundant header durably, and only then
+//! returns a [`Durable`] receipt: the caller sends PrepareOk only with one in hand. This
+//! order is what lets recovery (`crate::recovery`) tell a torn tail from a corrupt entry.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use glommio::io::{DmaBuffer, DmaFile, OpenOptions};
+use memmap2::Mmap;
+use replication::wire::PrepareHeader;
+
+use crate::error::{JournalError, Result};
+use crate::format::{decode_meta_copies, encode_meta, scan_image};
+use crate::layout::{JournalLayout, HEADERS_PER_SECTOR, HEADER_SIZE, META_COPIES, SECTOR_SIZE};
+use crate::recovery::{recover, Recovery, SlotStatus};
+use crate::slot::{read_header, verify_prepare, EntryFault};
+
+/// File name of the journal inside a data directory.
+pub const JOURNAL_FILE: &str = "journal";
+
+/// Proof that an op's prepare and redundant header are on stable storage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a Durable receipt is what allows sending PrepareOk"]
+pub struct Durable {
+    pub op: u64,
+    /// The prepare identity, echoed by PrepareOk as prepare_checksum.
+    pub checksum: u128,
+}
+
+/// An open metadata journal. Not `Send`: it lives on one glommio executor.
+pub struct Journal {
+    path: PathBuf,
+    layout: JournalLayout,
+    file: DmaFile,
+    map: Mmap,
+    /// In-memory copy of the header ring; sectors of it are written whole.
+    ring: Vec<u8>,
+    /// The last prepare buffer, reused when the next prepare needs the same size.
+    prepare_buffer: Option<Rc<DmaBuffer>>,
+    op_checkpoint: u64,
+    op_head: u64,
+    faulty: BTreeSet<u64>,
+}
+
+async fn open_dma(path: &Path, create: bool) -> Result<DmaFile> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(create)
+        .custom_flags(libc::O_DSYNC)
+        .dma_open(path)
+        .await
+        .map_err(|e| JournalError::io("open (O_DIRECT|O_DSYNC)", path, e))
+}
+
+/// Makes a created or renamed file's directory entry durable.
+pub(crate) fn sync_parent_dir(path: &Path) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| JournalError::io("fsync directory", dir, e))
+}
+
+fn map_file(path: &Path, size_min: u64) -> Result<Mmap> {
+    let file = std::fs::File::open(path).map_err(|e| JournalError::io("open", path, e))?;
+    let size = file
+        .metadata()
+        .map_err(|e| JournalError::io("stat", path, e))?
+        .len();
+    if size < size_min {
+        return Err(JournalError::FileTruncated {
+            path: path.into(),
+            size,
+            expected: size_min,
+        });
+    }
+    // SAFETY: the mapping is read-only; this process writes the file only through
+    // O_DIRECT writes of slots that are not borrowed from the map across the write (every
+    // borrow ends before the `&mut self` write methods run).
+    unsafe { Mmap::map(&file) }.map_err(|e| JournalError::io("mmap", path, e))
+}
+
+impl Journal {
+    /// Formats a new journal at `path` (which must not exist): preallocates the file,
+    /// writes both meta copies and a zero header ring, durably.
+    pub async fn create(path: &Path, layout: JournalLayout) -> Result<Journal> {
+        let file = open_dma(path, true).await?;
+        file.pre_allocate(layout.file_size(), false)
+            .await
+            .map_err(|e| JournalError::io("fallocate", path, e))?;
+        let mut meta = file.alloc_dma_buffer(SECTOR_SIZE as usize);
+        encode_meta(&layout, meta.as_bytes_mut());
+        let meta = Rc::new(meta);
+        for copy in 0..META_COPIES {
+            write_all(&file, path, meta.clone(), JournalLayout::meta_offset(copy)).await?;
+        }
+        let mut zero = file.alloc_dma_buffer(layout.header_ring_size() as usize);
+        zero.as_bytes_mut().fill(0);
+        write_all(&file, path, Rc::new(zero), layout.header_ring_offset()).await?;
+        sync_parent_dir(path)?;
+        file.close()
+            .await
+            .map_err(|e| JournalError::io("close", path, e))?;
+        let (journal, recovery) = Journal::open(path, 0).await?;
+        assert!(recovery.is_clean() && recovery.op_head == 0);
+        Ok(journal)
+    }
+
+    /// Opens and recovers the journal at `path`. `op_checkpoint` comes from the
+    /// superblock: ops at or below it are covered by the snapshot and not required.
+    /// Faulty ops do not prevent opening; they are reported for repair.
+    pub async fn open(path: &Path, op_checkpoint: u64) -> Result<(Journal, Recovery)> {
+        let head = map_file(path, META_COPIES * SECTOR_SIZE)?;
+        let (layout, _) = decode_meta_copies(&head);
+        let layout = layout.ok_or(JournalError::Format {
+            path: path.into(),
+            reason: "neither journal meta copy is valid",
+        })?;
+        drop(head);
+        let map = map_file(path, layout.file_size())?;
+        let evidence = scan_image(&map, &layout);
+        let recovery = recover(&layout, &evidence, op_checkpoint);
+
+        // Rebuild the header ring: a verified prepare's header for valid slots; a valid
+        // redundant header for a faulty op (so it stays known as written); zero otherwise.
+        let mut ring = vec![0u8; layout.header_ring_size() as usize];
+        for (slot, status) in recovery.slots.iter().enumerate() {
+            let source = match status {
+                SlotStatus::Valid { .. } | SlotStatus::Stale { .. } => {
+                    layout.prepare_offset(slot as u64)
+                }
+                SlotStatus::Faulty { op, .. }
+                    if evidence[slot].header.valid().map(|id| id.op) == Some(*op) =>
+                {
+                    layout.header_offset(slot as u64)
+                }
+                _ => continue,
+            } as usize;
+            let at = slot * HEADER_SIZE as usize;
+            ring[at..at + HEADER_SIZE as usize]
+                .copy_from_slice(&map[source..source + HEADER_SIZE as usize]);
+        }
+
+        let file = open_dma(path, false).await?;
+        let mut journal = Journal {
+            path: path.into(),
+            layout,
+            file,
+            map,
+            ring,
+            prepare_buffer: None,
+            op_checkpoint,
+            op_head: recovery.op_head,
+            faulty: recovery.faulty.iter().copied().collect(),
+        };
+        let sectors: BTreeSet<u64> = recovery
+            .header_repairs
+            .iter()
+            .map(|slot| slot / HEADERS_PER_SECTOR)
+            .collect();
+        for sector in sectors {
+            journal
+                .write_ring_sector(sector * HEADERS_PER_SECTOR)
+                .await?;
+        }
+        Ok((journal, recovery))
+    }
+
+    /// The journal's geometry.
+    pub fn layout(&self) -> JournalLayout {
+        self.layout
+    }
+
+    /// Highest op written (valid or faulty).
+    pub fn op_head(&self) -> u64 {
+        self.op_head
+    }
+
+    /// Ops at or below this are covered by the checkpoint.
+    pub fn op_checkpoint(&self) -> u64 {
+        self.op_checkpoint
+    }
+
+    /// Lowest op the journal is required to hold.
+    pub fn op_min(&self) -> u64 {
+        (self.op_checkpoint + 1).max((self.op_head + 1).saturating_sub(self.layout.slot_count))
+    }
+
+    /// Required ops that failed verification and await repair from peers.
+    pub fn faulty(&self) -> impl Iterator<Item = u64> + '_ {
+        self.faulty.iter().copied()
+    }
+
+    /// The highest op an append may use before a newer checkpoint is needed.
+    pub fn op_append_max(&self) -> u64 {
+        self.op_checkpoint + self.layout.slot_count
+    }
+
+    /// Appends the next prepare (`op == op_head + 1`), durably.
+    pub async fn append(&mut self, prepare: &[u8]) -> Result<Durable> {
+        let header = self.check_prepare(prepare)?;
+        let expected = self.op_head + 1;
+        if header.op != expected {
+            return Err(JournalError::OpOutOfOrder {
+                op: header.op,
+                expected,
+            });
+        }
+        if header.op > self.op_append_max() {
+            return Err(JournalError::WrapBeyondCheckpoint {
+                op: header.op,
+                op_checkpoint: self.op_checkpoint,
+                slot_count: self.layout.slot_count,
+            });
+        }
+        let durable = self.write_entry(prepare, &header).await?;
+        self.op_head = header.op;
+        Ok(durable)
+    }
+
+    /// Writes a prepare fetched from a peer for a faulty op, durably.
+    pub async fn write_repair(&mut self, prepare: &[u8]) -> Result<Durable> {
+        let header = self.check_prepare(prepare)?;
+        if !self.faulty.contains(&header.op) {
+            return Err(JournalError::RepairUnexpected { op: header.op });
+        }
+        let durable = self.write_entry(prepare, &header).await?;
+        self.faulty.remove(&header.op);
+        Ok(durable)
+    }
+
+    /// Removes every op after `op` (a view change discarding an uncommitted suffix):
+    /// clears their redundant headers, then invalidates their prepares, durably.
+    pub async fn truncate_after(&mut self, op: u64) -> Result<()> {
+        if op < self.op_checkpoint {
+            return Err(JournalError::TruncateBelowCheckpoint {
+                op,
+                op_checkpoint: self.op_checkpoint,
+            });
+        }
+        if op >= self.op_head {
+            return Ok(());
+        }
+        let removed: Vec<u64> = (op + 1..=self.op_head)
+            .map(|o| self.layout.slot_of(o))
+            .collect();
+        for slot in &removed {
+            let at = (*slot * HEADER_SIZE) as usize;
+            self.ring[at..at + HEADER_SIZE as usize].fill(0);
+        }
+        let sectors: BTreeSet<u64> = removed.iter().map(|s| s / HEADERS_PER_SECTOR).collect();
+        for sector in sectors {
+            self.write_ring_sector(sector * HEADERS_PER_SECTOR).await?;
+        }
+        let mut zero = self.file.alloc_dma_buffer(SECTOR_SIZE as usize);
+        zero.as_bytes_mut().fill(0);
+        let zero = Rc::new(zero);
+        for slot in removed {
+            let at = self.layout.prepare_offset(slot);
+            write_all(&self.file, &self.path, zero.clone(), at).await?;
+        }
+        self.op_head = op;
+        self.faulty.retain(|o| *o <= op);
+        Ok(())
+    }
+
+    /// Records that a snapshot now covers every op up to `op` (call after the superblock
+    /// naming it is durable), which frees their slots for reuse.
+    pub fn set_checkpoint(&mut self, op: u64) -> Result<()> {
+        if op < self.op_checkpoint {
+            return Err(JournalError::CheckpointInvalid {
+                op,
+                reason: "checkpoint goes backwards",
+            });
+        }
+        if op > self.op_head {
+            return Err(JournalError::CheckpointInvalid {
+                op,
+                reason: "checkpoint beyond the journal head",
+            });
+        }
+        self.op_checkpoint = op;
+        self.faulty.retain(|o| *o > op);
+        Ok(())
+    }
+
+    /// The verified prepare (header + body) for `op`, read from the mmap without copying.
+    pub fn entry(&self, op: u64) -> Result<&[u8]> {
+        if op < self.op_min() || op > self.op_head || self.faulty.contains(&op) {
+            return Err(JournalError::EntryMissing { op });
+        }
+        let slot = self.layout.slot_of(op);
+        let at = self.layout.prepare_offset(slot) as usize;
+        let bytes = &self.map[at..at + self.layout.slot_size as usize];
+        match verify_prepare(bytes, self.layout.slot_size) {
+            Ok((id, frame)) if id.op == op => Ok(frame),
+            Ok(_) => Err(JournalError::EntryMissing { op }),
+            Err(_) => Err(JournalError::SlotChecksum { slot, op }),
+        }
+    }
+
+    /// The header of `op` from the in-memory ring (no disk read, body not verified).
+    pub fn header(&self, op: u64) -> Option<PrepareHeader> {
+        if op < self.op_min() || op > self.op_head {
+            return None;
+        }
+        let at = (self.layout.slot_of(op) * HEADER_SIZE) as usize;
+        read_header(&self.ring[at..]).filter(|h| h.op == op && h.frame.checksum != 0)
+    }
+
+    /// Closes the file.
+    pub async fn close(self) -> Result<()> {
+        self.file
+            .close()
+            .await
+            .map_err(|e| JournalError::io("close", &self.path, e))
+    }
+
+    fn check_prepare(&self, prepare: &[u8]) -> Result<PrepareHeader> {
+        let size = prepare.len() as u64;
+        if size > self.layout.slot_size {
+            return Err(JournalError::PrepareTooLarge {
+                size,
+                slot_size: self.layout.slot_size,
+            });
+        }
+        let (id, frame) = verify_prepare(prepare, self.layout.slot_size).map_err(|fault| {
+            JournalError::PrepareInvalid {
+                reason: match fault {
+                    EntryFault::HeaderChecksum => "header identity checksum mismatch",
+                    EntryFault::NotPrepare => "command is not Prepare",
+                    EntryFault::SizeInvalid => "header size does not match the bytes",
+                    EntryFault::BodyChecksum => "body does not match checksum_body (unsealed?)",
+                },
+            }
+        })?;
+        if frame.len() != prepare.len() {
+            return Err(JournalError::PrepareInvalid {
+                reason: "header size does not match the bytes",
+            });
+        }
+        let header = read_header(prepare).ok_or(JournalError::PrepareInvalid {
+            reason: "shorter than a header",
+        })?;
+        assert_eq!(header.op, id.op);
+        if header.op == 0 {
+            return Err(JournalError::PrepareInvalid {
+                reason: "op 0 is the root and never journaled",
+            });
+        }
+        Ok(header)
+    }
+
+    async fn write_entry(&mut self, prepare: &[u8], header: &PrepareHeader) -> Result<Durable> {
+        let slot = self.layout.slot_of(header.op);
+        let padded = crate::layout::sector_ceil(prepare.len() as u64) as usize;
+        let mut buffer = match self.prepare_buffer.take() {
+            Some(buffer) if buffer.len() == padded => buffer,
+            _ => Rc::new(self.file.alloc_dma_buffer(padded)),
+        };
+        {
+            let bytes = Rc::get_mut(&mut buffer)
+                .unwrap_or_else(|| unreachable!("the write that shared it has completed"))
+                .as_bytes_mut();
+            bytes[..prepare.len()].copy_from_slice(prepare);
+            bytes[prepare.len()..].fill(0);
+        }
+        // 1. The prepare, durably (O_DSYNC).
+        write_all(
+            &self.file,
+            &self.path,
+            buffer.clone(),
+            self.layout.prepare_offset(slot),
+        )
+        .await?;
+        self.prepare_buffer = Some(buffer);
+        // 2. Its redundant header, durably: from here on recovery treats a bad prepare in
+        //    this slot as corruption to repair, never as a torn tail.
+        let at = (slot * HEADER_SIZE) as usize;
+        self.ring[at..at + HEADER_SIZE as usize].copy_from_slice(&prepare[..HEADER_SIZE as usize]);
+        self.write_ring_sector(slot).await?;
+        Ok(Durable {
+            op: header.op,
+            checksum: header.frame.checksum,
+        })
+    }
+
+    /// Writes the header-ring sector holding `slot`'s redundant header.
+    async fn write_ring_sector(&mut self, slot: u64) -> Result<()> {
+        let sector = slot / HEADERS_PER_SECTOR;
+        let at = (sector * SECTOR_SIZE) as usize;
+        let mut buffer = self.file.alloc_dma_buffer(SECTOR_SIZE as usize);
+        buffer
+            .as_bytes_mut()
+            .copy_from_slice(&self.ring[at..at + SECTOR_SIZE as usize]);
+        let offset = self.layout.header_sector_offset(slot);
+        write_all(&self.file, &self.path, Rc::new(buffer), offset).await
+    }
+}
+
+/// Writes a whole sector-aligned buffer at `offset` (O_DSYNC: durable on return).
+pub(crate) async fn write_all(
+    file: &DmaFile,
+    path: &Path,
+    buffer: Rc<DmaBuffer>,
+    offset: u64,
+) -> Result<()> {
+    assert_eq!(offset % SECTOR_SIZE, 0);
+    assert_eq!(buffer.len() as u64 % SECTOR_SIZE, 0);
+    let len = buffer.len();
+    let written = file
+        .write_rc_at(buffer, offset)
+        .await
+        .map_err(|e| JournalError::io("write", path, e))?;
+    if written != len {
+        return Err(JournalError::io(
+            "write",
+            path,
+            std::io::Error::new(
+                std::io::ErrorKind::WriteZero,
+                format!("short write {written} of {len}"),
+            ),
+        ));
+    }
+    Ok(())
+}

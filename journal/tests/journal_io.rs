@@ -1,0 +1,157 @@
+//! The metadata journal through real direct IO: append, reopen, read by op, truncate,
+//! repair, and the wrap rule.
+
+mod common;
+
+use common::{body, prepare, run};
+use journal::{Journal, JournalError, JournalLayout};
+
+fn layout() -> JournalLayout {
+    JournalLayout::for_body_size(16, 8000).unwrap()
+}
+
+#[test]
+fn appended_entries_survive_reopen_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let frames: Vec<Vec<u8>> = (1..=10)
+        .map(|op| prepare(op, &body(op, 0, op as usize * 500)))
+        .collect();
+    run(async {
+        let mut journal = Journal::create(&path, layout()).await.unwrap();
+        for frame in &frames {
+            let durable = journal.append(frame).await.unwrap();
+            assert_eq!(journal.entry(durable.op).unwrap(), &frame[..]);
+        }
+        journal.close().await.unwrap();
+        let (journal, recovery) = Journal::open(&path, 0).await.unwrap();
+        assert!(recovery.is_clean(), "{recovery:?}");
+        assert_eq!(journal.op_head(), 10);
+        for (i, frame) in frames.iter().enumerate() {
+            assert_eq!(journal.entry(i as u64 + 1).unwrap(), &frame[..]);
+            assert_eq!(journal.header(i as u64 + 1).unwrap().op, i as u64 + 1);
+        }
+        assert!(matches!(
+            journal.entry(11),
+            Err(JournalError::EntryMissing { op: 11 })
+        ));
+    });
+}
+
+#[test]
+fn appends_must_be_contiguous_sealed_and_fit_the_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    run(async {
+        let mut journal = Journal::create(&path, layout()).await.unwrap();
+        let gap = prepare(2, b"x");
+        assert!(matches!(
+            journal.append(&gap).await,
+            Err(JournalError::OpOutOfOrder { op: 2, expected: 1 })
+        ));
+        let mut tampered = prepare(1, b"abc");
+        *tampered.last_mut().unwrap() ^= 1;
+        assert!(matches!(
+            journal.append(&tampered).await,
+            Err(JournalError::PrepareInvalid { .. })
+        ));
+        let huge = prepare(1, &vec![0; 20_000]);
+        assert!(matches!(
+            journal.append(&huge).await,
+            Err(JournalError::PrepareTooLarge { .. })
+        ));
+        assert_eq!(journal.op_head(), 0);
+    });
+}
+
+#[test]
+fn wrap_requires_a_checkpoint_and_then_reuses_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    run(async {
+        let mut journal = Journal::create(&path, layout()).await.unwrap();
+        for op in 1..=16 {
+            let _ = journal
+                .append(&prepare(op, &body(op, 0, 100)))
+                .await
+                .unwrap();
+        }
+        assert!(matches!(
+            journal.append(&prepare(17, b"x")).await,
+            Err(JournalError::WrapBeyondCheckpoint { op: 17, .. })
+        ));
+        journal.set_checkpoint(8).unwrap();
+        for op in 17..=24 {
+            let _ = journal
+                .append(&prepare(op, &body(op, 0, 100)))
+                .await
+                .unwrap();
+        }
+        assert!(journal.entry(8).is_err());
+        journal.close().await.unwrap();
+        let (journal, recovery) = Journal::open(&path, 8).await.unwrap();
+        assert!(recovery.is_clean());
+        assert_eq!((journal.op_min(), journal.op_head()), (9, 24));
+        assert_eq!(
+            journal.entry(24).unwrap(),
+            &prepare(24, &body(24, 0, 100))[..]
+        );
+    });
+}
+
+#[test]
+fn truncated_suffix_does_not_come_back_after_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    run(async {
+        let mut journal = Journal::create(&path, layout()).await.unwrap();
+        for op in 1..=6 {
+            let _ = journal
+                .append(&prepare(op, &body(op, 0, 100)))
+                .await
+                .unwrap();
+        }
+        journal.truncate_after(3).await.unwrap();
+        assert_eq!(journal.op_head(), 3);
+        let replacement = prepare(4, &body(4, 1, 100));
+        let _ = journal.append(&replacement).await.unwrap();
+        journal.close().await.unwrap();
+        let (journal, recovery) = Journal::open(&path, 0).await.unwrap();
+        assert!(recovery.is_clean(), "{recovery:?}");
+        assert_eq!(journal.op_head(), 4);
+        assert_eq!(journal.entry(4).unwrap(), &replacement[..]);
+    });
+}
+
+#[test]
+fn faulty_entry_is_reported_then_repaired_from_a_peer_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let frames: Vec<Vec<u8>> = (1..=5).map(|op| prepare(op, &body(op, 0, 300))).collect();
+    run(async {
+        let mut journal = Journal::create(&path, layout()).await.unwrap();
+        for frame in &frames {
+            let _ = journal.append(frame).await.unwrap();
+        }
+        journal.close().await.unwrap();
+    });
+    // Corrupt op 3's body on disk.
+    let layout = layout();
+    let mut image = std::fs::read(&path).unwrap();
+    image[(layout.prepare_offset(3) + 300) as usize] ^= 0x80;
+    std::fs::write(&path, &image).unwrap();
+    run(async {
+        let (mut journal, recovery) = Journal::open(&path, 0).await.unwrap();
+        assert_eq!(recovery.faulty, vec![3]);
+        assert!(journal.entry(3).is_err());
+        assert!(matches!(
+            journal.write_repair(&frames[1]).await,
+            Err(JournalError::RepairUnexpected { op: 2 })
+        ));
+        let _ = journal.write_repair(&frames[2]).await.unwrap();
+        assert_eq!(journal.entry(3).unwrap(), &frames[2][..]);
+        journal.close().await.unwrap();
+        let (_, recovery) = Journal::open(&path, 0).await.unwrap();
+        assert!(recovery.is_clean());
+    });
+}

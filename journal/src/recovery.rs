@@ -40,6 +40,7 @@ pub enum SlotStatus {
     /// copy disagreed and is rewritten from the prepare.
     Valid {
         op: u64,
+        #[serde(serialize_with = "crate::inspect::u128_string")]
         checksum: u128,
         header_repaired: bool,
     },

@@ -17,7 +17,8 @@ use crate::layout::HEADER_SIZE;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct EntryId {
     pub op: u64,
-    /// The prepare identity (header `checksum`), as a decimal-safe u128.
+    /// The prepare identity (header `checksum`).
+    #[serde(serialize_with = "crate::inspect::u128_string")]
     pub checksum: u128,
 }
 
@@ -42,9 +43,17 @@ pub enum CopyState {
     /// All 256 header bytes are zero: never written (or cleared by truncation).
     Zero,
     /// A verified entry that belongs in this slot.
-    Valid { op: u64, checksum: u128 },
+    Valid {
+        op: u64,
+        #[serde(serialize_with = "crate::inspect::u128_string")]
+        checksum: u128,
+    },
     /// A verified entry whose op belongs in another slot: a misdirected write.
-    Misdirected { op: u64, checksum: u128 },
+    Misdirected {
+        op: u64,
+        #[serde(serialize_with = "crate::inspect::u128_string")]
+        checksum: u128,
+    },
     /// Bytes that fail verification.
     Invalid { fault: EntryFault },
 }

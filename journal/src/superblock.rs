@@ -35,6 +35,7 @@ pub struct Superblock {
     /// Bumped by every write; the newest valid copy wins.
     pub sequence: u64,
     /// blake3-derived cluster id (replica-plane.md "cluster header field").
+    #[serde(serialize_with = "crate::inspect::u128_string")]
     pub cluster: u128,
     pub replica: u8,
     pub replica_count: u8,

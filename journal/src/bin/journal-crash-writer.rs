@@ -1,0 +1,152 @@
+//! Crash-test writer: appends prepares to a journal (and bumps the superblock) forever,
+//! printing a line for each write only after it is durable. A driver SIGKILLs it at
+//! random points and checks that every acknowledged write survived
+//! (journal/tests/crash.rs).
+//!
+//! Usage: `journal-crash-writer format DIR` | `journal-crash-writer run DIR GENERATION`
+//!
+//! Output lines: `recovered HEAD CHECKPOINT FAULTY_COUNT`, `ack OP CHECKSUM_HEX`,
+//! `view VIEW`, `checkpoint OP`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use journal::journal::JOURNAL_FILE;
+use journal::superblock::SUPERBLOCK_FILE;
+use journal::{Journal, JournalLayout, Superblock, SuperblockFile};
+use replication::wire::{Header, PrepareChain, PrepareHeader, METADATA_GROUP};
+
+/// Slots in the crash-test journal: small, so runs wrap and checkpoint often.
+const SLOT_COUNT: u64 = 32;
+/// Largest body the writer produces.
+const BODY_SIZE_MAX: u64 = 12 * 1024;
+/// Appends between superblock view bumps.
+const VIEW_EVERY_OPS: u64 = 5;
+
+/// Deterministic body for `op` in `generation`.
+fn body(op: u64, generation: u64) -> Vec<u8> {
+    let mut state = op.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ generation.rotate_left(17) | 1;
+    let len = (state % BODY_SIZE_MAX) as usize;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+fn prepare(op: u64, generation: u64) -> Vec<u8> {
+    let mut header = PrepareHeader::new();
+    header.op = op;
+    header.group = METADATA_GROUP;
+    header.operation = 128;
+    header.client = u128::from(generation);
+    header.request = op;
+    PrepareChain::after(0)
+        .append(&mut header, &body(op, generation))
+        .as_bytes()
+        .to_vec()
+}
+
+fn paths(dir: &Path) -> (PathBuf, PathBuf) {
+    (dir.join(JOURNAL_FILE), dir.join(SUPERBLOCK_FILE))
+}
+
+async fn format(dir: &Path) -> journal::Result<()> {
+    let (journal_path, superblock_path) = paths(dir);
+    let layout = JournalLayout::for_body_size(SLOT_COUNT, BODY_SIZE_MAX)?;
+    Journal::create(&journal_path, layout)
+        .await?
+        .close()
+        .await?;
+    SuperblockFile::create(&superblock_path, Superblock::default())
+        .await?
+        .close()
+        .await
+}
+
+async fn run(dir: &Path, generation: u64) -> journal::Result<()> {
+    let (journal_path, superblock_path) = paths(dir);
+    let mut superblock = SuperblockFile::open(&superblock_path).await?;
+    let (mut journal, recovery) =
+        Journal::open(&journal_path, superblock.current().op_checkpoint).await?;
+    let mut out = std::io::stdout().lock();
+    let line = |out: &mut std::io::StdoutLock<'_>, text: String| {
+        // The driver reading our stdout is the point; if it is gone, so are we.
+        let _ = writeln!(out, "{text}");
+        let _ = out.flush();
+    };
+    line(
+        &mut out,
+        format!(
+            "recovered {} {} {}",
+            recovery.op_head,
+            recovery.op_checkpoint,
+            recovery.faulty.len()
+        ),
+    );
+    loop {
+        let op = journal.op_head() + 1;
+        if op > journal.op_append_max() {
+            // Checkpoint half the ring so appends can wrap.
+            let checkpoint = journal.op_head() - SLOT_COUNT / 2;
+            let next = Superblock {
+                commit: journal.op_head(),
+                op_checkpoint: checkpoint,
+                ..*superblock.current()
+            };
+            superblock.write(next).await?;
+            journal.set_checkpoint(checkpoint)?;
+            line(&mut out, format!("checkpoint {checkpoint}"));
+        }
+        let durable = journal.append(&prepare(op, generation)).await?;
+        line(
+            &mut out,
+            format!("ack {} {:x}", durable.op, durable.checksum),
+        );
+        if op % VIEW_EVERY_OPS == 0 {
+            let current = *superblock.current();
+            let next = Superblock {
+                view: current.view + 1,
+                log_view: current.view + 1,
+                commit: current.commit.max(op.saturating_sub(1)),
+                ..current
+            };
+            superblock.write(next).await?;
+            line(&mut out, format!("view {}", next.view));
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    journal::runtime::raise_memlock(64 << 20);
+    let result = match args.get(1..).unwrap_or(&[]) {
+        [cmd, dir] if cmd == "format" => journal::runtime::block_on(format(Path::new(dir))),
+        [cmd, dir, generation] if cmd == "run" => {
+            let Ok(generation) = generation.parse() else {
+                eprintln!("journal-crash-writer: GENERATION must be an integer");
+                return ExitCode::from(2);
+            };
+            journal::runtime::block_on(run(Path::new(dir), generation))
+        }
+        _ => {
+            eprintln!("usage: journal-crash-writer format DIR | run DIR GENERATION");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => {
+            eprintln!("journal-crash-writer: {e}");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("journal-crash-writer: executor: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -15,7 +15,7 @@ use crate::recovery::{recover, Recovery, SlotStatus};
 use crate::slot::{read_header, CopyState};
 use crate::superblock::{self, CopyReport, Superblock, SUPERBLOCK_FILE};
 
-// TODO(segment): pub use crate::segment::inspect::{segment_dump, segment_verify, SegmentDump, SegmentReport};
+pub use crate::segment::inspect::{segment_dump, segment_verify, SegmentDump, SegmentReport};
 
 /// Serializes a u128 as a decimal string (JSON numbers lose precision past 2^53).
 pub fn u128_string<S: Serializer>(

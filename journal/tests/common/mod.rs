@@ -37,3 +37,28 @@ pub fn run<T>(f: impl std::future::Future<Output = T>) -> T {
     journal::runtime::raise_memlock(64 << 20);
     journal::runtime::block_on(f).expect("executor")
 }
+
+/// A stamped batch of `count` messages of `payload_len` bytes at `base_offset`.
+pub fn batch(
+    partition_id: u64,
+    base_offset: u64,
+    timestamp: u64,
+    count: u32,
+    payload_len: usize,
+) -> Vec<u8> {
+    use replication::wire::batch::{stamp, BatchBuilder, NewMessage};
+    let mut builder = BatchBuilder::with_capacity(count as usize * (payload_len + 48));
+    for i in 0..count {
+        let offset = base_offset + u64::from(i);
+        let payload = body(offset, partition_id, payload_len);
+        builder.push(NewMessage {
+            id: u128::from(offset),
+            timestamp_delta: i,
+            payload: &payload,
+            user_headers: b"h",
+        });
+    }
+    let mut bytes = builder.finish(timestamp);
+    stamp(&mut bytes, partition_id, base_offset, timestamp).expect("stamp");
+    bytes
+}

@@ -4,10 +4,17 @@
 //!
 //! Records are message batches packed back to back (`wire::batch`), each carrying its
 //! own `batch_length` and `batch_checksum`; the file is zero-padded to a sector. A batch
-//! that fails verification is a torn tail unless a valid batch of this partition with a
-//! later offset can be found after it, in which case it is damage in the middle.
+//! that fails verification is damage in the middle if a valid batch of this partition
+//! with a later offset follows it. A failing last batch is a torn tail only with evidence
+//! of an incomplete write (its header or its last 512-byte blocks never landed, or it
+//! runs past the end of the file with a length that is not itself the damage);
+//! otherwise it is corruption of a complete batch and reported as such.
 
-use replication::wire::batch::{verify, BatchError, BatchHeader, BATCH_HEADER_SIZE};
+use replication::wire::batch::{
+    verify, BatchError, BatchHeader, MessageHeader, BATCH_HEADER_SIZE, MESSAGE_HEADER_SIZE,
+};
+
+use super::log::BATCH_SIZE_MAX;
 use serde::Serialize;
 use zerocopy::FromBytes;
 
@@ -37,12 +44,12 @@ pub enum SegmentTail {
     Clean,
     /// An incomplete or failing last batch: the torn write of a crash; truncated.
     Torn { position: u64, reason: String },
-    /// A failing batch followed by valid later batches: damage before the end.
+    /// A failing batch that was completely written: damage, not a torn write.
     Corrupt {
         position: u64,
         reason: String,
-        /// Position of the next valid batch found after the damage.
-        resumes_at: u64,
+        /// Position of the next valid batch after the damage (none if it was the last).
+        resumes_at: Option<u64>,
     },
     /// A verified batch that does not follow its predecessor (wrong partition, offset
     /// gap, or time going backwards): never silently accepted.
@@ -110,6 +117,56 @@ fn find_resume(image: &[u8], from: usize, partition_id: u64, offset_min: u64) ->
     })
 }
 
+/// Granularity of device writes that can go missing in a torn write.
+const BLOCK_SIZE: usize = 512;
+
+/// Whether the failing last batch at `position` shows signs of an incomplete write.
+fn torn_evidence(image: &[u8], position: usize) -> bool {
+    let Some(header) = header_at(image, position) else {
+        return true; // the file ends inside the header
+    };
+    let head = &image[position..position + BATCH_HEADER_SIZE];
+    if head.iter().all(|b| *b == 0) {
+        return true; // the header never landed; later blocks of the write did
+    }
+    let len = header.batch_length.get();
+    if len < BATCH_HEADER_SIZE as u64 || len > BATCH_SIZE_MAX {
+        return false; // a complete header with an impossible length: damage
+    }
+    let end = position as u64 + len;
+    if end > image.len() as u64 {
+        // The write did not extend the file fully, unless the length field is what broke.
+        return !retiles_with_other_length(image, position, &header);
+    }
+    // The batch's last device block (file-aligned) is still zero: never written.
+    let end = end as usize;
+    let block_start = ((end - 1) / BLOCK_SIZE * BLOCK_SIZE).max(position + BATCH_HEADER_SIZE);
+    block_start < end && image[block_start..end].iter().all(|b| *b == 0)
+}
+
+/// Whether the message frames after the header tile a batch that verifies once its
+/// `batch_length` is replaced: then the stored length was damaged in a complete batch.
+fn retiles_with_other_length(image: &[u8], position: usize, header: &BatchHeader) -> bool {
+    let mut at = position + BATCH_HEADER_SIZE;
+    for _ in 0..header.message_count.get() {
+        let Some(frame) = image.get(at..at + MESSAGE_HEADER_SIZE) else {
+            return false;
+        };
+        let Ok(message) = MessageHeader::read_from_bytes(frame) else {
+            return false;
+        };
+        at += MESSAGE_HEADER_SIZE
+            + message.payload_length.get() as usize
+            + message.user_headers_length.get() as usize;
+        if at > image.len() {
+            return false;
+        }
+    }
+    let mut copy = image[position..at].to_vec();
+    copy[32..40].copy_from_slice(&((at - position) as u64).to_le_bytes());
+    verify(&copy).is_ok()
+}
+
 /// Scans a segment image whose first batch must start at `base_offset` and belong to
 /// `partition_id`.
 pub fn scan_segment(image: &[u8], partition_id: u64, base_offset: u64) -> SegmentScan {
@@ -157,16 +214,18 @@ pub fn scan_segment(image: &[u8], partition_id: u64, base_offset: u64) -> Segmen
                 batches.push(entry);
             }
             Err(reason) => {
-                break match find_resume(image, position, partition_id, next_offset) {
-                    Some(resumes_at) => SegmentTail::Corrupt {
+                let resumes_at = find_resume(image, position, partition_id, next_offset);
+                break if resumes_at.is_none() && torn_evidence(image, position) {
+                    SegmentTail::Torn {
                         position: position as u64,
                         reason,
-                        resumes_at: resumes_at as u64,
-                    },
-                    None => SegmentTail::Torn {
+                    }
+                } else {
+                    SegmentTail::Corrupt {
                         position: position as u64,
                         reason,
-                    },
+                        resumes_at: resumes_at.map(|r| r as u64),
+                    }
                 };
             }
         }
@@ -234,9 +293,10 @@ pub(crate) mod tests {
     #[test]
     fn cut_last_batch_is_a_torn_tail() {
         let mut bytes = image(&three(), 0);
-        let cut = bytes.len() - 30;
+        // The write's last 512-byte block never landed.
+        let cut = (bytes.len() - 1) / 512 * 512;
         bytes.truncate(cut);
-        bytes.resize(cut + 200, 0);
+        bytes.resize(cut + 1000, 0);
         let scan = scan_segment(&bytes, 9, 100);
         assert!(
             matches!(scan.tail, SegmentTail::Torn { .. }),
@@ -254,7 +314,7 @@ pub(crate) mod tests {
         bytes[middle] ^= 0x04;
         let scan = scan_segment(&bytes, 9, 100);
         assert!(
-            matches!(scan.tail, SegmentTail::Corrupt { resumes_at, .. } if resumes_at as usize == batches[0].len() + batches[1].len()),
+            matches!(scan.tail, SegmentTail::Corrupt { resumes_at: Some(r), .. } if r as usize == batches[0].len() + batches[1].len()),
             "{:?}",
             scan.tail
         );
@@ -272,6 +332,61 @@ pub(crate) mod tests {
             "{:?}",
             scan.tail
         );
+    }
+
+    #[test]
+    fn flipped_byte_in_a_complete_last_batch_is_corrupt_not_torn() {
+        let batches = three();
+        let mut bytes = image(&batches, 300);
+        let at = bytes.len() - 300 - 20;
+        bytes[at] ^= 0x01;
+        let scan = scan_segment(&bytes, 9, 100);
+        assert!(
+            matches!(
+                scan.tail,
+                SegmentTail::Corrupt {
+                    resumes_at: None,
+                    ..
+                }
+            ),
+            "{:?}",
+            scan.tail
+        );
+    }
+
+    #[test]
+    fn damaged_length_of_the_last_batch_is_corrupt_not_torn() {
+        let batches = three();
+        let mut bytes = image(&batches, 300);
+        let at = batches[0].len() + batches[1].len() + 33;
+        bytes[at] ^= 0x40; // batch_length now runs far past the end
+        let scan = scan_segment(&bytes, 9, 100);
+        assert!(
+            matches!(
+                scan.tail,
+                SegmentTail::Corrupt {
+                    resumes_at: None,
+                    ..
+                }
+            ),
+            "{:?}",
+            scan.tail
+        );
+    }
+
+    #[test]
+    fn last_batch_missing_its_final_blocks_is_torn() {
+        let batches = vec![batch(9, 0, 1, 2), batch(9, 2, 2, 40)];
+        let mut bytes = image(&batches, 0);
+        let end = bytes.len();
+        bytes[end - 700..].fill(0);
+        let scan = scan_segment(&bytes, 9, 0);
+        assert!(
+            matches!(scan.tail, SegmentTail::Torn { .. }),
+            "{:?}",
+            scan.tail
+        );
+        assert_eq!(scan.batches.len(), 1);
     }
 
     #[test]

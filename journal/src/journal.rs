@@ -299,8 +299,12 @@ impl Journal {
         let slot = self.layout.slot_of(op);
         let at = self.layout.prepare_offset(slot) as usize;
         let bytes = &self.map[at..at + self.layout.slot_size as usize];
+        let ring_at = (slot * HEADER_SIZE) as usize;
+        let ring = &self.ring[ring_at..ring_at + HEADER_SIZE as usize];
         match verify_prepare(bytes, self.layout.slot_size) {
-            Ok((id, frame)) if id.op == op => Ok(frame),
+            // The ring copy also covers `view`, which the identity does not.
+            Ok((id, frame)) if id.op == op && frame[..HEADER_SIZE as usize] == *ring => Ok(frame),
+            Ok((id, _)) if id.op == op => Err(JournalError::SlotChecksum { slot, op }),
             Ok(_) => Err(JournalError::EntryMissing { op }),
             Err(_) => Err(JournalError::SlotChecksum { slot, op }),
         }

@@ -28,6 +28,9 @@ pub enum FaultReason {
     Missing,
     /// The slot holds a verified entry for another op's slot.
     Misdirected { found_op: u64 },
+    /// Prepare and redundant header verify as the same entry but their bytes differ (in
+    /// `view`, outside the identity): one was damaged and neither can be preferred.
+    CopiesDisagree,
 }
 
 /// The verdict on one slot.
@@ -158,6 +161,14 @@ pub fn recover(layout: &JournalLayout, evidence: &[SlotEvidence], op_checkpoint:
 
 fn required_slot_status(ev: &SlotEvidence, op: u64) -> SlotStatus {
     match ev.prepare {
+        CopyState::Valid { op: found, .. }
+            if found == op && ev.header == ev.prepare && !ev.headers_equal =>
+        {
+            SlotStatus::Faulty {
+                op,
+                reason: FaultReason::CopiesDisagree,
+            }
+        }
         CopyState::Valid {
             op: found,
             checksum,
@@ -369,6 +380,22 @@ mod tests {
         assert!(matches!(
             r.slots[(12 % SLOTS) as usize],
             SlotStatus::Valid { op: 12, .. }
+        ));
+    }
+
+    #[test]
+    fn view_flip_outside_the_identity_is_caught_by_the_redundant_copy() {
+        let mut image = Image::new();
+        (1..=5).for_each(|op| image.append(op));
+        image.prepares[2][53] ^= 0x01; // view, not covered by the prepare identity
+        let r = image.recover(0);
+        assert_eq!(r.faulty, vec![2]);
+        assert!(matches!(
+            r.slots[2],
+            SlotStatus::Faulty {
+                reason: FaultReason::CopiesDisagree,
+                ..
+            }
         ));
     }
 

@@ -76,6 +76,9 @@ pub struct SlotEvidence {
     pub header: CopyState,
     /// The prepare in the prepare ring (header and body).
     pub prepare: CopyState,
+    /// Whether the two 256-byte headers are byte-identical. Two valid copies of one
+    /// entry can still differ in `view`, which the prepare identity does not cover.
+    pub headers_equal: bool,
 }
 
 /// Reads a header out of any 256 bytes (a copy, so `bytes` needs no alignment).
@@ -158,7 +161,7 @@ pub fn classify_slot(
         }
     };
     let prepare_head = prepare.get(..HEADER_SIZE as usize).unwrap_or(prepare);
-    let prepare = if is_zero(prepare_head) {
+    let prepare_state = if is_zero(prepare_head) {
         CopyState::Zero
     } else {
         match verify_prepare(prepare, slot_size) {
@@ -166,10 +169,12 @@ pub fn classify_slot(
             Err(fault) => CopyState::Invalid { fault },
         }
     };
+    let headers_equal = header_bytes == prepare_head;
     SlotEvidence {
         slot,
         header,
-        prepare,
+        prepare: prepare_state,
+        headers_equal,
     }
 }
 

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::index::SparseIndex;
 use super::log::{parse_segment_name, segment_file_name};
-use super::scan::{scan_segment, BatchEntry, SegmentTail};
+use super::scan::{guess_partition, scan_segment, BatchEntry, SegmentTail};
 use crate::error::{JournalError, Result};
 
 /// `segment verify FILE`.
@@ -57,13 +57,6 @@ pub struct SegmentDump {
     pub batches: Vec<BatchDump>,
 }
 
-fn partition_of(image: &[u8]) -> u64 {
-    image
-        .get(..8)
-        .and_then(|b| b.try_into().ok())
-        .map_or(0, u64::from_le_bytes)
-}
-
 fn scan_file(path: &Path) -> Result<(Vec<u8>, SegmentReport, Vec<BatchEntry>)> {
     let name = path
         .file_name()
@@ -74,7 +67,7 @@ fn scan_file(path: &Path) -> Result<(Vec<u8>, SegmentReport, Vec<BatchEntry>)> {
         reason: "segment files are named <20-digit base offset>.log",
     })?;
     let image = std::fs::read(path).map_err(|e| JournalError::io("read", path, e))?;
-    let partition_id = partition_of(&image);
+    let partition_id = guess_partition(&image);
     let scan = scan_segment(&image, partition_id, base_offset);
     let dir = path.parent().unwrap_or(Path::new("."));
     let index_ok = [(false, "index"), (true, "timeindex")]

@@ -167,6 +167,20 @@ fn retiles_with_other_length(image: &[u8], position: usize, header: &BatchHeader
     verify(&copy).is_ok()
 }
 
+/// The partition a segment belongs to, for tools that are handed only a file: that of
+/// the first batch that verifies (0 if none does).
+pub fn guess_partition(image: &[u8]) -> u64 {
+    (0..image.len().saturating_sub(BATCH_HEADER_SIZE - 1))
+        .find_map(|position| {
+            let header = header_at(image, position)?;
+            let plausible = header.batch_length.get() >= BATCH_HEADER_SIZE as u64
+                && header.message_count.get() > 0
+                && position as u64 + header.batch_length.get() <= image.len() as u64;
+            (plausible && batch_at(image, position).is_ok()).then(|| header.partition_id.get())
+        })
+        .unwrap_or(0)
+}
+
 /// Scans a segment image whose first batch must start at `base_offset` and belong to
 /// `partition_id`.
 pub fn scan_segment(image: &[u8], partition_id: u64, base_offset: u64) -> SegmentScan {

@@ -121,29 +121,27 @@ impl Ledger {
     }
 }
 
-#[test]
-fn acknowledged_entries_survive_random_sigkills() {
+/// Runs the writer in `mode` over and over, SIGKILLing each run after a random delay,
+/// until `KILLS_MIN` kills landed. Every output line goes to `absorb`; `check` runs after
+/// each kill. Returns the kills.
+fn kill_runs(
+    mode: &str,
+    dir: &Path,
+    mut absorb: impl FnMut(&str, u32),
+    mut check: impl FnMut(u32),
+) -> u32 {
     let seed = std::env::var("CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| fastrand::u64(..));
-    eprintln!("crash test seed {seed} (rerun with CRASH_SEED={seed})");
+    eprintln!("{mode} crash test seed {seed} (rerun with CRASH_SEED={seed})");
     let mut rng = fastrand::Rng::with_seed(seed);
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let status = Command::new(WRITER)
-        .args(["format", dir.path().to_str().unwrap()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-
-    let started = Instant::now();
-    let mut ledger = Ledger::default();
     let (mut kills, mut runs) = (0, 0);
     while kills < KILLS_MIN {
         runs += 1;
         assert!(runs <= RUNS_MAX, "only {kills} kills in {RUNS_MAX} runs");
         let child = Command::new(WRITER)
-            .args(["run", dir.path().to_str().unwrap(), &runs.to_string()])
+            .args([mode, dir.to_str().unwrap(), &runs.to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -156,31 +154,47 @@ fn acknowledged_entries_survive_random_sigkills() {
             sigkill(pid);
         });
         let stdout = guard.0.stdout.take().unwrap();
-        let mut recovered = false;
         for line in BufReader::new(stdout).lines() {
-            let line = line.unwrap();
-            if let Some(rest) = line.strip_prefix("recovered ") {
-                recovered = true;
-                let faulty: usize = rest.split_whitespace().nth(2).unwrap().parse().unwrap();
-                assert_eq!(faulty, 0, "run {runs}: writer recovered faulty ops");
-            }
-            ledger.absorb(&line);
+            absorb(&line.unwrap(), runs);
         }
         killer.join().unwrap();
         let status = guard.0.wait().unwrap();
         use std::os::unix::process::ExitStatusExt;
-        if status.signal() == Some(libc::SIGKILL) {
-            kills += 1;
-        } else {
+        if status.signal() != Some(libc::SIGKILL) {
             let mut stderr = String::new();
             std::io::Read::read_to_string(&mut guard.0.stderr.take().unwrap(), &mut stderr)
                 .unwrap();
-            panic!(
-                "run {runs}: writer exited on its own ({status}, recovered={recovered}): {stderr}"
-            );
+            panic!("run {runs}: writer exited on its own ({status}): {stderr}");
         }
-        ledger.check(dir.path(), runs);
+        kills += 1;
+        check(runs);
     }
+    kills
+}
+
+#[test]
+fn acknowledged_journal_entries_survive_random_sigkills() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let status = Command::new(WRITER)
+        .args(["format", dir.path().to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let started = Instant::now();
+    let ledger = std::cell::RefCell::new(Ledger::default());
+    let kills = kill_runs(
+        "run",
+        dir.path(),
+        |line, run| {
+            if let Some(rest) = line.strip_prefix("recovered ") {
+                let faulty: usize = rest.split_whitespace().nth(2).unwrap().parse().unwrap();
+                assert_eq!(faulty, 0, "run {run}: writer recovered faulty ops");
+            }
+            ledger.borrow_mut().absorb(line);
+        },
+        |run| ledger.borrow().check(dir.path(), run),
+    );
+    let ledger = ledger.into_inner();
     eprintln!(
         "{kills} kills, {} ops acknowledged, checkpoint {}, {:?}",
         ledger.op_acked_max,
@@ -190,5 +204,89 @@ fn acknowledged_entries_survive_random_sigkills() {
     assert!(
         ledger.op_acked_max > 2 * 32,
         "too little progress to exercise wrapping"
+    );
+}
+
+/// Acknowledged batches: base offset to (next offset, batch_checksum).
+#[derive(Default)]
+struct SegmentLedger {
+    acked: BTreeMap<u64, (u64, u64)>,
+    next_acked_max: u64,
+    start: u64,
+}
+
+impl SegmentLedger {
+    fn absorb(&mut self, line: &str) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["ack", base, next, checksum] => {
+                let next: u64 = next.parse().unwrap();
+                let checksum = u64::from_str_radix(checksum, 16).unwrap();
+                self.acked.insert(base.parse().unwrap(), (next, checksum));
+                self.next_acked_max = self.next_acked_max.max(next);
+            }
+            ["retained", start] | ["recovered", _, start] => {
+                self.start = self.start.max(start.parse().unwrap());
+                self.acked = self.acked.split_off(&self.start);
+            }
+            _ => panic!("unexpected writer output {line:?}"),
+        }
+    }
+
+    fn check(&self, dir: &Path, run: u32) {
+        use journal::segment::{PartitionConfig, PartitionLog};
+        let config = PartitionConfig {
+            segment_size_max: 64 * 1024,
+            index_interval_bytes: 4096,
+            durability: journal::Durability::EveryBatch,
+        };
+        journal::runtime::raise_memlock(64 << 20);
+        journal::runtime::block_on(async {
+            let (log, _) = PartitionLog::open(dir, 77, config)
+                .await
+                .unwrap_or_else(|e| panic!("run {run}: partition does not open: {e}"));
+            assert!(
+                log.next_offset() >= self.next_acked_max,
+                "run {run}: next offset {} below acked {}",
+                log.next_offset(),
+                self.next_acked_max
+            );
+            for (&base, &(next, checksum)) in self.acked.range(log.start_offset()..) {
+                let batches = log.read_from_offset(base, 1).unwrap();
+                let info = replication::wire::batch::verify(&batches[0]).unwrap();
+                let stored = u64::from_le_bytes(batches[0][40..48].try_into().unwrap());
+                assert_eq!(
+                    (info.base_offset, info.next_offset(), stored),
+                    (base, next, checksum),
+                    "run {run}: acked batch at {base} not intact"
+                );
+            }
+            log.close().await.unwrap();
+        })
+        .unwrap();
+    }
+}
+
+#[test]
+fn acknowledged_segment_batches_survive_random_sigkills() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let started = Instant::now();
+    let ledger = std::cell::RefCell::new(SegmentLedger::default());
+    let kills = kill_runs(
+        "segments",
+        dir.path(),
+        |line, _| ledger.borrow_mut().absorb(line),
+        |run| ledger.borrow().check(dir.path(), run),
+    );
+    let ledger = ledger.into_inner();
+    eprintln!(
+        "{kills} kills, next offset {} acknowledged, start {}, {:?}",
+        ledger.next_acked_max,
+        ledger.start,
+        started.elapsed()
+    );
+    assert!(
+        ledger.start > 0,
+        "too little progress to exercise roll and retention"
     );
 }

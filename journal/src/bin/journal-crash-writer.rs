@@ -4,9 +4,11 @@
 //! (journal/tests/crash.rs).
 //!
 //! Usage: `journal-crash-writer format DIR` | `journal-crash-writer run DIR GENERATION`
+//! | `journal-crash-writer segments DIR GENERATION`
 //!
-//! Output lines: `recovered HEAD CHECKPOINT FAULTY_COUNT`, `ack OP CHECKSUM_HEX`,
-//! `view VIEW`, `checkpoint OP`.
+//! Journal output lines: `recovered HEAD CHECKPOINT FAULTY_COUNT`, `ack OP CHECKSUM_HEX`,
+//! `view VIEW`, `checkpoint OP`. Segment output lines: `recovered NEXT_OFFSET START`,
+//! `ack BASE_OFFSET NEXT_OFFSET BATCH_CHECKSUM_HEX`, `retained START_OFFSET`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -121,20 +123,88 @@ async fn run(dir: &Path, generation: u64) -> journal::Result<()> {
     }
 }
 
+/// Partition id of the segment crash test.
+const PARTITION: u64 = 77;
+/// Small segments so runs roll often.
+const SEGMENT_SIZE: u64 = 64 * 1024;
+/// Segments kept before retention deletes the oldest.
+const SEGMENTS_KEPT: usize = 6;
+
+fn batch(base_offset: u64, generation: u64) -> Vec<u8> {
+    use replication::wire::batch::{stamp, BatchBuilder, NewMessage};
+    let count = 1 + ((base_offset * 7 + generation) % 9) as u32;
+    let mut builder = BatchBuilder::with_capacity(8 * 1024);
+    for i in 0..count {
+        let offset = base_offset + u64::from(i);
+        let payload = body(offset, generation);
+        builder.push(NewMessage {
+            id: u128::from(offset) << 64 | u128::from(generation),
+            timestamp_delta: i,
+            payload: &payload[..payload.len().min(2000)],
+            user_headers: &[],
+        });
+    }
+    let mut bytes = builder.finish(base_offset);
+    // Timestamps follow offsets, so they never go backwards across restarts.
+    let stamped = stamp(&mut bytes, PARTITION, base_offset, base_offset);
+    assert!(stamped.is_ok(), "a freshly built batch stamps");
+    bytes
+}
+
+async fn run_segments(dir: &Path, generation: u64) -> journal::Result<()> {
+    use journal::segment::{PartitionConfig, PartitionLog};
+    let config = PartitionConfig {
+        segment_size_max: SEGMENT_SIZE,
+        index_interval_bytes: 4096,
+        durability: journal::Durability::EveryBatch,
+    };
+    let (mut log, _) = PartitionLog::open(dir, PARTITION, config).await?;
+    let mut out = std::io::stdout().lock();
+    let mut line = |text: String| {
+        let _ = writeln!(out, "{text}");
+        let _ = out.flush();
+    };
+    line(format!(
+        "recovered {} {}",
+        log.next_offset(),
+        log.start_offset()
+    ));
+    loop {
+        let bytes = batch(log.next_offset(), generation);
+        let receipt = log.append(&bytes).await?;
+        assert!(receipt.durable, "every-batch durability syncs each append");
+        let checksum = u64::from_le_bytes(bytes[40..48].try_into().unwrap_or([0; 8]));
+        line(format!(
+            "ack {} {} {checksum:x}",
+            receipt.base_offset, receipt.next_offset
+        ));
+        let segments = log.segments();
+        if segments.len() > SEGMENTS_KEPT {
+            let keep_from = segments[segments.len() - SEGMENTS_KEPT].0;
+            log.delete_segments_before(keep_from)?;
+            line(format!("retained {}", log.start_offset()));
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     journal::runtime::raise_memlock(64 << 20);
     let result = match args.get(1..).unwrap_or(&[]) {
         [cmd, dir] if cmd == "format" => journal::runtime::block_on(format(Path::new(dir))),
-        [cmd, dir, generation] if cmd == "run" => {
+        [cmd, dir, generation] if cmd == "run" || cmd == "segments" => {
             let Ok(generation) = generation.parse() else {
                 eprintln!("journal-crash-writer: GENERATION must be an integer");
                 return ExitCode::from(2);
             };
-            journal::runtime::block_on(run(Path::new(dir), generation))
+            if cmd == "run" {
+                journal::runtime::block_on(run(Path::new(dir), generation))
+            } else {
+                journal::runtime::block_on(run_segments(Path::new(dir), generation))
+            }
         }
         _ => {
-            eprintln!("usage: journal-crash-writer format DIR | run DIR GENERATION");
+            eprintln!("usage: journal-crash-writer format DIR | run DIR GENERATION | segments DIR GENERATION");
             return ExitCode::from(2);
         }
     };

@@ -1,5 +1,7 @@
 //! The metadata journal: a preallocated ring of prepare slots written with direct IO
-//! (glommio `DmaFile`, O_DIRECT | O_DSYNC) and read through a read-only mmap.
+//! (glommio `DmaFile`, O_DIRECT, each write followed by fdatasync) and read through a
+//! read-only mmap. (fdatasync after the write measured several times faster than
+//! O_DSYNC writes through io_uring on ext4.)
 //!
 //! An append writes the prepare durably, then its redundant header durably, and only then
 //! returns a [`Durable`] receipt: the caller sends PrepareOk only with one in hand. This
@@ -18,6 +20,9 @@ use crate::format::{decode_meta_copies, encode_meta, scan_image};
 use crate::layout::{JournalLayout, HEADERS_PER_SECTOR, HEADER_SIZE, META_COPIES, SECTOR_SIZE};
 use crate::recovery::{recover, Recovery, SlotStatus};
 use crate::slot::{read_header, verify_prepare, EntryFault};
+
+/// Bytes per write when formatting (zero-filling) a journal file.
+const FORMAT_CHUNK: u64 = 1024 * 1024;
 
 /// File name of the journal inside a data directory.
 pub const JOURNAL_FILE: &str = "journal";
@@ -51,10 +56,9 @@ async fn open_dma(path: &Path, create: bool) -> Result<DmaFile> {
         .read(true)
         .write(true)
         .create_new(create)
-        .custom_flags(libc::O_DSYNC)
         .dma_open(path)
         .await
-        .map_err(|e| JournalError::io("open (O_DIRECT|O_DSYNC)", path, e))
+        .map_err(|e| JournalError::io("open (O_DIRECT)", path, e))
 }
 
 /// Makes a created or renamed file's directory entry durable.
@@ -88,22 +92,38 @@ fn map_file(path: &Path, size_min: u64) -> Result<Mmap> {
 }
 
 impl Journal {
-    /// Formats a new journal at `path` (which must not exist): preallocates the file,
-    /// writes both meta copies and a zero header ring, durably.
+    /// Formats a new journal at `path` (which must not exist): writes zeros over the
+    /// whole file (so later writes overwrite allocated blocks and a durable write needs
+    /// no file-system metadata update), then both meta copies, durably.
     pub async fn create(path: &Path, layout: JournalLayout) -> Result<Journal> {
         let file = open_dma(path, true).await?;
         file.pre_allocate(layout.file_size(), false)
             .await
             .map_err(|e| JournalError::io("fallocate", path, e))?;
+        let mut zero = file.alloc_dma_buffer(FORMAT_CHUNK as usize);
+        zero.as_bytes_mut().fill(0);
+        let zero = Rc::new(zero);
+        let mut at = META_COPIES * SECTOR_SIZE;
+        while at < layout.file_size() {
+            let len = FORMAT_CHUNK.min(layout.file_size() - at);
+            if len == FORMAT_CHUNK {
+                write_all(&file, path, zero.clone(), at).await?;
+            } else {
+                let mut tail = file.alloc_dma_buffer(len as usize);
+                tail.as_bytes_mut().fill(0);
+                write_all(&file, path, Rc::new(tail), at).await?;
+            }
+            at += len;
+        }
         let mut meta = file.alloc_dma_buffer(SECTOR_SIZE as usize);
         encode_meta(&layout, meta.as_bytes_mut());
         let meta = Rc::new(meta);
         for copy in 0..META_COPIES {
             write_all(&file, path, meta.clone(), JournalLayout::meta_offset(copy)).await?;
         }
-        let mut zero = file.alloc_dma_buffer(layout.header_ring_size() as usize);
-        zero.as_bytes_mut().fill(0);
-        write_all(&file, path, Rc::new(zero), layout.header_ring_offset()).await?;
+        file.fdatasync()
+            .await
+            .map_err(|e| JournalError::io("fdatasync", path, e))?;
         sync_parent_dir(path)?;
         file.close()
             .await
@@ -259,6 +279,7 @@ impl Journal {
         for sector in sectors {
             self.write_ring_sector(sector * HEADERS_PER_SECTOR).await?;
         }
+        self.sync().await?;
         let mut zero = self.file.alloc_dma_buffer(SECTOR_SIZE as usize);
         zero.as_bytes_mut().fill(0);
         let zero = Rc::new(zero);
@@ -266,6 +287,7 @@ impl Journal {
             let at = self.layout.prepare_offset(slot);
             write_all(&self.file, &self.path, zero.clone(), at).await?;
         }
+        self.sync().await?;
         self.op_head = op;
         self.faulty.retain(|o| *o <= op);
         Ok(())
@@ -376,7 +398,7 @@ impl Journal {
             bytes[..prepare.len()].copy_from_slice(prepare);
             bytes[prepare.len()..].fill(0);
         }
-        // 1. The prepare, durably (O_DSYNC).
+        // 1. The prepare, durably.
         write_all(
             &self.file,
             &self.path,
@@ -385,18 +407,28 @@ impl Journal {
         )
         .await?;
         self.prepare_buffer = Some(buffer);
+        self.sync().await?;
         // 2. Its redundant header, durably: from here on recovery treats a bad prepare in
         //    this slot as corruption to repair, never as a torn tail.
         let at = (slot * HEADER_SIZE) as usize;
         self.ring[at..at + HEADER_SIZE as usize].copy_from_slice(&prepare[..HEADER_SIZE as usize]);
         self.write_ring_sector(slot).await?;
+        self.sync().await?;
         Ok(Durable {
             op: header.op,
             checksum: header.frame.checksum,
         })
     }
 
-    /// Writes the header-ring sector holding `slot`'s redundant header.
+    /// Forces completed writes to stable storage.
+    async fn sync(&self) -> Result<()> {
+        self.file
+            .fdatasync()
+            .await
+            .map_err(|e| JournalError::io("fdatasync", &self.path, e))
+    }
+
+    /// Writes the header-ring sector holding `slot`'s redundant header (not synced).
     async fn write_ring_sector(&mut self, slot: u64) -> Result<()> {
         let sector = slot / HEADERS_PER_SECTOR;
         let at = (sector * SECTOR_SIZE) as usize;
@@ -409,7 +441,7 @@ impl Journal {
     }
 }
 
-/// Writes a whole sector-aligned buffer at `offset` (O_DSYNC: durable on return).
+/// Writes a whole sector-aligned buffer at `offset` (not yet durable: sync after).
 pub(crate) async fn write_all(
     file: &DmaFile,
     path: &Path,

@@ -180,7 +180,7 @@ pub fn read(path: &Path) -> Result<(Superblock, Vec<CopyReport>)> {
     }
 }
 
-/// The open superblock file; writes go through direct IO with O_DSYNC.
+/// The open superblock file; each copy is written with direct IO and fdatasync'd.
 pub struct SuperblockFile {
     path: PathBuf,
     file: DmaFile,
@@ -246,8 +246,12 @@ impl SuperblockFile {
         for copy in 0..SUPERBLOCK_COPIES {
             let mut buffer = self.file.alloc_dma_buffer(SECTOR_SIZE as usize);
             encode(&next, copy, buffer.as_bytes_mut());
-            // O_DSYNC: this copy is durable before the next one is touched.
             write_all(&self.file, &self.path, Rc::new(buffer), copy * SECTOR_SIZE).await?;
+            // This copy is durable before the next one is touched.
+            self.file
+                .fdatasync()
+                .await
+                .map_err(|e| JournalError::io("fdatasync", &self.path, e))?;
         }
         self.current = next;
         Ok(())
@@ -267,10 +271,9 @@ async fn open(path: &Path, create: bool) -> Result<DmaFile> {
         .read(true)
         .write(true)
         .create_new(create)
-        .custom_flags(libc::O_DSYNC)
         .dma_open(path)
         .await
-        .map_err(|e| JournalError::io("open (O_DIRECT|O_DSYNC)", path, e))
+        .map_err(|e| JournalError::io("open (O_DIRECT)", path, e))
 }
 
 #[cfg(test)]

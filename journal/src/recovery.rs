@@ -51,8 +51,10 @@ pub enum SlotStatus {
     Stale { op: u64 },
     /// The entry for a required op is damaged or missing: report it for repair.
     Faulty { op: u64, reason: FaultReason },
-    /// The torn last write of a crash, past the head: truncated (never acknowledged).
-    TornTail { op: u64, fault: EntryFault },
+    /// Part of the torn last write (or group commit) of a crash, past the head:
+    /// truncated, never acknowledged. `fault` is None for a slot that verified but follows
+    /// the torn one (kept out so the log stays contiguous).
+    TornTail { op: u64, fault: Option<EntryFault> },
     /// Bytes that fail verification in a slot no required op uses.
     Damaged { fault: EntryFault },
     /// A verified entry for another slot, where no required op lives.
@@ -101,29 +103,58 @@ pub fn recover(layout: &JournalLayout, evidence: &[SlotEvidence], op_checkpoint:
     assert_eq!(evidence.len() as u64, layout.slot_count);
     let slot_count = layout.slot_count;
 
-    let mut op_head = op_checkpoint;
+    // The highest op any valid copy names, and the highest a redundant header vouches for
+    // (written only once its prepare was durable, so everything up to it was durable).
+    let mut op_known = op_checkpoint;
+    let mut op_vouched = op_checkpoint;
     for ev in evidence {
-        for copy in [ev.header, ev.prepare] {
-            if let Some(id) = copy.valid() {
-                op_head = op_head.max(id.op);
-            }
+        if let Some(id) = ev.header.valid() {
+            op_known = op_known.max(id.op);
+            op_vouched = op_vouched.max(id.op);
+        }
+        if let Some(id) = ev.prepare.valid() {
+            op_known = op_known.max(id.op);
         }
     }
-    let op_min = (op_checkpoint + 1).max((op_head + 1).saturating_sub(slot_count));
-    assert!(op_head + 1 - op_min <= slot_count);
+    let op_min = (op_checkpoint + 1).max((op_known + 1).saturating_sub(slot_count));
+    assert!(op_known + 1 - op_min <= slot_count);
+
+    // Walk the required ops upwards. The first one that fails above the vouched op is
+    // where an unacknowledged write (or group of writes) tore: it and everything after
+    // it is the torn tail.
+    let mut statuses: Vec<Option<SlotStatus>> = vec![None; evidence.len()];
+    let mut op_head = op_known;
+    for op in op_min..=op_known {
+        let slot = layout.slot_of(op) as usize;
+        let status = required_slot_status(&evidence[slot], op);
+        if op_head == op_known && op > op_vouched && matches!(status, SlotStatus::Faulty { .. }) {
+            op_head = op - 1;
+        }
+        statuses[slot] = Some(if op > op_head {
+            SlotStatus::TornTail {
+                op,
+                fault: match evidence[slot].prepare {
+                    CopyState::Invalid { fault } => Some(fault),
+                    _ => None,
+                },
+            }
+        } else {
+            status
+        });
+    }
+    assert!(op_head >= op_vouched.max(op_checkpoint));
 
     let mut recovery = Recovery {
         op_checkpoint,
         op_head,
-        op_min,
+        op_min: op_min.min(op_head + 1),
         slots: Vec::with_capacity(evidence.len()),
         faulty: Vec::new(),
         torn: Vec::new(),
         misdirected: Vec::new(),
         header_repairs: Vec::new(),
     };
-
-    for ev in evidence {
+    for (ev, status) in evidence.iter().zip(statuses) {
         let slot = ev.slot;
         for (copy, name) in [(ev.header, "header"), (ev.prepare, "prepare")] {
             if let CopyState::Misdirected { op, .. } = copy {
@@ -134,16 +165,10 @@ pub fn recover(layout: &JournalLayout, evidence: &[SlotEvidence], op_checkpoint:
                 });
             }
         }
-        // The required op that lives in this slot, if any.
-        let first_in_slot = op_min + (slot + slot_count - op_min % slot_count) % slot_count;
-        let required = (first_in_slot <= op_head).then_some(first_in_slot);
-        let status = match required {
-            Some(op) => required_slot_status(ev, op),
-            None => free_slot_status(
-                ev,
-                (slot == (op_head + 1) % slot_count).then_some(op_head + 1),
-            ),
-        };
+        let status = status.unwrap_or_else(|| {
+            let next = (slot == (op_head + 1) % slot_count).then_some(op_head + 1);
+            free_slot_status(ev, next)
+        });
         match status {
             SlotStatus::Faulty { op, .. } => recovery.faulty.push(op),
             SlotStatus::TornTail { .. } => recovery.torn.push(slot),
@@ -198,7 +223,10 @@ fn free_slot_status(ev: &SlotEvidence, next_op: Option<u64>) -> SlotStatus {
         CopyState::Valid { op, .. } => SlotStatus::Stale { op },
         CopyState::Misdirected { op, .. } => SlotStatus::Misdirected { found_op: op },
         CopyState::Invalid { fault } => match next_op {
-            Some(op) => SlotStatus::TornTail { op, fault },
+            Some(op) => SlotStatus::TornTail {
+                op,
+                fault: Some(fault),
+            },
             None => SlotStatus::Damaged { fault },
         },
     }
@@ -381,6 +409,29 @@ mod tests {
             r.slots[(12 % SLOTS) as usize],
             SlotStatus::Valid { op: 12, .. }
         ));
+    }
+
+    #[test]
+    fn torn_group_commit_truncates_from_the_first_failing_unvouched_op() {
+        let mut image = Image::new();
+        (1..=3).for_each(|op| image.append(op));
+        // A group commit of ops 4..=6 crashed after its prepares were written
+        // concurrently: 4 and 6 landed, 5 tore, and no redundant header was written yet.
+        for op in 4..=6 {
+            let frame = prepare(op, 64 + op as usize, op as u8);
+            let slot = op as usize;
+            image.prepares[slot][..frame.len()].copy_from_slice(&frame);
+        }
+        image.prepares[5][100] ^= 1;
+        let r = image.recover(0);
+        assert_eq!(r.op_head, 4);
+        assert!(r.is_clean());
+        assert_eq!(r.torn, vec![5, 6]);
+        assert!(matches!(
+            r.slots[6],
+            SlotStatus::TornTail { op: 6, fault: None }
+        ));
+        assert_eq!(r.header_repairs, vec![4]);
     }
 
     #[test]

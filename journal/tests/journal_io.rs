@@ -155,3 +155,71 @@ fn faulty_entry_is_reported_then_repaired_from_a_peer_copy() {
         assert!(recovery.is_clean());
     });
 }
+
+#[test]
+fn group_commit_appends_every_op_durably() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let frames: Vec<Vec<u8>> = (1..=6).map(|op| prepare(op, &body(op, 0, 3000))).collect();
+    run(async {
+        let mut journal = Journal::create(&path, layout()).await.unwrap();
+        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+        let durable = journal.append_batch(&refs[..4]).await.unwrap();
+        assert_eq!(
+            durable.iter().map(|d| d.op).collect::<Vec<_>>(),
+            vec![1, 2, 3, 4]
+        );
+        assert!(matches!(
+            journal.append_batch(&[refs[5]]).await,
+            Err(JournalError::OpOutOfOrder { op: 6, expected: 5 })
+        ));
+        let _ = journal.append_batch(&refs[4..]).await.unwrap();
+        journal.close().await.unwrap();
+        let (journal, recovery) = Journal::open(&path, 0).await.unwrap();
+        assert!(recovery.is_clean() && recovery.op_head == 6);
+        for (i, frame) in frames.iter().enumerate() {
+            assert_eq!(journal.entry(i as u64 + 1).unwrap(), &frame[..]);
+        }
+    });
+}
+
+#[test]
+fn entries_after_a_torn_group_commit_never_reappear() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let layout = layout();
+    run(async {
+        let mut journal = Journal::create(&path, layout).await.unwrap();
+        for op in 1..=3 {
+            let _ = journal
+                .append(&prepare(op, &body(op, 0, 100)))
+                .await
+                .unwrap();
+        }
+        journal.close().await.unwrap();
+    });
+    // A crashed group commit of ops 4..=6: prepares 4 and 6 landed, 5 tore, no headers.
+    let mut image = std::fs::read(&path).unwrap();
+    for op in [4u64, 6] {
+        let frame = prepare(op, &body(op, 9, 100));
+        let at = layout.prepare_offset(op) as usize;
+        image[at..at + frame.len()].copy_from_slice(&frame);
+    }
+    let torn = prepare(5, &body(5, 9, 100));
+    let at = layout.prepare_offset(5) as usize;
+    image[at..at + 200].copy_from_slice(&torn[..200]);
+    std::fs::write(&path, &image).unwrap();
+    let fresh5 = prepare(5, &body(5, 1, 100));
+    run(async {
+        let (mut journal, recovery) = Journal::open(&path, 0).await.unwrap();
+        assert_eq!((recovery.op_head, recovery.torn.clone()), (4, vec![5, 6]));
+        assert!(recovery.is_clean());
+        let _ = journal.append(&fresh5).await.unwrap();
+        journal.close().await.unwrap();
+        // The old op 6 (verified but unacknowledged, after the torn op) must not come back.
+        let (journal, recovery) = Journal::open(&path, 0).await.unwrap();
+        assert_eq!(recovery.op_head, 5, "{recovery:?}");
+        assert_eq!(journal.entry(5).unwrap(), &fresh5[..]);
+        assert!(journal.entry(6).is_err());
+    });
+}

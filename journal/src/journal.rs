@@ -153,6 +153,9 @@ impl Journal {
         })?;
         drop(head);
         let map = map_file(path, layout.file_size())?;
+        // The scan reads the whole ring once, front to back: ask for readahead of it all.
+        let _ = map.advise(memmap2::Advice::Sequential);
+        let _ = map.advise(memmap2::Advice::WillNeed);
         let evidence = scan_image(&map, &layout);
         let recovery = recover(&layout, &evidence, op_checkpoint);
 

@@ -223,3 +223,58 @@ fn entries_after_a_torn_group_commit_never_reappear() {
         assert!(journal.entry(6).is_err());
     });
 }
+
+#[test]
+fn data_dir_formats_once_and_reopens_from_its_checkpoint() {
+    use journal::data_dir::{format, open};
+    use journal::Superblock;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    let identity = Superblock {
+        cluster: 99,
+        replica: 2,
+        replica_count: 3,
+        ..Superblock::default()
+    };
+    run(async {
+        format(&root, layout(), identity).await.unwrap();
+        assert!(matches!(
+            format(&root, layout(), identity).await,
+            Err(JournalError::Format { .. })
+        ));
+        let mut data = open(&root).await.unwrap();
+        assert!(data.checkpoint.is_none() && data.recovery.is_clean());
+        for op in 1..=12 {
+            let _ = data
+                .journal
+                .append(&prepare(op, &body(op, 0, 64)))
+                .await
+                .unwrap();
+        }
+        data.checkpoint(10, b"state at 10").await.unwrap();
+        data.close().await.unwrap();
+        let data = open(&root).await.unwrap();
+        let (info, payload) = data.checkpoint.clone().unwrap();
+        assert_eq!((info.op, payload.as_slice()), (10, &b"state at 10"[..]));
+        assert_eq!(data.superblock.current().replica, 2);
+        assert_eq!((data.journal.op_min(), data.journal.op_head()), (11, 12));
+        data.close().await.unwrap();
+    });
+}
+
+#[test]
+fn interrupted_format_can_be_run_again() {
+    use journal::data_dir::{format, is_formatted};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    std::fs::create_dir_all(&root).unwrap();
+    // A format that died after writing part of the journal and no superblock.
+    std::fs::write(root.join("journal"), b"partial").unwrap();
+    assert!(!is_formatted(&root));
+    run(async {
+        format(&root, layout(), journal::Superblock::default())
+            .await
+            .unwrap();
+    });
+    assert!(is_formatted(&root));
+}

@@ -460,3 +460,61 @@ mod tests {
         assert_eq!(r.faulty, vec![3]);
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use crate::format::{encode_meta, scan_image};
+    use crate::slot::tests::prepare;
+    use proptest::prelude::*;
+
+    const SLOTS: u64 = 8;
+    const SLOT_SIZE: u64 = 4096;
+
+    /// A journal image with ops 1..=6 written, for damage to be applied to.
+    fn image() -> (JournalLayout, Vec<u8>, Vec<(u64, u128)>) {
+        let layout = JournalLayout::new(SLOTS, SLOT_SIZE).unwrap();
+        let mut image = vec![0u8; layout.file_size() as usize];
+        encode_meta(&layout, &mut image[..4096]);
+        let mut acked = Vec::new();
+        for op in 1..=6u64 {
+            let frame = prepare(op, 100 + op as usize * 300, op as u8);
+            let at = layout.prepare_offset(op % SLOTS) as usize;
+            image[at..at + frame.len()].copy_from_slice(&frame);
+            let at = layout.header_offset(op % SLOTS) as usize;
+            image[at..at + 256].copy_from_slice(&frame[..256]);
+            let header = crate::slot::read_header(&frame).unwrap();
+            acked.push((op, header.frame.checksum));
+        }
+        (layout, image, acked)
+    }
+
+    proptest! {
+        /// Arbitrary damage never panics, and never turns an acknowledged op into a
+        /// different valid entry or drops it without reporting it faulty.
+        #[test]
+        fn arbitrary_damage_is_never_silently_accepted(
+            damage in proptest::collection::vec((0usize..SLOTS as usize * SLOT_SIZE as usize + 4096, any::<u8>(), 1usize..600), 1..6)
+        ) {
+            let (layout, mut image, acked) = image();
+            let base = layout.header_ring_offset() as usize;
+            for (at, byte, len) in damage {
+                let start = base + at;
+                let end = (start + len).min(image.len());
+                image[start..end].iter_mut().for_each(|b| *b ^= byte | 1);
+            }
+            let recovery = recover(&layout, &scan_image(&image, &layout), 0);
+            for (op, checksum) in acked {
+                match recovery.slots[(op % SLOTS) as usize] {
+                    SlotStatus::Valid { op: found, checksum: c, .. } => {
+                        prop_assert_eq!((found, c), (op, checksum));
+                    }
+                    _ => prop_assert!(
+                        recovery.faulty.contains(&op) || recovery.op_head < op,
+                        "op {} lost silently: {:?}", op, recovery
+                    ),
+                }
+            }
+        }
+    }
+}

@@ -19,8 +19,9 @@ use replication::wire::{Header, PrepareChain, PrepareHeader, METADATA_GROUP};
 
 const MIB: u64 = 1024 * 1024;
 const LATENCY_SAMPLES: u64 = 2000;
-/// Prepares per group commit in the throughput run (a replication pipeline's depth).
-const GROUP: u64 = 8;
+/// Prepares per group commit in the throughput run (a replication pipeline's depth);
+/// `JOURNAL_BENCH_GROUP` overrides it.
+const GROUP_DEFAULT: u64 = 8;
 
 fn prepare(op: u64, body: &[u8]) -> Vec<u8> {
     let mut header = PrepareHeader::new();
@@ -152,6 +153,11 @@ async fn run() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1024);
+    let group: u64 = std::env::var("JOURNAL_BENCH_GROUP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(GROUP_DEFAULT)
+        .clamp(1, journal::journal::APPEND_BATCH_MAX);
     println!("journal benchmarks in {} ({} MiB runs)", dir.display(), mib);
 
     // 1. Throughput, 1 MiB bodies.
@@ -171,7 +177,7 @@ async fn run() {
     let _ = std::fs::remove_file(dir.join("journal-1m-single"));
     let journal_path = dir.join("journal-1m");
     let (append_rate, append_latency, journal) =
-        journal_appends(&journal_path, mib, MIB, mib, GROUP).await;
+        journal_appends(&journal_path, mib, MIB, mib, group).await;
     journal.close().await.expect("close");
     // The disk is shared: measure raw again after the journal runs and use the mean.
     let raw_after = raw_sequential(&dir.join("raw-seq"), mib * MIB, false).await;
@@ -180,7 +186,7 @@ async fn run() {
     let raw = (raw + raw_after) / 2.0;
     println!("raw O_DIRECT|O_DSYNC 1 MiB writes   : {raw_dsync:.3} GB/s");
     println!(
-        "1 MiB durable append, group of {GROUP}    : {append_rate:.3} GB/s = {:.2} x raw O_DIRECT; per group p50/p99 {} / {} us",
+        "1 MiB durable append, group of {group:<3}  : {append_rate:.3} GB/s = {:.2} x raw O_DIRECT; per group p50/p99 {} / {} us",
         append_rate / raw,
         append_latency.value_at_quantile(0.5),
         append_latency.value_at_quantile(0.99)

@@ -336,7 +336,8 @@ impl Journal {
     }
 
     /// Records that a snapshot now covers every op up to `op` (call after the superblock
-    /// naming it is durable), which frees their slots for reuse.
+    /// naming it is durable), which frees their slots for reuse. An `op` beyond the head
+    /// is a snapshot installed by state transfer: the journal then continues after it.
     pub fn set_checkpoint(&mut self, op: u64) -> Result<()> {
         if op < self.op_checkpoint {
             return Err(JournalError::CheckpointInvalid {
@@ -344,13 +345,8 @@ impl Journal {
                 reason: "checkpoint goes backwards",
             });
         }
-        if op > self.op_head {
-            return Err(JournalError::CheckpointInvalid {
-                op,
-                reason: "checkpoint beyond the journal head",
-            });
-        }
         self.op_checkpoint = op;
+        self.op_head = self.op_head.max(op);
         self.faulty.retain(|o| *o > op);
         Ok(())
     }

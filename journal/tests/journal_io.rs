@@ -278,3 +278,27 @@ fn interrupted_format_can_be_run_again() {
     });
     assert!(is_formatted(&root));
 }
+
+#[test]
+fn checkpoint_installed_beyond_the_head_moves_the_journal_past_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    run(async {
+        let mut journal = Journal::create(&path, layout()).await.unwrap();
+        for op in 1..=5 {
+            let _ = journal
+                .append(&prepare(op, &body(op, 0, 80)))
+                .await
+                .unwrap();
+        }
+        // State transfer installed a snapshot at op 40.
+        journal.set_checkpoint(40).unwrap();
+        assert_eq!((journal.op_head(), journal.op_min()), (40, 41));
+        let _ = journal.append(&prepare(41, b"after")).await.unwrap();
+        journal.close().await.unwrap();
+        let (journal, recovery) = Journal::open(&path, 40).await.unwrap();
+        assert!(recovery.is_clean(), "{recovery:?}");
+        assert_eq!(journal.op_head(), 41);
+        assert!(journal.entry(5).is_err());
+    });
+}

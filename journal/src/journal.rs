@@ -510,16 +510,14 @@ impl Journal {
             )
         };
         debug_assert!(advised.is_ok());
-        if let Ok(file) = std::fs::File::open(&self.path) {
-            // SAFETY: advisory call on a descriptor we own; clean pages only are dropped.
-            unsafe {
-                libc::posix_fadvise(
-                    file.as_raw_fd(),
-                    offset as i64,
-                    len as i64,
-                    libc::POSIX_FADV_DONTNEED,
-                );
-            }
+        // SAFETY: advisory call on a descriptor we own; only clean pages are dropped.
+        unsafe {
+            libc::posix_fadvise(
+                self.file.as_raw_fd(),
+                offset as i64,
+                len as i64,
+                libc::POSIX_FADV_DONTNEED,
+            );
         }
     }
 

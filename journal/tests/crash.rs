@@ -10,7 +10,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use journal::data_dir::SNAPSHOTS_DIR;
 use journal::inspect::{journal_verify, superblock};
+use journal::snapshot::load_checkpoint;
 use journal::SlotStatus;
 
 /// Kills the test requires.
@@ -38,6 +40,13 @@ fn sigkill(pid: u32) {
     unsafe {
         libc::kill(pid as libc::pid_t, libc::SIGKILL);
     }
+}
+
+/// The metadata state the writer snapshots at `op` (same as in the writer).
+fn state_of(op: u64) -> Vec<u8> {
+    format!("metadata state at op {op};")
+        .repeat(100)
+        .into_bytes()
 }
 
 #[derive(Default)]
@@ -95,6 +104,18 @@ impl Ledger {
             current.op_checkpoint >= self.checkpoint,
             "run {run}: checkpoint went back"
         );
+        // The snapshot the superblock names is there and intact.
+        let snapshot = load_checkpoint(&dir.join(SNAPSHOTS_DIR), &current)
+            .unwrap_or_else(|e| panic!("run {run}: checkpoint snapshot lost: {e}"));
+        if current.op_checkpoint > 0 {
+            let (info, payload) = snapshot.unwrap_or_else(|| panic!("run {run}: no snapshot"));
+            assert_eq!(info.op, current.op_checkpoint);
+            assert_eq!(
+                payload,
+                state_of(current.op_checkpoint),
+                "run {run}: snapshot content"
+            );
+        }
         let report = journal_verify(dir).unwrap();
         let recovery = &report.recovery;
         assert!(

@@ -11,12 +11,11 @@
 //! `ack BASE_OFFSET NEXT_OFFSET BATCH_CHECKSUM_HEX`, `retained START_OFFSET`.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
-use journal::journal::JOURNAL_FILE;
-use journal::superblock::SUPERBLOCK_FILE;
-use journal::{Journal, JournalLayout, Superblock, SuperblockFile};
+use journal::data_dir;
+use journal::{JournalLayout, Superblock};
 use replication::wire::{Header, PrepareChain, PrepareHeader, METADATA_GROUP};
 
 /// Slots in the crash-test journal: small, so runs wrap and checkpoint often.
@@ -53,34 +52,27 @@ fn prepare(op: u64, generation: u64) -> Vec<u8> {
         .to_vec()
 }
 
-fn paths(dir: &Path) -> (PathBuf, PathBuf) {
-    (dir.join(JOURNAL_FILE), dir.join(SUPERBLOCK_FILE))
+/// The metadata state snapshotted at `op` (the driver rebuilds it to check snapshots).
+fn state_of(op: u64) -> Vec<u8> {
+    format!("metadata state at op {op};")
+        .repeat(100)
+        .into_bytes()
 }
 
 async fn format(dir: &Path) -> journal::Result<()> {
-    let (journal_path, superblock_path) = paths(dir);
     let layout = JournalLayout::for_body_size(SLOT_COUNT, BODY_SIZE_MAX)?;
-    Journal::create(&journal_path, layout)
-        .await?
-        .close()
-        .await?;
-    SuperblockFile::create(&superblock_path, Superblock::default())
-        .await?
-        .close()
-        .await
+    data_dir::format(dir, layout, Superblock::default()).await
 }
 
 async fn run(dir: &Path, generation: u64) -> journal::Result<()> {
-    let (journal_path, superblock_path) = paths(dir);
-    let mut superblock = SuperblockFile::open(&superblock_path).await?;
-    let (mut journal, recovery) =
-        Journal::open(&journal_path, superblock.current().op_checkpoint).await?;
+    let mut data = data_dir::open(dir).await?;
     let mut out = std::io::stdout().lock();
     let line = |out: &mut std::io::StdoutLock<'_>, text: String| {
         // The driver reading our stdout is the point; if it is gone, so are we.
         let _ = writeln!(out, "{text}");
         let _ = out.flush();
     };
+    let recovery = &data.recovery;
     line(
         &mut out,
         format!(
@@ -91,19 +83,15 @@ async fn run(dir: &Path, generation: u64) -> journal::Result<()> {
         ),
     );
     loop {
-        let op = journal.op_head() + 1;
-        if op > journal.op_append_max() {
-            // Checkpoint half the ring so appends can wrap.
-            let checkpoint = journal.op_head() - SLOT_COUNT / 2;
-            let next = Superblock {
-                commit: journal.op_head(),
-                op_checkpoint: checkpoint,
-                ..*superblock.current()
-            };
-            superblock.write(next).await?;
-            journal.set_checkpoint(checkpoint)?;
+        let op = data.journal.op_head() + 1;
+        if op > data.journal.op_append_max() {
+            // Checkpoint half the ring (snapshot, superblock, journal) so appends wrap.
+            let checkpoint = data.journal.op_head() - SLOT_COUNT / 2;
+            data.checkpoint(checkpoint, &state_of(checkpoint)).await?;
             line(&mut out, format!("checkpoint {checkpoint}"));
         }
+        let journal = &mut data.journal;
+        let superblock = &mut data.superblock;
         // Mostly single appends, sometimes a group commit of up to 4 ops.
         let group = (1 + (op * 31 + generation) % 4).min(journal.op_append_max() + 1 - op);
         let frames: Vec<Vec<u8>> = (op..op + group).map(|o| prepare(o, generation)).collect();

@@ -29,6 +29,14 @@ pub const APPEND_BATCH_MAX: u64 = 64;
 /// Prepare buffers kept for reuse.
 const PREPARE_BUFFERS_POOLED: usize = 16;
 
+const _: () = {
+    assert!(PREPARE_BUFFERS_POOLED as u64 <= APPEND_BATCH_MAX);
+    // Each op of a group is checked against the checkpoint, so a group never overwrites
+    // a required op; a group larger than the biggest ring could never be appended.
+    assert!(APPEND_BATCH_MAX <= crate::layout::SLOT_COUNT_MAX);
+    assert!(FORMAT_CHUNK.is_multiple_of(SECTOR_SIZE));
+};
+
 /// Bytes per write when formatting (zero-filling) a journal file.
 const FORMAT_CHUNK: u64 = 1024 * 1024;
 
@@ -137,7 +145,12 @@ impl Journal {
             .await
             .map_err(|e| JournalError::io("close", path, e))?;
         let (journal, recovery) = Journal::open(path, 0).await?;
-        assert!(recovery.is_clean() && recovery.op_head == 0);
+        if !recovery.is_clean() || recovery.op_head != 0 {
+            return Err(JournalError::Format {
+                path: path.into(),
+                reason: "a freshly formatted journal does not read back empty",
+            });
+        }
         Ok(journal)
     }
 

@@ -594,3 +594,27 @@ fn damaged_snapshot_is_refused_against_the_superblock() {
         Err(JournalError::SnapshotInvalid { .. })
     ));
 }
+
+#[test]
+fn garbage_files_are_errors_or_reports_never_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = fastrand::Rng::with_seed(7);
+    for len in [0usize, 1, 255, 4096, 3 * 4096 + 17, 200_000] {
+        let garbage: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
+        std::fs::write(dir.path().join(JOURNAL_FILE), &garbage).unwrap();
+        std::fs::write(dir.path().join(SUPERBLOCK_FILE), &garbage).unwrap();
+        let segment = dir.path().join(format!("{:020}.log", 0));
+        std::fs::write(&segment, &garbage).unwrap();
+        assert!(
+            journal_verify(dir.path()).is_err(),
+            "garbage journal of {len} bytes accepted"
+        );
+        assert_eq!(inspect_superblock(dir.path()).unwrap().current, None);
+        let report = segment_verify(&segment).unwrap();
+        assert!(
+            !report.ok || len == 0,
+            "garbage segment of {len} bytes accepted"
+        );
+        assert_eq!(report.batches, 0);
+    }
+}

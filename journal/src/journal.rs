@@ -52,6 +52,21 @@ pub struct Durable {
     pub checksum: u128,
 }
 
+/// What a journal can serve for a peer's RequestPrepares (replica-plane.md "Journal
+/// repair"): verified prepares in op order straight from the mmap, or the honest
+/// RangeEvicted answer when the front of the range is gone.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RepairServe<'a> {
+    /// Prepares from `from_op`, contiguous, ending at `last_op` (RepairDone.op).
+    Prepares {
+        prepares: Vec<&'a [u8]>,
+        last_op: u64,
+    },
+    /// `from_op` is below what the journal retains; `op_min` is the oldest op it still
+    /// holds (RangeEvicted.op).
+    RangeEvicted { op_min: u64 },
+}
+
 /// An open metadata journal. Not `Send`: it lives on one glommio executor.
 pub struct Journal {
     path: PathBuf,
@@ -381,6 +396,32 @@ impl Journal {
             Ok(_) => Err(JournalError::EntryMissing { op }),
             Err(_) => Err(JournalError::SlotChecksum { slot, op }),
         }
+    }
+
+    /// Serves `from_op..=to_op` for repair: at most `count_max` verified prepares in op
+    /// order, stopping before the first op this journal cannot vouch for (missing,
+    /// faulty or beyond the head), so what is served is always a contiguous run.
+    pub fn serve_repair(&self, from_op: u64, to_op: u64, count_max: usize) -> RepairServe<'_> {
+        if from_op < self.op_min() {
+            return RepairServe::RangeEvicted {
+                op_min: self.op_min(),
+            };
+        }
+        let mut prepares = Vec::new();
+        let mut last_op = from_op.saturating_sub(1);
+        for op in from_op..=to_op.min(self.op_head) {
+            if prepares.len() >= count_max {
+                break;
+            }
+            match self.entry(op) {
+                Ok(prepare) => {
+                    prepares.push(prepare);
+                    last_op = op;
+                }
+                Err(_) => break,
+            }
+        }
+        RepairServe::Prepares { prepares, last_op }
     }
 
     /// The header of `op` from the in-memory ring (no disk read, body not verified).

@@ -302,3 +302,51 @@ fn checkpoint_installed_beyond_the_head_moves_the_journal_past_it() {
         assert!(journal.entry(5).is_err());
     });
 }
+
+#[test]
+fn repair_serving_streams_contiguous_verified_prepares_or_range_evicted() {
+    use journal::RepairServe;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let frames: Vec<Vec<u8>> = (1..=24).map(|op| prepare(op, &body(op, 0, 200))).collect();
+    run(async {
+        let mut journal = Journal::create(&path, layout()).await.unwrap();
+        for frame in &frames[..16] {
+            let _ = journal.append(frame).await.unwrap();
+        }
+        journal.set_checkpoint(8).unwrap();
+        for frame in &frames[16..] {
+            let _ = journal.append(frame).await.unwrap();
+        }
+        journal.close().await.unwrap();
+    });
+    // Damage op 14 so serving stops before it.
+    let mut image = std::fs::read(&path).unwrap();
+    image[(layout().prepare_offset(14) + 300) as usize] ^= 1;
+    std::fs::write(&path, &image).unwrap();
+    run(async {
+        let (journal, recovery) = Journal::open(&path, 8).await.unwrap();
+        assert_eq!(recovery.faulty, vec![14]);
+        assert_eq!(
+            journal.serve_repair(3, 10, 100),
+            RepairServe::RangeEvicted { op_min: 9 }
+        );
+        match journal.serve_repair(9, 20, 100) {
+            RepairServe::Prepares { prepares, last_op } => {
+                assert_eq!(last_op, 13);
+                assert_eq!(
+                    prepares,
+                    frames[8..13].iter().map(Vec::as_slice).collect::<Vec<_>>()
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        match journal.serve_repair(15, 40, 3) {
+            RepairServe::Prepares { prepares, last_op } => {
+                assert_eq!((prepares.len(), last_op), (3, 17));
+            }
+            other => panic!("{other:?}"),
+        }
+        journal.close().await.unwrap();
+    });
+}

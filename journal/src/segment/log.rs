@@ -1,0 +1,623 @@
+//! A partition's segment log: message batches appended with direct IO to segment files
+//! named by base offset, rolled at a configured size, with sparse offset and timestamp
+//! indexes, reads by offset and by timestamp, and deletion of old segments.
+//!
+//! Batches are packed; each append rewrites the last partial sector (kept in memory)
+//! followed by the new batch, zero-padded to a sector, at a sector-aligned position.
+//! When that write is forced to stable storage is the partition's `message_durability`.
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use glommio::io::{DmaFile, OpenOptions};
+use replication::wire::batch::{check_stamp, verify, PartitionPosition, BATCH_HEADER_SIZE};
+use serde::Serialize;
+
+use super::index::SparseIndex;
+use super::scan::{scan_segment, BatchEntry, SegmentTail};
+use crate::durability::{Durability, SyncSchedule};
+use crate::error::{JournalError, Result};
+use crate::journal::sync_parent_dir;
+use crate::layout::{sector_ceil, sector_floor, SECTOR_SIZE};
+
+/// Smallest segment size accepted.
+pub const SEGMENT_SIZE_MIN: u64 = 64 * 1024;
+/// Largest segment size: index positions are u32.
+pub const SEGMENT_SIZE_LIMIT: u64 = u32::MAX as u64;
+/// Largest batch accepted (message_bus.max_message_size).
+pub const BATCH_SIZE_MAX: u64 = 64 * 1024 * 1024;
+/// Default bytes of log between sparse index entries.
+pub const INDEX_INTERVAL_BYTES_DEFAULT: u64 = 4096;
+
+const _: () = assert!(BATCH_SIZE_MAX < SEGMENT_SIZE_LIMIT && SEGMENT_SIZE_MIN >= SECTOR_SIZE);
+
+/// Per-partition storage settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct PartitionConfig {
+    /// A segment is rolled before an append would take it past this size.
+    pub segment_size_max: u64,
+    /// Bytes of log between sparse index entries.
+    pub index_interval_bytes: u64,
+    /// `message_durability`.
+    pub durability: Durability,
+}
+
+impl PartitionConfig {
+    /// Checks bounds.
+    pub fn validate(&self) -> Result<()> {
+        if !(SEGMENT_SIZE_MIN..=SEGMENT_SIZE_LIMIT).contains(&self.segment_size_max) {
+            return Err(JournalError::Config {
+                key: "segment_size",
+                value: self.segment_size_max,
+                rule: "must be within 64 KiB..=4 GiB - 1",
+            });
+        }
+        if self.index_interval_bytes == 0 {
+            return Err(JournalError::Config {
+                key: "index_interval_bytes",
+                value: 0,
+                rule: "must be positive",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// File name of the segment starting at `base_offset`.
+pub fn segment_file_name(base_offset: u64, extension: &str) -> String {
+    format!("{base_offset:020}.{extension}")
+}
+
+/// Parses a segment file name back to its base offset.
+pub fn parse_segment_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".log")?;
+    (digits.len() == 20).then(|| digits.parse().ok()).flatten()
+}
+
+#[derive(Debug)]
+struct Segment {
+    base_offset: u64,
+    next_offset: u64,
+    len: u64,
+    index: SparseIndex,
+}
+
+struct Active {
+    file: DmaFile,
+    /// Bytes of the last partial sector, rewritten by the next append.
+    tail: Vec<u8>,
+}
+
+/// What opening a partition found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct OpenReport {
+    pub segments: usize,
+    /// Base offsets of segments whose index files were missing or bad and were rebuilt.
+    pub rebuilt_indexes: Vec<u64>,
+    /// A torn tail truncated from the active segment: (base offset, position).
+    pub truncated_tail: Option<(u64, u64)>,
+}
+
+/// What an append reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppendReceipt {
+    pub base_offset: u64,
+    pub next_offset: u64,
+    /// Whether the batch is on stable storage now (always under `EveryBatch`).
+    pub durable: bool,
+}
+
+/// An open partition log. Not `Send`: it lives on one glommio executor.
+pub struct PartitionLog {
+    dir: PathBuf,
+    partition_id: u64,
+    config: PartitionConfig,
+    /// Every segment, oldest first; the last is the active one.
+    segments: Vec<Segment>,
+    active: Active,
+    last_timestamp: u64,
+    schedule: SyncSchedule,
+}
+
+fn io<'a, E: Into<std::io::Error>>(
+    op: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(E) -> JournalError + 'a {
+    move |e| JournalError::io(op, path, e)
+}
+
+async fn open_segment_file(path: &Path, create: bool) -> Result<DmaFile> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(create)
+        .dma_open(path)
+        .await
+        .map_err(|e| JournalError::io("open (O_DIRECT)", path, e))
+}
+
+impl PartitionLog {
+    /// Opens (creating if absent) the log of `partition_id` in `dir`. Sealed segments load
+    /// their index files or rebuild them; the active segment is scanned and a torn tail
+    /// truncated. Damage before a segment's end is an error: repair needs a peer.
+    pub async fn open(
+        dir: &Path,
+        partition_id: u64,
+        config: PartitionConfig,
+    ) -> Result<(PartitionLog, OpenReport)> {
+        config.validate()?;
+        std::fs::create_dir_all(dir).map_err(io("create directory", dir))?;
+        let mut bases: Vec<u64> = std::fs::read_dir(dir)
+            .map_err(io("list", dir))?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| parse_segment_name(&e.file_name().to_string_lossy()))
+            .collect();
+        bases.sort_unstable();
+        let mut report = OpenReport::default();
+        if bases.is_empty() {
+            let path = dir.join(segment_file_name(0, "log"));
+            open_segment_file(&path, true)
+                .await?
+                .close()
+                .await
+                .map_err(io("close", &path))?;
+            sync_parent_dir(&path)?;
+            bases.push(0);
+        }
+        let mut segments = Vec::with_capacity(bases.len());
+        let mut last_timestamp = None;
+        let active_base = *bases.last().unwrap_or(&0);
+        let mut active_image = Vec::new();
+        for &base in &bases {
+            let path = dir.join(segment_file_name(base, "log"));
+            let is_active = base == active_base;
+            let image = std::fs::read(&path).map_err(io("read", &path))?;
+            if let Some(expected) = segments.last().map(|s: &Segment| s.next_offset) {
+                if expected != base {
+                    return Err(JournalError::SegmentCorrupt { path, position: 0 });
+                }
+            }
+            let loaded = if is_active {
+                None
+            } else {
+                load_index(dir, base, image.len() as u64)
+            };
+            let segment = match loaded {
+                Some((index, next_offset)) => Segment {
+                    base_offset: base,
+                    next_offset,
+                    len: image.len() as u64,
+                    index,
+                },
+                None => {
+                    let scan = scan_segment(&image, partition_id, base);
+                    match &scan.tail {
+                        SegmentTail::Clean => {}
+                        SegmentTail::Torn { position, .. } if is_active => {
+                            report.truncated_tail = Some((base, *position));
+                        }
+                        SegmentTail::Torn { position, .. }
+                        | SegmentTail::Corrupt { position, .. }
+                        | SegmentTail::Discontinuity { position, .. } => {
+                            return Err(JournalError::SegmentCorrupt {
+                                path,
+                                position: *position,
+                            })
+                        }
+                    }
+                    if !is_active {
+                        report.rebuilt_indexes.push(base);
+                    }
+                    if is_active {
+                        last_timestamp = scan.batches.last().map(|b| b.base_timestamp);
+                    }
+                    let index =
+                        SparseIndex::build(base, &scan.batches, config.index_interval_bytes);
+                    let segment = Segment {
+                        base_offset: base,
+                        next_offset: scan.next_offset(base),
+                        len: scan.valid_len,
+                        index,
+                    };
+                    if !is_active {
+                        write_index(dir, &segment)?;
+                    }
+                    segment
+                }
+            };
+            if is_active {
+                active_image = image;
+            }
+            segments.push(segment);
+        }
+        let active_segment = segments
+            .last()
+            .unwrap_or_else(|| unreachable!("one segment at least"));
+        let path = dir.join(segment_file_name(active_segment.base_offset, "log"));
+        let file = open_segment_file(&path, false).await?;
+        if report.truncated_tail.is_some() {
+            // Drop the torn bytes so they cannot be mistaken for data later.
+            file.truncate(active_segment.len)
+                .await
+                .map_err(io("truncate", &path))?;
+            file.fdatasync().await.map_err(io("fdatasync", &path))?;
+        }
+        let tail_start = sector_floor(active_segment.len) as usize;
+        let tail = active_image[tail_start..active_segment.len as usize].to_vec();
+        let last_timestamp = last_timestamp
+            .or_else(|| {
+                segments
+                    .iter()
+                    .rev()
+                    .find_map(|s| last_batch_timestamp(dir, s))
+            })
+            .unwrap_or(0);
+        report.segments = segments.len();
+        let log = PartitionLog {
+            dir: dir.into(),
+            partition_id,
+            config,
+            segments,
+            active: Active { file, tail },
+            last_timestamp,
+            schedule: SyncSchedule::new(config.durability),
+        };
+        Ok((log, report))
+    }
+
+    /// The first offset still stored.
+    pub fn start_offset(&self) -> u64 {
+        self.segments.first().map_or(0, |s| s.base_offset)
+    }
+
+    /// The offset the next batch must start at.
+    pub fn next_offset(&self) -> u64 {
+        self.active_segment().next_offset
+    }
+
+    /// The stamp position a backup checks the next batch against.
+    pub fn position(&self) -> PartitionPosition {
+        PartitionPosition {
+            partition_id: self.partition_id,
+            next_offset: self.next_offset(),
+            last_timestamp: self.last_timestamp,
+        }
+    }
+
+    /// Base offsets and byte lengths of the segments, oldest first (state-transfer
+    /// artifacts; the last one is still being written).
+    pub fn segments(&self) -> Vec<(u64, PathBuf, u64)> {
+        self.segments
+            .iter()
+            .map(|s| {
+                (
+                    s.base_offset,
+                    self.dir.join(segment_file_name(s.base_offset, "log")),
+                    s.len,
+                )
+            })
+            .collect()
+    }
+
+    fn active_segment(&self) -> &Segment {
+        self.segments
+            .last()
+            .unwrap_or_else(|| unreachable!("one segment at least"))
+    }
+
+    fn active_path(&self) -> PathBuf {
+        self.dir
+            .join(segment_file_name(self.active_segment().base_offset, "log"))
+    }
+
+    /// Appends a stamped batch (it must verify and follow the log), rolling the segment
+    /// first if it would grow past `segment_size_max`. Synced per `message_durability`.
+    pub async fn append(&mut self, batch: &[u8]) -> Result<AppendReceipt> {
+        let info =
+            check_stamp(batch, &self.position()).map_err(|e| JournalError::BatchRejected {
+                base_offset: self.next_offset(),
+                reason: e.to_string(),
+            })?;
+        if batch.len() as u64 > BATCH_SIZE_MAX {
+            return Err(JournalError::BatchRejected {
+                base_offset: info.base_offset,
+                reason: format!("{} bytes exceeds {BATCH_SIZE_MAX}", batch.len()),
+            });
+        }
+        let len = self.active_segment().len;
+        if len > 0 && len + batch.len() as u64 > self.config.segment_size_max {
+            self.roll().await?;
+        }
+        let position = self.active_segment().len;
+        let write_at = sector_floor(position);
+        let tail_len = self.active.tail.len();
+        assert_eq!(write_at + tail_len as u64, position);
+        let total = sector_ceil(position + batch.len() as u64) - write_at;
+        let mut buffer = self.active.file.alloc_dma_buffer(total as usize);
+        {
+            let bytes = buffer.as_bytes_mut();
+            bytes[..tail_len].copy_from_slice(&self.active.tail);
+            bytes[tail_len..tail_len + batch.len()].copy_from_slice(batch);
+            bytes[tail_len + batch.len()..].fill(0);
+        }
+        let end = position + batch.len() as u64;
+        let new_tail_start = (sector_floor(end) - write_at) as usize;
+        let new_tail = buffer.as_bytes()[new_tail_start..(end - write_at) as usize].to_vec();
+        let path = self.active_path();
+        let written = self
+            .active
+            .file
+            .write_at(buffer, write_at)
+            .await
+            .map_err(io("write", &path))?;
+        if (written as u64) < total {
+            return Err(JournalError::io(
+                "write",
+                &path,
+                std::io::Error::new(std::io::ErrorKind::WriteZero, "short direct-IO write"),
+            ));
+        }
+        self.active.tail = new_tail;
+        let entry = BatchEntry {
+            position,
+            len: batch.len() as u64,
+            base_offset: info.base_offset,
+            message_count: info.message_count,
+            base_timestamp: info.base_timestamp,
+        };
+        let interval = self.config.index_interval_bytes;
+        let segment = self
+            .segments
+            .last_mut()
+            .unwrap_or_else(|| unreachable!("one segment at least"));
+        segment.index.observe(segment.base_offset, &entry, interval);
+        segment.len = end;
+        segment.next_offset = entry.next_offset();
+        self.last_timestamp = info.base_timestamp;
+        let durable = if self.schedule.written(Instant::now()) {
+            self.sync().await?;
+            true
+        } else {
+            !self.schedule.is_dirty()
+        };
+        Ok(AppendReceipt {
+            base_offset: info.base_offset,
+            next_offset: entry.next_offset(),
+            durable,
+        })
+    }
+
+    /// Forces everything appended so far to stable storage.
+    pub async fn sync(&mut self) -> Result<()> {
+        let path = self.active_path();
+        self.active
+            .file
+            .fdatasync()
+            .await
+            .map_err(io("fdatasync", &path))?;
+        self.schedule.synced();
+        Ok(())
+    }
+
+    /// Syncs if the interval policy says one is due; call periodically. Returns whether
+    /// it synced.
+    pub async fn tick(&mut self) -> Result<bool> {
+        if self.schedule.due(Instant::now()) {
+            self.sync().await?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Seals the active segment (synced, trimmed, indexes written) and starts a new one.
+    pub async fn roll(&mut self) -> Result<()> {
+        let path = self.active_path();
+        self.sync().await?;
+        let segment = self.active_segment();
+        self.active
+            .file
+            .truncate(segment.len)
+            .await
+            .map_err(io("truncate", &path))?;
+        self.active
+            .file
+            .fdatasync()
+            .await
+            .map_err(io("fdatasync", &path))?;
+        write_index(&self.dir, segment)?;
+        let base = segment.next_offset;
+        let new_path = self.dir.join(segment_file_name(base, "log"));
+        let file = open_segment_file(&new_path, true).await?;
+        sync_parent_dir(&new_path)?;
+        let old = std::mem::replace(
+            &mut self.active,
+            Active {
+                file,
+                tail: Vec::new(),
+            },
+        );
+        old.file.close().await.map_err(io("close", &path))?;
+        self.segments.push(Segment {
+            base_offset: base,
+            next_offset: base,
+            len: 0,
+            index: SparseIndex::default(),
+        });
+        Ok(())
+    }
+
+    /// Deletes whole sealed segments that hold only offsets below `offset` (retention).
+    /// The active segment is never deleted. Returns how many were removed.
+    pub fn delete_segments_before(&mut self, offset: u64) -> Result<usize> {
+        let mut removed = 0;
+        while self.segments.len() > 1 && self.segments[0].next_offset <= offset {
+            let base = self.segments[0].base_offset;
+            for extension in ["index", "timeindex", "log"] {
+                let path = self.dir.join(segment_file_name(base, extension));
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound && extension != "log" => {}
+                    Err(e) => return Err(JournalError::io("remove", &path, e)),
+                }
+            }
+            self.segments.remove(0);
+            removed += 1;
+        }
+        if removed > 0 {
+            sync_parent_dir(&self.dir.join("x"))?;
+        }
+        Ok(removed)
+    }
+
+    /// Batches holding `offset` and after, up to about `bytes_max` bytes (at least one
+    /// batch). Every batch read is verified.
+    pub fn read_from_offset(&self, offset: u64, bytes_max: u64) -> Result<Vec<Vec<u8>>> {
+        let (start, end) = (self.start_offset(), self.next_offset());
+        if offset < start || offset >= end {
+            return Err(JournalError::OffsetOutOfRange { offset, start, end });
+        }
+        let first = self.segments.partition_point(|s| s.base_offset <= offset) - 1;
+        let mut out = Vec::new();
+        let mut total = 0u64;
+        for (i, segment) in self.segments.iter().enumerate().skip(first) {
+            let from = if i == first {
+                segment
+                    .index
+                    .position_for_offset(offset - segment.base_offset)
+            } else {
+                0
+            };
+            self.read_batches(segment, from, &mut |batch, entry| {
+                if entry.next_offset() <= offset {
+                    return true;
+                }
+                total += entry.len;
+                out.push(batch);
+                total < bytes_max
+            })?;
+            if total >= bytes_max {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Batches from the first one stamped at or after `timestamp` (batch base_timestamp,
+    /// the primary's clock), up to about `bytes_max` bytes. Empty when none is that late.
+    pub fn read_from_timestamp(&self, timestamp: u64, bytes_max: u64) -> Result<Vec<Vec<u8>>> {
+        let mut out = Vec::new();
+        let mut total = 0u64;
+        for segment in &self.segments {
+            let from = segment.index.position_for_timestamp(timestamp);
+            self.read_batches(segment, from, &mut |batch, entry| {
+                if entry.base_timestamp < timestamp {
+                    return true;
+                }
+                total += entry.len;
+                out.push(batch);
+                total < bytes_max
+            })?;
+            if total >= bytes_max {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads and verifies batches of `segment` from byte `from`, handing each to `visit`
+    /// until it returns false or the segment ends.
+    fn read_batches(
+        &self,
+        segment: &Segment,
+        mut position: u64,
+        visit: &mut dyn FnMut(Vec<u8>, &BatchEntry) -> bool,
+    ) -> Result<()> {
+        let path = self.dir.join(segment_file_name(segment.base_offset, "log"));
+        let file = std::fs::File::open(&path).map_err(io("open", &path))?;
+        let corrupt = |position| JournalError::SegmentCorrupt {
+            path: path.clone(),
+            position,
+        };
+        while position < segment.len {
+            let mut header = [0u8; BATCH_HEADER_SIZE];
+            file.read_exact_at(&mut header, position)
+                .map_err(io("read", &path))?;
+            let len = u64::from_le_bytes(header[32..40].try_into().unwrap_or([0; 8]));
+            if len < BATCH_HEADER_SIZE as u64 || position + len > segment.len {
+                return Err(corrupt(position));
+            }
+            let mut batch = vec![0u8; len as usize];
+            file.read_exact_at(&mut batch, position)
+                .map_err(io("read", &path))?;
+            let info = verify(&batch).map_err(|_| corrupt(position))?;
+            let entry = BatchEntry {
+                position,
+                len,
+                base_offset: info.base_offset,
+                message_count: info.message_count,
+                base_timestamp: info.base_timestamp,
+            };
+            position += len;
+            if !visit(batch, &entry) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Trims the active file's sector padding, syncs (whatever the policy) and closes.
+    pub async fn close(mut self) -> Result<()> {
+        let path = self.active_path();
+        let len = self.active_segment().len;
+        self.active
+            .file
+            .truncate(len)
+            .await
+            .map_err(io("truncate", &path))?;
+        self.sync().await?;
+        self.active.file.close().await.map_err(io("close", &path))
+    }
+}
+
+fn load_index(dir: &Path, base: u64, log_len: u64) -> Option<(SparseIndex, u64)> {
+    let offsets = std::fs::read(dir.join(segment_file_name(base, "index"))).ok()?;
+    let times = std::fs::read(dir.join(segment_file_name(base, "timeindex"))).ok()?;
+    let (index, next_offset) = SparseIndex::decode(&offsets, false, base, log_len)?;
+    let (time, time_next) = SparseIndex::decode(&times, true, base, log_len)?;
+    (time_next == next_offset && next_offset >= base).then_some(())?;
+    Some((index.with_timestamps(&time)?, next_offset))
+}
+
+/// Writes both index files of a sealed segment. They are rebuilt if lost, so a plain
+/// write (no fsync) is enough.
+fn write_index(dir: &Path, segment: &Segment) -> Result<()> {
+    for (time, extension) in [(false, "index"), (true, "timeindex")] {
+        let path = dir.join(segment_file_name(segment.base_offset, extension));
+        let bytes =
+            segment
+                .index
+                .encode(time, segment.base_offset, segment.next_offset, segment.len);
+        std::fs::write(&path, bytes).map_err(io("write", &path))?;
+    }
+    Ok(())
+}
+
+fn last_batch_timestamp(dir: &Path, segment: &Segment) -> Option<u64> {
+    let path = dir.join(segment_file_name(segment.base_offset, "log"));
+    let image = std::fs::read(path).ok()?;
+    // Walk from the last index point: batches are self-delimiting.
+    let mut position = segment
+        .index
+        .entries()
+        .last()
+        .map_or(0, |e| e.position as usize);
+    let mut last = None;
+    while position + BATCH_HEADER_SIZE <= segment.len as usize {
+        let len = u64::from_le_bytes(image.get(position + 32..position + 40)?.try_into().ok()?);
+        let info = verify(image.get(position..position + len as usize)?).ok()?;
+        last = Some(info.base_timestamp);
+        position += len as usize;
+    }
+    last
+}

@@ -1,0 +1,352 @@
+//! The metadata journal through real direct IO: append, reopen, read by op, truncate,
+//! repair, and the wrap rule.
+
+mod common;
+
+use common::{body, prepare, run};
+use journal::{Journal, JournalError, JournalLayout};
+
+fn layout() -> JournalLayout {
+    JournalLayout::for_body_size(16, 8000).unwrap()
+}
+
+#[test]
+fn appended_entries_survive_reopen_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let frames: Vec<Vec<u8>> = (1..=10)
+        .map(|op| prepare(op, &body(op, 0, op as usize * 500)))
+        .collect();
+    run(async {
+        let mut journal = Journal::create(&path, layout()).await.unwrap();
+        for frame in &frames {
+            let durable = journal.append(frame).await.unwrap();
+            assert_eq!(journal.entry(durable.op).unwrap(), &frame[..]);
+        }
+        journal.close().await.unwrap();
+        let (journal, recovery) = Journal::open(&path, 0).await.unwrap();
+        assert!(recovery.is_clean(), "{recovery:?}");
+        assert_eq!(journal.op_head(), 10);
+        for (i, frame) in frames.iter().enumerate() {
+            assert_eq!(journal.entry(i as u64 + 1).unwrap(), &frame[..]);
+            assert_eq!(journal.header(i as u64 + 1).unwrap().op, i as u64 + 1);
+        }
+        assert!(matches!(
+            journal.entry(11),
+            Err(JournalError::EntryMissing { op: 11 })
+        ));
+    });
+}
+
+#[test]
+fn appends_must_be_contiguous_sealed_and_fit_the_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    run(async {
+        let mut journal = Journal::create(&path, layout()).await.unwrap();
+        let gap = prepare(2, b"x");
+        assert!(matches!(
+            journal.append(&gap).await,
+            Err(JournalError::OpOutOfOrder { op: 2, expected: 1 })
+        ));
+        let mut tampered = prepare(1, b"abc");
+        *tampered.last_mut().unwrap() ^= 1;
+        assert!(matches!(
+            journal.append(&tampered).await,
+            Err(JournalError::PrepareInvalid { .. })
+        ));
+        let huge = prepare(1, &vec![0; 20_000]);
+        assert!(matches!(
+            journal.append(&huge).await,
+            Err(JournalError::PrepareTooLarge { .. })
+        ));
+        assert_eq!(journal.op_head(), 0);
+    });
+}
+
+#[test]
+fn wrap_requires_a_checkpoint_and_then_reuses_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    run(async {
+        let mut journal = Journal::create(&path, layout()).await.unwrap();
+        for op in 1..=16 {
+            let _ = journal
+                .append(&prepare(op, &body(op, 0, 100)))
+                .await
+                .unwrap();
+        }
+        assert!(matches!(
+            journal.append(&prepare(17, b"x")).await,
+            Err(JournalError::WrapBeyondCheckpoint { op: 17, .. })
+        ));
+        journal.set_checkpoint(8).unwrap();
+        for op in 17..=24 {
+            let _ = journal
+                .append(&prepare(op, &body(op, 0, 100)))
+                .await
+                .unwrap();
+        }
+        assert!(journal.entry(8).is_err());
+        journal.close().await.unwrap();
+        let (journal, recovery) = Journal::open(&path, 8).await.unwrap();
+        assert!(recovery.is_clean());
+        assert_eq!((journal.op_min(), journal.op_head()), (9, 24));
+        assert_eq!(
+            journal.entry(24).unwrap(),
+            &prepare(24, &body(24, 0, 100))[..]
+        );
+    });
+}
+
+#[test]
+fn truncated_suffix_does_not_come_back_after_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    run(async {
+        let mut journal = Journal::create(&path, layout()).await.unwrap();
+        for op in 1..=6 {
+            let _ = journal
+                .append(&prepare(op, &body(op, 0, 100)))
+                .await
+                .unwrap();
+        }
+        journal.truncate_after(3).await.unwrap();
+        assert_eq!(journal.op_head(), 3);
+        let replacement = prepare(4, &body(4, 1, 100));
+        let _ = journal.append(&replacement).await.unwrap();
+        journal.close().await.unwrap();
+        let (journal, recovery) = Journal::open(&path, 0).await.unwrap();
+        assert!(recovery.is_clean(), "{recovery:?}");
+        assert_eq!(journal.op_head(), 4);
+        assert_eq!(journal.entry(4).unwrap(), &replacement[..]);
+    });
+}
+
+#[test]
+fn faulty_entry_is_reported_then_repaired_from_a_peer_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let frames: Vec<Vec<u8>> = (1..=5).map(|op| prepare(op, &body(op, 0, 300))).collect();
+    run(async {
+        let mut journal = Journal::create(&path, layout()).await.unwrap();
+        for frame in &frames {
+            let _ = journal.append(frame).await.unwrap();
+        }
+        journal.close().await.unwrap();
+    });
+    // Corrupt op 3's body on disk.
+    let layout = layout();
+    let mut image = std::fs::read(&path).unwrap();
+    image[(layout.prepare_offset(3) + 300) as usize] ^= 0x80;
+    std::fs::write(&path, &image).unwrap();
+    run(async {
+        let (mut journal, recovery) = Journal::open(&path, 0).await.unwrap();
+        assert_eq!(recovery.faulty, vec![3]);
+        assert!(journal.entry(3).is_err());
+        assert!(matches!(
+            journal.write_repair(&frames[1]).await,
+            Err(JournalError::RepairUnexpected { op: 2 })
+        ));
+        let _ = journal.write_repair(&frames[2]).await.unwrap();
+        assert_eq!(journal.entry(3).unwrap(), &frames[2][..]);
+        journal.close().await.unwrap();
+        let (_, recovery) = Journal::open(&path, 0).await.unwrap();
+        assert!(recovery.is_clean());
+    });
+}
+
+#[test]
+fn group_commit_appends_every_op_durably() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let frames: Vec<Vec<u8>> = (1..=6).map(|op| prepare(op, &body(op, 0, 3000))).collect();
+    run(async {
+        let mut journal = Journal::create(&path, layout()).await.unwrap();
+        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+        let durable = journal.append_batch(&refs[..4]).await.unwrap();
+        assert_eq!(
+            durable.iter().map(|d| d.op).collect::<Vec<_>>(),
+            vec![1, 2, 3, 4]
+        );
+        assert!(matches!(
+            journal.append_batch(&[refs[5]]).await,
+            Err(JournalError::OpOutOfOrder { op: 6, expected: 5 })
+        ));
+        let _ = journal.append_batch(&refs[4..]).await.unwrap();
+        journal.close().await.unwrap();
+        let (journal, recovery) = Journal::open(&path, 0).await.unwrap();
+        assert!(recovery.is_clean() && recovery.op_head == 6);
+        for (i, frame) in frames.iter().enumerate() {
+            assert_eq!(journal.entry(i as u64 + 1).unwrap(), &frame[..]);
+        }
+    });
+}
+
+#[test]
+fn entries_after_a_torn_group_commit_never_reappear() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let layout = layout();
+    run(async {
+        let mut journal = Journal::create(&path, layout).await.unwrap();
+        for op in 1..=3 {
+            let _ = journal
+                .append(&prepare(op, &body(op, 0, 100)))
+                .await
+                .unwrap();
+        }
+        journal.close().await.unwrap();
+    });
+    // A crashed group commit of ops 4..=6: prepares 4 and 6 landed, 5 tore, no headers.
+    let mut image = std::fs::read(&path).unwrap();
+    for op in [4u64, 6] {
+        let frame = prepare(op, &body(op, 9, 100));
+        let at = layout.prepare_offset(op) as usize;
+        image[at..at + frame.len()].copy_from_slice(&frame);
+    }
+    let torn = prepare(5, &body(5, 9, 100));
+    let at = layout.prepare_offset(5) as usize;
+    image[at..at + 200].copy_from_slice(&torn[..200]);
+    std::fs::write(&path, &image).unwrap();
+    let fresh5 = prepare(5, &body(5, 1, 100));
+    run(async {
+        let (mut journal, recovery) = Journal::open(&path, 0).await.unwrap();
+        assert_eq!((recovery.op_head, recovery.torn.clone()), (4, vec![5, 6]));
+        assert!(recovery.is_clean());
+        let _ = journal.append(&fresh5).await.unwrap();
+        journal.close().await.unwrap();
+        // The old op 6 (verified but unacknowledged, after the torn op) must not come back.
+        let (journal, recovery) = Journal::open(&path, 0).await.unwrap();
+        assert_eq!(recovery.op_head, 5, "{recovery:?}");
+        assert_eq!(journal.entry(5).unwrap(), &fresh5[..]);
+        assert!(journal.entry(6).is_err());
+    });
+}
+
+#[test]
+fn data_dir_formats_once_and_reopens_from_its_checkpoint() {
+    use journal::data_dir::{format, open};
+    use journal::Superblock;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    let identity = Superblock {
+        cluster: 99,
+        replica: 2,
+        replica_count: 3,
+        ..Superblock::default()
+    };
+    run(async {
+        format(&root, layout(), identity).await.unwrap();
+        assert!(matches!(
+            format(&root, layout(), identity).await,
+            Err(JournalError::Format { .. })
+        ));
+        let mut data = open(&root).await.unwrap();
+        assert!(data.checkpoint.is_none() && data.recovery.is_clean());
+        for op in 1..=12 {
+            let _ = data
+                .journal
+                .append(&prepare(op, &body(op, 0, 64)))
+                .await
+                .unwrap();
+        }
+        data.checkpoint(10, b"state at 10").await.unwrap();
+        data.close().await.unwrap();
+        let data = open(&root).await.unwrap();
+        let (info, payload) = data.checkpoint.clone().unwrap();
+        assert_eq!((info.op, payload.as_slice()), (10, &b"state at 10"[..]));
+        assert_eq!(data.superblock.current().replica, 2);
+        assert_eq!((data.journal.op_min(), data.journal.op_head()), (11, 12));
+        data.close().await.unwrap();
+    });
+}
+
+#[test]
+fn interrupted_format_can_be_run_again() {
+    use journal::data_dir::{format, is_formatted};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    std::fs::create_dir_all(&root).unwrap();
+    // A format that died after writing part of the journal and no superblock.
+    std::fs::write(root.join("journal"), b"partial").unwrap();
+    assert!(!is_formatted(&root));
+    run(async {
+        format(&root, layout(), journal::Superblock::default())
+            .await
+            .unwrap();
+    });
+    assert!(is_formatted(&root));
+}
+
+#[test]
+fn checkpoint_installed_beyond_the_head_moves_the_journal_past_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    run(async {
+        let mut journal = Journal::create(&path, layout()).await.unwrap();
+        for op in 1..=5 {
+            let _ = journal
+                .append(&prepare(op, &body(op, 0, 80)))
+                .await
+                .unwrap();
+        }
+        // State transfer installed a snapshot at op 40.
+        journal.set_checkpoint(40).unwrap();
+        assert_eq!((journal.op_head(), journal.op_min()), (40, 41));
+        let _ = journal.append(&prepare(41, b"after")).await.unwrap();
+        journal.close().await.unwrap();
+        let (journal, recovery) = Journal::open(&path, 40).await.unwrap();
+        assert!(recovery.is_clean(), "{recovery:?}");
+        assert_eq!(journal.op_head(), 41);
+        assert!(journal.entry(5).is_err());
+    });
+}
+
+#[test]
+fn repair_serving_streams_contiguous_verified_prepares_or_range_evicted() {
+    use journal::RepairServe;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let frames: Vec<Vec<u8>> = (1..=24).map(|op| prepare(op, &body(op, 0, 200))).collect();
+    run(async {
+        let mut journal = Journal::create(&path, layout()).await.unwrap();
+        for frame in &frames[..16] {
+            let _ = journal.append(frame).await.unwrap();
+        }
+        journal.set_checkpoint(8).unwrap();
+        for frame in &frames[16..] {
+            let _ = journal.append(frame).await.unwrap();
+        }
+        journal.close().await.unwrap();
+    });
+    // Damage op 14 so serving stops before it.
+    let mut image = std::fs::read(&path).unwrap();
+    image[(layout().prepare_offset(14) + 300) as usize] ^= 1;
+    std::fs::write(&path, &image).unwrap();
+    run(async {
+        let (journal, recovery) = Journal::open(&path, 8).await.unwrap();
+        assert_eq!(recovery.faulty, vec![14]);
+        assert_eq!(
+            journal.serve_repair(3, 10, 100),
+            RepairServe::RangeEvicted { op_min: 9 }
+        );
+        match journal.serve_repair(9, 20, 100) {
+            RepairServe::Prepares { prepares, last_op } => {
+                assert_eq!(last_op, 13);
+                assert_eq!(
+                    prepares,
+                    frames[8..13].iter().map(Vec::as_slice).collect::<Vec<_>>()
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        match journal.serve_repair(15, 40, 3) {
+            RepairServe::Prepares { prepares, last_op } => {
+                assert_eq!((prepares.len(), last_op), (3, 17));
+            }
+            other => panic!("{other:?}"),
+        }
+        journal.close().await.unwrap();
+    });
+}

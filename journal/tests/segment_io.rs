@@ -1,0 +1,227 @@
+//! Partition segment logs through real direct IO: append, roll, read by offset and by
+//! timestamp, index rebuild, torn-tail truncation, retention.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{batch, run};
+use journal::durability::Durability;
+use journal::segment::{PartitionConfig, PartitionLog};
+use journal::JournalError;
+
+const PARTITION: u64 = 42;
+
+fn config(durability: Durability) -> PartitionConfig {
+    PartitionConfig {
+        segment_size_max: 64 * 1024,
+        index_interval_bytes: 4096,
+        durability,
+    }
+}
+
+/// Appends `n` batches of 5 messages (offsets 5i..5i+5, timestamp 1000 + 10i).
+async fn fill(log: &mut PartitionLog, n: u64) -> Vec<Vec<u8>> {
+    let mut batches = Vec::new();
+    for i in 0..n {
+        let bytes = batch(
+            PARTITION,
+            log.next_offset(),
+            1000 + 10 * i,
+            5,
+            300 + (i as usize % 7) * 100,
+        );
+        let receipt = log.append(&bytes).await.unwrap();
+        assert_eq!(receipt.next_offset, 5 * (i + 1));
+        batches.push(bytes);
+    }
+    batches
+}
+
+#[test]
+fn batches_roll_into_segments_and_read_back_by_offset_and_timestamp() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let (mut log, report) =
+            PartitionLog::open(dir.path(), PARTITION, config(Durability::EveryBatch))
+                .await
+                .unwrap();
+        assert_eq!(report.segments, 1);
+        let batches = fill(&mut log, 100).await;
+        assert!(log.segments().len() > 3, "no roll: {:?}", log.segments());
+        for segment in log.segments() {
+            assert!(segment.2 <= 64 * 1024);
+        }
+        // By offset: offset 237 lives in batch 47.
+        let read = log.read_from_offset(237, 1).unwrap();
+        assert_eq!(read, vec![batches[47].clone()]);
+        let read = log.read_from_offset(0, u64::MAX).unwrap();
+        assert_eq!(read, batches);
+        assert!(matches!(
+            log.read_from_offset(500, 1),
+            Err(JournalError::OffsetOutOfRange { .. })
+        ));
+        // By timestamp: the first batch stamped at or after 1555 is batch 56.
+        assert_eq!(
+            log.read_from_timestamp(1555, 1).unwrap(),
+            vec![batches[56].clone()]
+        );
+        assert!(log.read_from_timestamp(99_999, 1).unwrap().is_empty());
+        log.close().await.unwrap();
+
+        let (log, report) =
+            PartitionLog::open(dir.path(), PARTITION, config(Durability::EveryBatch))
+                .await
+                .unwrap();
+        assert!(report.rebuilt_indexes.is_empty() && report.truncated_tail.is_none());
+        assert_eq!(log.next_offset(), 500);
+        assert_eq!(
+            log.read_from_offset(237, 1).unwrap(),
+            vec![batches[47].clone()]
+        );
+        log.close().await.unwrap();
+    });
+}
+
+#[test]
+fn missing_index_files_are_rebuilt_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let (mut log, _) = PartitionLog::open(dir.path(), PARTITION, config(Durability::None))
+            .await
+            .unwrap();
+        let batches = fill(&mut log, 60).await;
+        log.close().await.unwrap();
+        let mut removed = 0;
+        for entry in std::fs::read_dir(dir.path()).unwrap() {
+            let path = entry.unwrap().path();
+            if path
+                .extension()
+                .is_some_and(|e| e == "index" || e == "timeindex")
+            {
+                std::fs::remove_file(path).unwrap();
+                removed += 1;
+            }
+        }
+        assert!(removed >= 2);
+        let (log, report) = PartitionLog::open(dir.path(), PARTITION, config(Durability::None))
+            .await
+            .unwrap();
+        assert_eq!(report.rebuilt_indexes.len(), report.segments - 1);
+        assert_eq!(
+            log.read_from_timestamp(1300, 1).unwrap(),
+            vec![batches[30].clone()]
+        );
+        log.close().await.unwrap();
+    });
+}
+
+#[test]
+fn torn_tail_of_the_active_segment_is_truncated_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let (mut log, _) =
+            PartitionLog::open(dir.path(), PARTITION, config(Durability::EveryBatch))
+                .await
+                .unwrap();
+        fill(&mut log, 3).await;
+        log.close().await.unwrap();
+        let path = dir.path().join(format!("{:020}.log", 0));
+        let mut image = std::fs::read(&path).unwrap();
+        let cut = image.len() - 100;
+        image.truncate(cut);
+        std::fs::write(&path, &image).unwrap();
+        let (mut log, report) =
+            PartitionLog::open(dir.path(), PARTITION, config(Durability::EveryBatch))
+                .await
+                .unwrap();
+        assert!(report.truncated_tail.is_some());
+        assert_eq!(log.next_offset(), 10);
+        // The log continues where the valid prefix ended.
+        let next = batch(PARTITION, 10, 2000, 2, 50);
+        let _ = log.append(&next).await.unwrap();
+        log.close().await.unwrap();
+        let (log, report) =
+            PartitionLog::open(dir.path(), PARTITION, config(Durability::EveryBatch))
+                .await
+                .unwrap();
+        assert!(report.truncated_tail.is_none());
+        assert_eq!(log.read_from_offset(10, 1).unwrap(), vec![next]);
+        log.close().await.unwrap();
+    });
+}
+
+#[test]
+fn batches_that_do_not_follow_the_log_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let (mut log, _) =
+            PartitionLog::open(dir.path(), PARTITION, config(Durability::EveryBatch))
+                .await
+                .unwrap();
+        let wrong_offset = batch(PARTITION, 7, 1, 1, 10);
+        assert!(matches!(
+            log.append(&wrong_offset).await,
+            Err(JournalError::BatchRejected { .. })
+        ));
+        let wrong_partition = batch(PARTITION + 1, 0, 1, 1, 10);
+        assert!(matches!(
+            log.append(&wrong_partition).await,
+            Err(JournalError::BatchRejected { .. })
+        ));
+        let mut tampered = batch(PARTITION, 0, 1, 1, 10);
+        *tampered.last_mut().unwrap() ^= 1;
+        assert!(matches!(
+            log.append(&tampered).await,
+            Err(JournalError::BatchRejected { .. })
+        ));
+        assert_eq!(log.next_offset(), 0);
+        log.close().await.unwrap();
+    });
+}
+
+#[test]
+fn retention_deletes_whole_old_segments_only() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let (mut log, _) = PartitionLog::open(dir.path(), PARTITION, config(Durability::None))
+            .await
+            .unwrap();
+        fill(&mut log, 100).await;
+        let before = log.segments();
+        let cut = before[2].0; // base offset of the third segment
+        assert_eq!(log.delete_segments_before(cut).unwrap(), 2);
+        assert_eq!(log.start_offset(), cut);
+        assert!(!before[0].1.exists() && before[2].1.exists());
+        assert!(matches!(
+            log.read_from_offset(0, 1),
+            Err(JournalError::OffsetOutOfRange { .. })
+        ));
+        assert_eq!(log.read_from_offset(cut, 1).unwrap().len(), 1);
+        // Never the active segment, even when asked to delete everything.
+        log.delete_segments_before(u64::MAX).unwrap();
+        assert_eq!(log.segments().len(), 1);
+        log.close().await.unwrap();
+    });
+}
+
+#[test]
+fn interval_durability_syncs_once_the_interval_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let policy = Durability::Interval {
+            interval: Duration::from_millis(20),
+        };
+        let (mut log, _) = PartitionLog::open(dir.path(), PARTITION, config(policy))
+            .await
+            .unwrap();
+        let receipt = log.append(&batch(PARTITION, 0, 1, 1, 10)).await.unwrap();
+        assert!(!receipt.durable);
+        assert!(!log.tick().await.unwrap());
+        glommio::timer::sleep(Duration::from_millis(25)).await;
+        assert!(log.tick().await.unwrap());
+        let receipt = log.append(&batch(PARTITION, 1, 2, 1, 10)).await.unwrap();
+        assert!(!receipt.durable);
+        log.close().await.unwrap();
+    });
+}

@@ -42,7 +42,7 @@ peer_queue_capacity = 256
 [storage]
 data_dir = "/var/lib/appliance"
 segment_size = "64 MiB"
-message_durability = "every_batch"
+message_durability = "every"
 offset_durability = "10ms"
 "#;
 

@@ -122,3 +122,93 @@ fn manifest_report_lists_artifacts_and_flags_a_corrupt_file() {
     assert_eq!(code, 1);
     assert!(stdout.contains("trailer"), "{stdout}");
 }
+
+fn formatted_dir(name: &str) -> std::path::PathBuf {
+    use journal::superblock::Superblock;
+    let dir = std::env::temp_dir().join(format!("inspect-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let layout = journal::JournalLayout::new(64, 64 * 1024).unwrap();
+    let identity = Superblock {
+        sequence: 0,
+        cluster: 42,
+        replica: 0,
+        replica_count: 3,
+        view: 0,
+        log_view: 0,
+        commit: 0,
+        op_checkpoint: 0,
+        snapshot_checksum: 0,
+        snapshot_len: 0,
+    };
+    let target = dir.clone();
+    journal::runtime::block_on(async move {
+        journal::data_dir::format(&target, layout, identity).await
+    })
+    .unwrap()
+    .unwrap();
+    dir
+}
+
+#[test]
+fn journal_and_superblock_reports_of_a_fresh_data_dir_are_ok() {
+    let dir = formatted_dir("fresh");
+    let path = dir.to_str().unwrap();
+    let (code, stdout, stderr) = inspect(&["journal", "verify", "--json", path]);
+    assert_eq!(code, 0, "{stderr}");
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(report["ok"], true);
+    assert_eq!(report["layout"]["slot_count"], 64);
+    let (code, stdout, _) = inspect(&["superblock", "--json", path]);
+    assert_eq!(code, 0);
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(report["current"]["cluster"], "42");
+    assert_eq!(report["current"]["replica_count"], 3);
+    let (code, _, _) = inspect(&["journal", "dump", path]);
+    assert_eq!(code, 0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_damaged_superblock_copy_is_reported_and_a_missing_dir_is_a_runtime_error() {
+    let dir = formatted_dir("damaged");
+    let file = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .contains("superblock")
+        })
+        .expect("a superblock file");
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[40] ^= 0xff;
+    std::fs::write(&file, &bytes).unwrap();
+    let (code, stdout, _) = inspect(&["superblock", "--json", dir.to_str().unwrap()]);
+    assert_eq!(code, 1, "a damaged copy makes the report not ok");
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(report["ok"], false);
+    assert!(report["current"].is_object(), "another copy still wins");
+    std::fs::remove_dir_all(&dir).unwrap();
+    let (code, _, stderr) = inspect(&["journal", "verify", "/nonexistent/appliance-data"]);
+    assert_eq!(code, 1);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+#[test]
+fn a_garbage_segment_file_is_not_reported_ok() {
+    let dir = std::env::temp_dir().join(format!("inspect-segment-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("00000000000000000000.log");
+    std::fs::write(&path, vec![0xa5u8; 8192]).unwrap();
+    for action in ["verify", "dump"] {
+        let (code, stdout, stderr) =
+            inspect(&["segment", action, "--json", path.to_str().unwrap()]);
+        assert_eq!(code, 1, "{stdout}{stderr}");
+        if let Ok(report) = serde_json::from_str::<Value>(stdout.trim()) {
+            let ok = report.get("ok").or_else(|| report["report"].get("ok"));
+            assert_eq!(ok, Some(&Value::Bool(false)), "{report}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -170,13 +170,13 @@ impl<'de> Deserialize<'de> for Durability {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = String::deserialize(deserializer)?;
         match text.as_str() {
-            "every_batch" => Ok(Durability::EveryBatch),
+            "every" => Ok(Durability::EveryBatch),
             "none" => Ok(Durability::None),
             other => units::parse_duration(other)
                 .map(Durability::Interval)
                 .map_err(|_| {
                     serde::de::Error::custom(format!(
-                        "\"{other}\" is not \"every_batch\", \"none\" or an interval like \"10ms\""
+                        "\"{other}\" is not \"every\", \"none\" or an interval like \"10ms\""
                     ))
                 }),
         }
@@ -186,7 +186,7 @@ impl<'de> Deserialize<'de> for Durability {
 impl Serialize for Durability {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self {
-            Durability::EveryBatch => serializer.serialize_str("every_batch"),
+            Durability::EveryBatch => serializer.serialize_str("every"),
             Durability::None => serializer.serialize_str("none"),
             Durability::Interval(d) => serializer.serialize_str(&units::format_duration(*d)),
         }

@@ -43,6 +43,54 @@ enum Cmd {
         /// The manifest file.
         file: PathBuf,
     },
+    /// Verify or dump the metadata journal of a data directory.
+    Journal {
+        #[arg(value_enum)]
+        action: Action,
+        /// The node's data directory.
+        dir: PathBuf,
+    },
+    /// Show every superblock copy of a data directory and which one wins.
+    Superblock {
+        /// The node's data directory.
+        dir: PathBuf,
+    },
+    /// Verify or dump a partition segment file.
+    Segment {
+        #[arg(value_enum)]
+        action: Action,
+        /// The segment file.
+        file: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Action {
+    /// Check every entry and report what recovery would do.
+    Verify,
+    /// The verify report plus every entry.
+    Dump,
+}
+
+/// Prints a journal-crate report (pretty JSON as text, one line with --json) and returns
+/// its verdict; a report that could not be made is a runtime failure.
+fn report<T: serde::Serialize>(
+    json: bool,
+    made: journal::Result<T>,
+    ok: impl Fn(&T) -> bool,
+) -> Result<bool, InspectError> {
+    let report = made.map_err(|e| InspectError::Runtime(e.to_string()))?;
+    let verdict = ok(&report);
+    let value = serde_json::to_value(&report).map_err(|e| InspectError::Runtime(e.to_string()))?;
+    if json {
+        println!("{value}");
+    } else {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        );
+    }
+    Ok(verdict)
 }
 
 fn read(path: &std::path::Path) -> Result<Vec<u8>, InspectError> {
@@ -99,6 +147,27 @@ fn run(cli: Cli) -> Result<bool, InspectError> {
                 .collect();
             Ok(verdicts.into_iter().all(|valid| valid))
         }
+        Cmd::Journal {
+            action: Action::Verify,
+            dir,
+        } => report(cli.json, journal::inspect::journal_verify(&dir), |r| r.ok),
+        Cmd::Journal {
+            action: Action::Dump,
+            dir,
+        } => report(cli.json, journal::inspect::journal_dump(&dir), |r| {
+            r.report.ok
+        }),
+        Cmd::Superblock { dir } => report(cli.json, journal::inspect::superblock(&dir), |r| r.ok),
+        Cmd::Segment {
+            action: Action::Verify,
+            file,
+        } => report(cli.json, journal::inspect::segment_verify(&file), |r| r.ok),
+        Cmd::Segment {
+            action: Action::Dump,
+            file,
+        } => report(cli.json, journal::inspect::segment_dump(&file), |r| {
+            r.report.ok
+        }),
         Cmd::Manifest { file } => Ok(print(
             cli.json,
             &manifest::report(&read(&file)?),

@@ -58,6 +58,8 @@ pub struct Faults {
     pub gap_at: Option<u64>,
     /// Answer this many requests with Unavailable.
     pub unavailable: u32,
+    /// After this many SendMessages are applied, answer every later one Unavailable.
+    pub unavailable_after_sends: Option<u32>,
 }
 
 #[derive(Clone, Debug)]
@@ -353,6 +355,19 @@ fn handle(
     }
     if header.request < entry.latest {
         return fail(Status::StaleRequest);
+    }
+    if operation == Operation::SendMessages {
+        let sends = s
+            .applied
+            .iter()
+            .filter(|a| a.0 == Operation::SendMessages as u8)
+            .count();
+        if s.faults
+            .unavailable_after_sends
+            .is_some_and(|n| sends >= n as usize)
+        {
+            return fail(Status::Unavailable);
+        }
     }
     let (status, reply) = match apply(s, &request) {
         Answer::Reply(status, body) => (status, body),

@@ -444,6 +444,7 @@ impl Client {
         let mut maybe_applied = false;
         let mut last = None;
         let mut next_addr: Option<SocketAddr> = None;
+        let mut redirects = 0u32;
         let mut session = self.session.unwrap_or(Session { id: 0, request: 0 });
         let mut number = session.request + 1;
         while budget.start_attempt(Instant::now()) {
@@ -483,6 +484,7 @@ impl Client {
                             what: format!("unknown status {}", header.status),
                         });
                         maybe_applied |= kind == Kind::Replicated;
+                        std::thread::sleep(budget.backoff(Instant::now()));
                         continue;
                     }
                 },
@@ -515,8 +517,11 @@ impl Client {
                     match to {
                         Ok(to) => {
                             self.set_primary(group, to);
-                            if to == addr {
-                                // Redirected to the node that refused: wait for it to settle.
+                            redirects += 1;
+                            if to == addr || redirects > 1 {
+                                // Redirected back to the node that refused, or nodes that
+                                // disagree about the primary (a view change in progress):
+                                // give them time to settle instead of spinning.
                                 std::thread::sleep(budget.backoff(Instant::now()));
                             }
                             next_addr = Some(to);

@@ -88,6 +88,11 @@ fn login_then_register_gives_a_session_and_requests_count_up() {
         .collect();
     assert_eq!(writes, vec![1, 2]);
     assert!(received.iter().all(|r| r.client == client.client_id()));
+    // Reads (Login included) carry session 0 and request 0.
+    assert!(received
+        .iter()
+        .filter(|r| r.operation == Operation::NonReplicated as u8)
+        .all(|r| (r.session, r.request) == (0, 0)));
     client.logout().unwrap();
     assert_eq!(client.session(), None);
 }
@@ -361,4 +366,45 @@ fn bad_arguments_are_refused_before_sending() {
         Err(ClientError::InvalidArgument { what: "batch", .. })
     ));
     assert_eq!(cluster.state().received.len(), before);
+}
+
+#[test]
+fn server_lists_resolve_comma_separated_and_refuse_garbage() {
+    let addrs = resolve("127.0.0.1:1, 127.0.0.1:2,").unwrap();
+    assert_eq!(addrs.len(), 2);
+    assert!(matches!(
+        resolve("no-port"),
+        Err(ClientError::InvalidArgument { what: "server", .. })
+    ));
+    assert_eq!(
+        Client::connect(&[], options()).unwrap_err(),
+        ClientError::NoServers
+    );
+}
+
+#[test]
+fn nodes_that_disagree_about_the_primary_are_bounded() {
+    let cluster = FakeCluster::start(2).unwrap();
+    let mut client = logged_in(&cluster, 0);
+    topic(&mut client);
+    // Node 0 believes node 1 is primary; node 1 is down: every attempt fails.
+    {
+        let mut state = cluster.state();
+        state.primary = 1;
+        state.down[1] = true;
+    }
+    let started = Instant::now();
+    let error = client.create_stream("other").unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ClientError::RetriesExhausted {
+                attempts: 10,
+                maybe_applied: false,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
 }

@@ -408,3 +408,134 @@ fn nodes_that_disagree_about_the_primary_are_bounded() {
     );
     assert!(started.elapsed() < Duration::from_secs(5));
 }
+
+/// A server that answers every request frame with `answer(request)` bytes (and never
+/// anything valid unless `answer` builds it).
+fn hostile(answer: fn(&replication::wire::RequestHeader) -> Vec<u8>) -> std::net::SocketAddr {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            std::thread::spawn(move || loop {
+                let mut buf = replication::wire::FrameBuf::zeroed(256);
+                if stream.read_exact(buf.as_bytes_mut()).is_err() {
+                    return;
+                }
+                let size = u32::from_le_bytes(buf.as_bytes()[48..52].try_into().unwrap());
+                buf.resize(size as usize);
+                if stream.read_exact(&mut buf.as_bytes_mut()[256..]).is_err() {
+                    return;
+                }
+                let Ok(header) = replication::wire::decode_as::<replication::wire::RequestHeader>(
+                    buf.as_bytes(),
+                    &replication::wire::Limits::default(),
+                ) else {
+                    return;
+                };
+                let bytes = answer(header);
+                if bytes.is_empty() || stream.write_all(&bytes).is_err() {
+                    return;
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn reply_to(
+    request: &replication::wire::RequestHeader,
+    edit: impl FnOnce(&mut replication::wire::ReplyHeader),
+    body: &[u8],
+) -> Vec<u8> {
+    use replication::wire::Header;
+    let mut reply = replication::wire::ReplyHeader::new();
+    reply.client = request.client;
+    reply.request = request.request;
+    reply.operation = request.operation;
+    edit(&mut reply);
+    replication::wire::Frame::build(&reply, body)
+        .as_bytes()
+        .to_vec()
+}
+
+#[test]
+fn hostile_replies_are_errors_never_panics() {
+    let answers: [fn(&replication::wire::RequestHeader) -> Vec<u8>; 10] = [
+        // Bytes that are no frame at all.
+        |_| (0..300u32).map(|i| (i * 7919 % 251) as u8).collect(),
+        // A size field far beyond max_message_size.
+        |r| {
+            let mut b = reply_to(r, |_| {}, &[]);
+            b[48..52].copy_from_slice(&u32::MAX.to_le_bytes());
+            b
+        },
+        // A valid Reply to another request number.
+        |r| reply_to(r, |h| h.request = 99, &[]),
+        // A valid Reply to another client.
+        |r| reply_to(r, |h| h.client ^= 1, &[]),
+        // A status no version defines.
+        |r| reply_to(r, |h| h.status = 77, &[]),
+        // A sealed replica-plane frame.
+        |_| {
+            use replication::wire::Header;
+            let mut commit = replication::wire::CommitHeader::new();
+            commit.group = METADATA_GROUP;
+            replication::wire::Frame::build(&commit, &[])
+                .as_bytes()
+                .to_vec()
+        },
+        // Ok with a body that does not parse as the read's reply.
+        |r| reply_to(r, |_| {}, &[1, 2, 3]),
+        // NotPrimary naming an address that does not parse.
+        |r| reply_to(r, |h| h.status = 1, &[1, 3, b'x', b'y', b'z']),
+        // A Reply whose checksum (left zero by the unsealed Reply) is set.
+        |r| {
+            let mut b = reply_to(r, |_| {}, &[]);
+            b[0] = 1;
+            b
+        },
+        // Silence, then a close.
+        |_| Vec::new(),
+    ];
+    for (i, answer) in answers.into_iter().enumerate() {
+        let addr = hostile(answer);
+        let mut options = options();
+        options.request_timeout = Duration::from_millis(200);
+        options.retry.attempts_max = 3;
+        let mut client = Client::connect(&[addr], options).unwrap();
+        let result = client.list_streams();
+        assert!(result.is_err(), "answer {i}: {result:?}");
+        let result = client.register();
+        assert!(result.is_err(), "answer {i}: {result:?}");
+    }
+}
+
+#[test]
+fn a_silent_server_times_out_within_the_request_timeout() {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for mut stream in listener.incoming().flatten() {
+            let mut buf = [0u8; 256];
+            let _ = stream.read(&mut buf);
+            held.push(stream);
+        }
+    });
+    let mut options = options();
+    options.request_timeout = Duration::from_millis(100);
+    options.retry.attempts_max = 2;
+    let mut client = Client::connect(&[addr], options).unwrap();
+    let started = Instant::now();
+    match client.list_streams().unwrap_err() {
+        ClientError::RetriesExhausted { attempts, last, .. } => {
+            assert_eq!(attempts, 2);
+            assert!(matches!(*last, ClientError::Timeout { .. }), "{last:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(2));
+}

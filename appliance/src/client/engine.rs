@@ -47,6 +47,16 @@ struct Session {
     request: u64,
 }
 
+/// What one call's attempts may have done.
+#[derive(Clone, Copy, Debug, Default)]
+struct Fate {
+    /// An attempt was delivered and not answered: it may have been applied. Once true,
+    /// never false again within the call.
+    maybe_applied: bool,
+    /// A reply decided the request (Ok or a final status).
+    decided: bool,
+}
+
 /// How a request is numbered and retried.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -429,6 +439,24 @@ impl Client {
         group: u64,
         request: &ClientRequest<'_>,
     ) -> Result<Vec<u8>, ClientError> {
+        let mut fate = Fate::default();
+        let result = self.call_attempts(group, request, &mut fate);
+        if result.is_err() && fate.maybe_applied && !fate.decided {
+            // The outcome is unknown, whatever ended the call: never reuse this number
+            // for another body (the primary would answer it with this request's reply).
+            // A new session, registered by the next call, also fences the abandoned
+            // request: it is ordered before that Register or refused.
+            self.session = None;
+        }
+        result
+    }
+
+    fn call_attempts(
+        &mut self,
+        group: u64,
+        request: &ClientRequest<'_>,
+        fate: &mut Fate,
+    ) -> Result<Vec<u8>, ClientError> {
         let (operation, read_command) = request.operation();
         let kind = match operation {
             Operation::NonReplicated => Kind::Read,
@@ -440,8 +468,6 @@ impl Client {
             self.register()?;
         }
         let mut budget = Budget::new(self.options.retry, Instant::now(), self.next_jitter());
-        // Whether an attempt may have been applied: once true, never false again.
-        let mut maybe_applied = false;
         let mut last = None;
         let mut next_addr: Option<SocketAddr> = None;
         let mut redirects = 0u32;
@@ -459,7 +485,7 @@ impl Client {
                 .and_then(|()| self.exchange(addr, &frame, request_number, operation));
             let (status, reply_body) = match incoming {
                 Err(e) => {
-                    maybe_applied |= e.delivered && kind == Kind::Replicated;
+                    fate.maybe_applied |= e.delivered && kind == Kind::Replicated;
                     if !e.error.is_transient() {
                         return Err(e.error);
                     }
@@ -483,7 +509,7 @@ impl Client {
                             server: addr,
                             what: format!("unknown status {}", header.status),
                         });
-                        maybe_applied |= kind == Kind::Replicated;
+                        fate.maybe_applied |= kind == Kind::Replicated;
                         std::thread::sleep(budget.backoff(Instant::now()));
                         continue;
                     }
@@ -491,6 +517,7 @@ impl Client {
             };
             if !proves_not_applied(status) && kind == Kind::Replicated {
                 // Decided: the number is used whether the status is Ok or final.
+                fate.decided = true;
                 session.request = number;
                 if self.session.map(|s| s.id) == Some(session.id) {
                     self.session = Some(session);
@@ -559,7 +586,7 @@ impl Client {
                     self.session = None;
                     match kind {
                         Kind::Read | Kind::Register => return Err(refused),
-                        Kind::Replicated if maybe_applied => {
+                        Kind::Replicated if fate.maybe_applied => {
                             return Err(ClientError::SessionLost { request: number });
                         }
                         Kind::Replicated => {
@@ -574,12 +601,7 @@ impl Client {
                 }
             }
         }
-        if maybe_applied {
-            // The outcome is unknown: never reuse this number for another body. A new
-            // session (registered by the next call) also fences the abandoned request.
-            self.session = None;
-        }
-        Err(self.exhausted(&budget, maybe_applied, last))
+        Err(self.exhausted(&budget, fate.maybe_applied, last))
     }
 
     /// NonReplicated reads go to the group's cached primary (read-your-writes when it is

@@ -100,6 +100,17 @@ pub struct FakeState {
 }
 
 impl FakeState {
+    /// Changes (or adds) a user's password.
+    pub fn set_password(&mut self, user: &str, password: &[u8]) {
+        match self.users.iter_mut().find(|(u, _, _)| u == user) {
+            Some(entry) => entry.1 = password.to_vec(),
+            None => {
+                let id = self.users.len() as u32 + 1;
+                self.users.push((user.into(), password.to_vec(), id));
+            }
+        }
+    }
+
     /// Messages stored in a partition (sum over its batches).
     pub fn stored_messages(&self, partition: PartitionKey) -> u64 {
         self.partitions.get(&partition).map_or(0, |p| {

@@ -221,6 +221,32 @@ fn no_session_after_a_possible_delivery_reports_session_lost() {
 }
 
 #[test]
+fn a_final_error_after_a_possible_delivery_never_lets_the_number_be_reused() {
+    let cluster = FakeCluster::start(1).unwrap();
+    let mut client = logged_in(&cluster, 0);
+    let partition = topic(&mut client);
+    {
+        // Applied, reply lost, and the retry's new connection cannot log in.
+        let mut state = cluster.state();
+        state.faults.drop_reply_after_apply = Some(Operation::SendMessages);
+        state.set_password("root", b"changed");
+    }
+    let error = client.send_messages(partition, &batch(1)).unwrap_err();
+    assert_eq!(error.status(), Some(Status::InvalidCredentials));
+    assert_eq!(
+        client.session(),
+        None,
+        "the unknown outcome drops the session"
+    );
+    cluster.state().set_password("root", b"secret");
+    // A reused number would be answered with the lost request's reply; a new session
+    // applies the new batch.
+    let reply = client.send_messages(partition, &batch(2)).unwrap();
+    assert_eq!((reply.base_offset, reply.count), (1, 2));
+    assert_eq!(cluster.state().stored_messages(partition), 3);
+}
+
+#[test]
 fn an_eviction_for_no_session_registers_again_other_evictions_are_final() {
     let cluster = FakeCluster::start(1).unwrap();
     let mut client = logged_in(&cluster, 0);

@@ -301,6 +301,10 @@ fn bad_usage_exits_2_with_one_line() {
             "--count",
             "x",
         ],
+        vec![
+            "produce", "--stream", "s", "--topic", "t", "--count", "9", "--size", "16777216",
+            "--batch", "9",
+        ],
         vec!["frobnicate"],
         vec![],
         vec!["stream", "create", "s", "--server", "no-port-here"],

@@ -13,7 +13,7 @@
 //! library retries"): connection loss, timeouts, Unavailable and PipelineFull are
 //! retried with backoff at the next node, with the same number; NotPrimary at the named
 //! primary. NoSession re-registers and resends only when no earlier attempt can have
-//! been applied; otherwise the call reports `SessionLost`. When retries run out after a
+//! been applied; otherwise the call reports `SessionLost`. When a call fails after a
 //! possible delivery, the session is dropped so the abandoned number is never reused.
 //! Every reply frame passes `wire::decode` and is matched to its request (client,
 //! request number, operation) before its body is read.

@@ -17,6 +17,7 @@ use super::{connect, derive, stream_id, topic, CliError, Global, Report};
 
 /// Messages asked for per poll.
 pub const POLL_BATCH_MAX: u32 = 10_000;
+const _: () = assert!(POLL_BATCH_MAX <= appliance::protocol::request::POLL_COUNT_MAX);
 /// Pause between polls that found nothing new.
 const EMPTY_POLL_PAUSE: Duration = Duration::from_millis(50);
 

@@ -17,6 +17,11 @@ use super::{connect, derive, stream_id, topic, CliError, Global, Report};
 pub const BATCH_MAX: u32 = 100_000;
 /// Largest --size: a batch must fit the 64 MiB frame.
 pub const SIZE_MAX: usize = 16 * 1024 * 1024;
+/// Bytes of batch (header, message headers, payloads) one SendMessages may carry,
+/// leaving room under the 64 MiB frame for the frame header and partition key.
+pub const BATCH_BYTES_MAX: u64 = 60 * 1024 * 1024;
+const _: () = assert!((SIZE_MAX as u64) + 48 + 256 <= BATCH_BYTES_MAX);
+const _: () = assert!(BATCH_BYTES_MAX < replication::wire::decode::MAX_MESSAGE_SIZE_DEFAULT as u64);
 
 #[derive(Args, Debug)]
 pub struct ProduceArgs {
@@ -66,7 +71,7 @@ fn check(args: &ProduceArgs) -> Result<(), CliError> {
             "--size must be at most {SIZE_MAX}"
         )));
     }
-    if u64::from(args.batch) * (args.size as u64 + 48) + 256 > 60 * 1024 * 1024 {
+    if u64::from(args.batch) * (args.size as u64 + 48) + 256 > BATCH_BYTES_MAX {
         return Err(CliError::Usage(
             "--batch x --size exceeds the 64 MiB frame; use smaller batches".into(),
         ));

@@ -281,6 +281,40 @@ fn produce_survives_a_primary_crash_without_duplicates() {
 }
 
 #[test]
+fn server_lists_skip_dead_nodes_and_accept_repeats() {
+    let cluster = FakeCluster::start(2).unwrap();
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    };
+    let list = format!("{dead},{}", cluster.servers_arg());
+    let run = cli(&[
+        "--server",
+        &list,
+        "--password",
+        "secret",
+        "stream",
+        "create",
+        "a",
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("created with id 1"), "{}", run.stdout);
+    let second = cluster.addrs[1].to_string();
+    let run = cli(&[
+        "--server",
+        &dead,
+        "--server",
+        &second,
+        "--password",
+        "secret",
+        "stream",
+        "create",
+        "b",
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+}
+
+#[test]
 fn bad_usage_exits_2_with_one_line() {
     for args in [
         vec![

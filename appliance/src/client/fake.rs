@@ -58,6 +58,11 @@ pub struct Faults {
     pub gap_at: Option<u64>,
     /// Answer this many requests with Unavailable.
     pub unavailable: u32,
+    /// Answer this many replicated requests with PipelineFull.
+    pub pipeline_full: u32,
+    /// Answer this many requests with Unauthenticated and forget the connection's login
+    /// (as a node that restarted would).
+    pub unauthenticated: u32,
     /// After this many SendMessages are applied, answer every later one Unavailable.
     pub unavailable_after_sends: Option<u32>,
 }
@@ -311,6 +316,10 @@ fn handle(
             None => fail(Status::InvalidCredentials),
         };
     }
+    if s.faults.unauthenticated > 0 {
+        s.faults.unauthenticated -= 1;
+        *user = None;
+    }
     if user.is_none() {
         return fail(Status::Unauthenticated);
     }
@@ -331,6 +340,10 @@ fn handle(
             }
             .encode(),
         );
+    }
+    if s.faults.pipeline_full > 0 {
+        s.faults.pipeline_full -= 1;
+        return fail(Status::PipelineFull);
     }
     if operation == Operation::Register {
         let session = s.next_session;

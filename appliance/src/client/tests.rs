@@ -281,6 +281,55 @@ fn unavailable_is_retried_until_it_clears() {
 }
 
 #[test]
+fn pipeline_full_is_retried_at_the_same_primary() {
+    let cluster = FakeCluster::start(2).unwrap();
+    let mut client = logged_in(&cluster, 0);
+    let partition = topic(&mut client);
+    cluster.state().faults.pipeline_full = 2;
+    client.send_messages(partition, &batch(1)).unwrap();
+    let sends = sends(&cluster);
+    assert_eq!(sends.len(), 3);
+    assert!(sends.iter().all(|s| s.0 == 0 && s.2 == sends[0].2));
+}
+
+#[test]
+fn unauthenticated_logs_in_again_and_resends() {
+    let cluster = FakeCluster::start(1).unwrap();
+    let mut client = logged_in(&cluster, 0);
+    let partition = topic(&mut client);
+    let logins_before = logins(&cluster);
+    cluster.state().faults.unauthenticated = 1;
+    client.send_messages(partition, &batch(1)).unwrap();
+    assert_eq!(logins(&cluster), logins_before + 1);
+    assert_eq!(cluster.state().stored_messages(partition), 1);
+    let sends = sends(&cluster);
+    assert_eq!(sends.len(), 2);
+    assert_eq!(sends[0].2, sends[1].2);
+}
+
+fn logins(cluster: &FakeCluster) -> usize {
+    cluster
+        .state()
+        .received
+        .iter()
+        .filter(|r| r.operation == Operation::NonReplicated as u8 && r.read_command == 1)
+        .count()
+}
+
+#[test]
+fn connect_skips_nodes_that_do_not_answer() {
+    let cluster = FakeCluster::start(2).unwrap();
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let mut client = Client::connect(&[dead, cluster.addrs[1]], options()).unwrap();
+    client.login("root", b"secret").unwrap();
+    topic(&mut client);
+    assert_eq!(client.primary_of(METADATA_GROUP), Some(cluster.addrs[0]));
+}
+
+#[test]
 fn retries_are_bounded_in_attempts() {
     let cluster = FakeCluster::start(1).unwrap();
     let mut client = logged_in(&cluster, 0);

@@ -332,7 +332,7 @@ fn handle(
     }
     if replica != s.primary {
         let primary = s.primary;
-        return ok_status(
+        return Answer::Reply(
             Status::NotPrimary,
             NotPrimaryReply {
                 primary,
@@ -426,10 +426,6 @@ fn handle(
         return Answer::Close;
     }
     Answer::Reply(status, reply)
-}
-
-fn ok_status(status: Status, body: Vec<u8>) -> Answer {
-    Answer::Reply(status, body)
 }
 
 fn apply(s: &mut FakeState, request: &ClientRequest<'_>) -> Answer {

@@ -162,6 +162,14 @@ fn produce_then_consume_verifies_every_message() {
     assert_eq!(report["consumed"], 100);
     assert_eq!(report["last_offset"], 99);
     assert_eq!(report["verified"], true);
+    // Reading registers no session: only the producer and the creates did.
+    let registers = cluster
+        .state()
+        .received
+        .iter()
+        .filter(|r| r.operation == Operation::Register as u8 && r.node == 0)
+        .count();
+    assert_eq!(registers, 3);
     // The wrong seed is a mismatch.
     let run = consume(&cluster, "100", &["--verify", "--seed", "8"]);
     assert_eq!(run.code, 1);

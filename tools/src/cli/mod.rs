@@ -177,7 +177,7 @@ fn password(global: &Global) -> Result<String, CliError> {
     }
 }
 
-/// Connects to any of the servers, logs in and registers a session.
+/// Connects to any of the servers and logs in.
 pub fn connect(global: &Global) -> Result<Client, CliError> {
     let servers = servers(global)?;
     let password = password(global)?;
@@ -195,7 +195,8 @@ pub fn connect(global: &Global) -> Result<Client, CliError> {
     };
     let mut client = Client::connect(&servers, options)?;
     client.login(&global.user, password.as_bytes())?;
-    client.register()?;
+    // No Register here: the client registers a session before its first write, so a
+    // read-only consume leaves no session behind.
     Ok(client)
 }
 

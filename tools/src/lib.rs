@@ -1,3 +1,4 @@
-//! Operator tools shared by the `appliance-inspect` and (later) `appliance-cli` binaries.
+//! Operator tools shared by the `appliance-inspect` and `appliance-cli` binaries.
 
+pub mod cli;
 pub mod inspect;

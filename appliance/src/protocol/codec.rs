@@ -99,6 +99,11 @@ impl<'a> Reader<'a> {
         Ok(self.take(len, field)?.to_vec())
     }
 
+    /// Bytes not read yet (to bound a list count before allocating for it).
+    pub fn remaining(&self) -> usize {
+        self.bytes.len()
+    }
+
     /// Everything left (for a message batch that ends the body).
     pub fn rest(&mut self) -> &'a [u8] {
         core::mem::take(&mut self.bytes)

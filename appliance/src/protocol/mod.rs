@@ -1,8 +1,10 @@
 //! The client protocol carried in Request (5) and Reply (8) bodies on the `tcp` port:
-//! request bodies per operation, NonReplicated read commands and reply statuses.
+//! request bodies per operation, NonReplicated read commands, reply statuses and reply
+//! bodies.
 //! docs/client-protocol.md is the reference for every encoding.
 
 pub mod codec;
+pub mod reply;
 pub mod request;
 pub mod status;
 
@@ -10,5 +12,7 @@ pub use codec::BodyError;
 pub use request::{ClientRequest, Consumer, PollStrategy, ReadCommand, StreamPermission};
 pub use status::Status;
 
+#[cfg(test)]
+mod reply_tests;
 #[cfg(test)]
 mod tests;

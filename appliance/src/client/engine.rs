@@ -1,0 +1,618 @@
+//! The client: connections per node, the primary of each group, the session and its
+//! request numbers, and the retry loop every call goes through.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use replication::wire::registry::EvictionReason;
+use replication::wire::{Frame, Header, Limits, Operation, RequestHeader, METADATA_GROUP};
+
+use super::conn::{Connection, ExchangeError, Incoming};
+use super::error::ClientError;
+use super::retry::{proves_not_applied, step_for, Budget, RetryPolicy, Step};
+use crate::protocol::reply::{reason_text, LoginReply, NotPrimaryReply, RegisterReply};
+use crate::protocol::{ClientRequest, ReadCommand, Status};
+
+/// Nodes a client remembers (the configured ones plus those replies name).
+pub const NODES_MAX: usize = 256;
+
+/// Timeouts and retry bounds of a client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// TCP connect, per node.
+    pub connect_timeout: Duration,
+    /// From sending a request to its whole reply, per attempt.
+    pub request_timeout: Duration,
+    pub retry: RetryPolicy,
+    /// Largest reply frame accepted (message_bus.max_message_size).
+    pub max_message_size: u32,
+}
+
+impl Default for ClientOptions {
+    fn default() -> ClientOptions {
+        ClientOptions {
+            connect_timeout: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(10),
+            retry: RetryPolicy::default(),
+            max_message_size: replication::wire::decode::MAX_MESSAGE_SIZE_DEFAULT,
+        }
+    }
+}
+
+/// The cluster session: its id and the last request number used under it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Session {
+    id: u64,
+    request: u64,
+}
+
+/// What one call's attempts may have done.
+#[derive(Clone, Copy, Debug, Default)]
+struct Fate {
+    /// An attempt was delivered and not answered: it may have been applied. Once true,
+    /// never false again within the call.
+    maybe_applied: bool,
+    /// A reply decided the request (Ok or a final status).
+    decided: bool,
+}
+
+/// How a request is numbered and retried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// NonReplicated: session 0, request 0, resent freely.
+    Read,
+    /// Register: session 0, request 0.
+    Register,
+    /// Everything else: the session and the next request number, reused by every retry.
+    Replicated,
+}
+
+/// A blocking client of the appliance's client protocol (docs/client-protocol.md).
+/// One request is in flight at a time; see the module docs for what is retried.
+#[derive(Debug)]
+pub struct Client {
+    options: ClientOptions,
+    limits: Limits,
+    client_id: u128,
+    nodes: Vec<SocketAddr>,
+    cursor: usize,
+    primaries: HashMap<u64, SocketAddr>,
+    conns: HashMap<SocketAddr, Connection>,
+    credentials: Option<(String, Vec<u8>)>,
+    user_id: Option<u32>,
+    session: Option<Session>,
+    jitter: u64,
+}
+
+/// Resolves "host:port" (or a comma-separated list of them) to socket addresses.
+pub fn resolve(spec: &str) -> Result<Vec<SocketAddr>, ClientError> {
+    let mut out = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let addrs = part
+            .to_socket_addrs()
+            .map_err(|e| ClientError::InvalidArgument {
+                what: "server",
+                rule: format!("{part}: {e}"),
+            })?;
+        out.extend(addrs);
+    }
+    Ok(out)
+}
+
+/// A random non-zero client id: blake3 over the clock, the process id, a per-process
+/// counter and std's randomly keyed hasher (no extra crate for 16 random bytes).
+fn random_client_id() -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut keyed = std::collections::hash_map::RandomState::new().build_hasher();
+    keyed.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&now_micros().to_le_bytes());
+    hasher.update(&std::process::id().to_le_bytes());
+    hasher.update(&keyed.finish().to_le_bytes());
+    let mut first = [0u8; 16];
+    first.copy_from_slice(&hasher.finalize().as_bytes()[..16]);
+    u128::from_le_bytes(first).max(1)
+}
+
+fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// Checks a short string or secret (1 to 255 bytes) before it is encoded.
+pub(crate) fn short(what: &'static str, bytes: &[u8]) -> Result<(), ClientError> {
+    if bytes.is_empty() || bytes.len() > 255 {
+        return Err(ClientError::InvalidArgument {
+            what,
+            rule: format!("must be 1 to 255 bytes, got {}", bytes.len()),
+        });
+    }
+    Ok(())
+}
+
+impl Client {
+    /// Connects to the first of `servers` that answers. Any node will do: requests
+    /// follow NotPrimary redirects to each group's primary.
+    pub fn connect(servers: &[SocketAddr], options: ClientOptions) -> Result<Client, ClientError> {
+        if servers.is_empty() {
+            return Err(ClientError::NoServers);
+        }
+        let mut client = Client {
+            options,
+            limits: Limits {
+                max_message_size: options.max_message_size,
+            },
+            client_id: random_client_id(),
+            nodes: Vec::new(),
+            cursor: 0,
+            primaries: HashMap::new(),
+            conns: HashMap::new(),
+            credentials: None,
+            user_id: None,
+            session: None,
+            jitter: 0,
+        };
+        client.jitter = client.client_id as u64;
+        for addr in servers {
+            client.add_node(*addr);
+        }
+        let mut last = ClientError::NoServers;
+        for (index, addr) in client.nodes.clone().into_iter().enumerate() {
+            match Connection::open(addr, options.connect_timeout) {
+                Ok(conn) => {
+                    client.conns.insert(addr, conn);
+                    client.cursor = index;
+                    return Ok(client);
+                }
+                Err(error) => last = error,
+            }
+        }
+        Err(last)
+    }
+
+    /// This client's id (RequestHeader.client), fixed for its lifetime.
+    pub fn client_id(&self) -> u128 {
+        self.client_id
+    }
+
+    /// The session, once registered.
+    pub fn session(&self) -> Option<u64> {
+        self.session.map(|s| s.id)
+    }
+
+    /// The last request number used under the session.
+    pub fn last_request(&self) -> Option<u64> {
+        self.session.map(|s| s.request)
+    }
+
+    /// The user Login named.
+    pub fn user_id(&self) -> Option<u32> {
+        self.user_id
+    }
+
+    /// Nodes known so far.
+    pub fn nodes(&self) -> &[SocketAddr] {
+        &self.nodes
+    }
+
+    /// The cached primary of a group, if one is known.
+    pub fn primary_of(&self, group: u64) -> Option<SocketAddr> {
+        self.primaries.get(&group).copied()
+    }
+
+    pub(crate) fn add_node(&mut self, addr: SocketAddr) {
+        if !self.nodes.contains(&addr) && self.nodes.len() < NODES_MAX {
+            self.nodes.push(addr);
+        }
+    }
+
+    pub(crate) fn set_primary(&mut self, group: u64, addr: SocketAddr) {
+        self.add_node(addr);
+        self.primaries.insert(group, addr);
+    }
+
+    /// Logs in with `user` and `password` (a NonReplicated Login on the connection) and
+    /// keeps the credentials to log in again on every new connection.
+    pub fn login(&mut self, user: &str, password: &[u8]) -> Result<u32, ClientError> {
+        short("user", user.as_bytes())?;
+        short("password", password)?;
+        self.credentials = Some((user.to_owned(), password.to_vec()));
+        for conn in self.conns.values_mut() {
+            conn.logged_in = false;
+        }
+        let mut budget = Budget::new(self.options.retry, Instant::now(), self.next_jitter());
+        let mut last = None;
+        while budget.start_attempt(Instant::now()) {
+            let addr = self.target(METADATA_GROUP);
+            match self.ensure_conn(addr) {
+                Ok(()) => return self.user_id.ok_or(ClientError::NoServers),
+                Err(e) if e.error.is_transient() => {
+                    self.forget(addr);
+                    last = Some(e.error);
+                    std::thread::sleep(budget.backoff(Instant::now()));
+                }
+                Err(e) => {
+                    self.credentials = None;
+                    return Err(e.error);
+                }
+            }
+        }
+        Err(self.exhausted(&budget, false, last))
+    }
+
+    /// Registers a session (any node; a backup forwards it). Replaces a previous one.
+    pub fn register(&mut self) -> Result<u64, ClientError> {
+        let server = self.target(METADATA_GROUP);
+        let body = self.call(METADATA_GROUP, &ClientRequest::Register)?;
+        let reply =
+            RegisterReply::decode(&body).map_err(|e| ClientError::body(server, "Register", e))?;
+        self.session = Some(Session {
+            id: reply.session,
+            request: 0,
+        });
+        Ok(reply.session)
+    }
+
+    /// Ends the session.
+    pub fn logout(&mut self) -> Result<(), ClientError> {
+        if self.session.is_none() {
+            return Ok(());
+        }
+        let result = self
+            .call(METADATA_GROUP, &ClientRequest::Logout)
+            .map(|_| ());
+        self.session = None;
+        result
+    }
+
+    fn next_jitter(&mut self) -> u64 {
+        self.jitter = self
+            .jitter
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1);
+        self.jitter
+    }
+
+    /// Where a request for `group` goes: its cached primary, else the current node.
+    fn target(&self, group: u64) -> SocketAddr {
+        if let Some(addr) = self.primaries.get(&group) {
+            return *addr;
+        }
+        self.nodes[self.cursor % self.nodes.len()]
+    }
+
+    /// Drops the connection to a node that failed, forgets it as anyone's primary and
+    /// moves the cursor past it, so the next attempt tries another node.
+    fn forget(&mut self, addr: SocketAddr) {
+        self.conns.remove(&addr);
+        self.primaries.retain(|_, a| *a != addr);
+        if let Some(index) = self.nodes.iter().position(|a| *a == addr) {
+            if index == self.cursor % self.nodes.len() {
+                self.cursor = (index + 1) % self.nodes.len();
+            }
+        }
+    }
+
+    fn frame(
+        &self,
+        operation: Operation,
+        read_command: u32,
+        session: u64,
+        request: u64,
+        body: &[u8],
+    ) -> Frame {
+        let mut header = RequestHeader::new();
+        header.client = self.client_id;
+        header.timestamp = now_micros();
+        header.request = request;
+        header.operation = operation as u8;
+        header.session = session;
+        header.read_command = read_command;
+        Frame::build(&header, body)
+    }
+
+    /// Opens a connection to `addr` if there is none and logs it in if credentials are
+    /// set. Nothing of the caller's request has been sent when this fails.
+    fn ensure_conn(&mut self, addr: SocketAddr) -> Result<(), ExchangeError> {
+        let not_delivered = |error| ExchangeError {
+            error,
+            delivered: false,
+        };
+        if !self.conns.contains_key(&addr) {
+            let conn =
+                Connection::open(addr, self.options.connect_timeout).map_err(not_delivered)?;
+            self.conns.insert(addr, conn);
+        }
+        let needs_login = self.conns.get(&addr).is_some_and(|c| !c.logged_in);
+        let Some((user, password)) = self.credentials.clone() else {
+            return Ok(());
+        };
+        if !needs_login {
+            return Ok(());
+        }
+        let login = ClientRequest::Login {
+            username: user,
+            password,
+        };
+        let (operation, read_command) = login.operation();
+        let frame = self.frame(operation, read_command, 0, 0, &login.encode());
+        let incoming = self.exchange(addr, &frame, 0, operation).map_err(|mut e| {
+            e.delivered = false;
+            e
+        })?;
+        let (status, body) = match incoming {
+            Incoming::Reply { header, body } => (header.status, body),
+            Incoming::Eviction { reason, .. } => {
+                return Err(not_delivered(ClientError::evicted(reason)))
+            }
+        };
+        match Status::from_u32(status) {
+            Some(Status::Ok) => {
+                let reply = LoginReply::decode(&body)
+                    .map_err(|e| not_delivered(ClientError::body(addr, "Login", e)))?;
+                self.user_id = Some(reply.user_id);
+                if let Some(conn) = self.conns.get_mut(&addr) {
+                    conn.logged_in = true;
+                }
+                Ok(())
+            }
+            Some(status) => Err(not_delivered(ClientError::Status {
+                status,
+                reason: reason_text(&body),
+            })),
+            None => Err(not_delivered(ClientError::UnexpectedReply {
+                server: addr,
+                what: format!("unknown status {status}"),
+            })),
+        }
+    }
+
+    /// One frame out, one answer back, checked to answer this request. Any failure
+    /// drops the connection: a late reply must never be read as another request's.
+    fn exchange(
+        &mut self,
+        addr: SocketAddr,
+        frame: &Frame,
+        request: u64,
+        operation: Operation,
+    ) -> Result<Incoming, ExchangeError> {
+        let Some(conn) = self.conns.get_mut(&addr) else {
+            return Err(ExchangeError {
+                error: ClientError::NoServers,
+                delivered: false,
+            });
+        };
+        let result = conn.exchange(frame, self.options.request_timeout, &self.limits);
+        let checked = result.and_then(|incoming| {
+            let mismatch = |what: String| ExchangeError {
+                error: ClientError::UnexpectedReply { server: addr, what },
+                delivered: true,
+            };
+            match &incoming {
+                Incoming::Reply { header, .. } => {
+                    if header.client != self.client_id {
+                        return Err(mismatch(format!("reply for client {:#x}", header.client)));
+                    }
+                    if header.request != request || header.operation != operation as u8 {
+                        return Err(mismatch(format!(
+                            "reply to request {} operation {}, expected request {request} operation {}",
+                            header.request, header.operation, operation as u8
+                        )));
+                    }
+                }
+                Incoming::Eviction { client, .. } if *client != self.client_id => {
+                    return Err(mismatch(format!("eviction of client {client:#x}")));
+                }
+                Incoming::Eviction { .. } => {}
+            }
+            Ok(incoming)
+        });
+        if checked.is_err() {
+            self.conns.remove(&addr);
+        }
+        checked
+    }
+
+    fn exhausted(
+        &self,
+        budget: &Budget,
+        maybe_applied: bool,
+        last: Option<ClientError>,
+    ) -> ClientError {
+        ClientError::RetriesExhausted {
+            attempts: budget.attempts(),
+            elapsed: budget.elapsed(Instant::now()),
+            maybe_applied,
+            last: Box::new(last.unwrap_or(ClientError::NoServers)),
+        }
+    }
+
+    /// Sends `request` to the primary of `group` and returns the Ok reply's body.
+    /// The retry rules are docs/client-protocol.md, "What the client library retries".
+    pub(crate) fn call(
+        &mut self,
+        group: u64,
+        request: &ClientRequest<'_>,
+    ) -> Result<Vec<u8>, ClientError> {
+        let mut fate = Fate::default();
+        let result = self.call_attempts(group, request, &mut fate);
+        if result.is_err() && fate.maybe_applied && !fate.decided {
+            // The outcome is unknown, whatever ended the call: never reuse this number
+            // for another body (the primary would answer it with this request's reply).
+            // A new session, registered by the next call, also fences the abandoned
+            // request: it is ordered before that Register or refused.
+            self.session = None;
+        }
+        result
+    }
+
+    fn call_attempts(
+        &mut self,
+        group: u64,
+        request: &ClientRequest<'_>,
+        fate: &mut Fate,
+    ) -> Result<Vec<u8>, ClientError> {
+        let (operation, read_command) = request.operation();
+        let kind = match operation {
+            Operation::NonReplicated => Kind::Read,
+            Operation::Register => Kind::Register,
+            _ => Kind::Replicated,
+        };
+        let body = request.encode();
+        if kind == Kind::Replicated && self.session.is_none() {
+            self.register()?;
+        }
+        let mut budget = Budget::new(self.options.retry, Instant::now(), self.next_jitter());
+        let mut last = None;
+        let mut next_addr: Option<SocketAddr> = None;
+        let mut redirects = 0u32;
+        let mut session = self.session.unwrap_or(Session { id: 0, request: 0 });
+        let mut number = session.request + 1;
+        while budget.start_attempt(Instant::now()) {
+            let addr = next_addr.take().unwrap_or_else(|| self.target(group));
+            let (session_id, request_number) = match kind {
+                Kind::Replicated => (session.id, number),
+                Kind::Read | Kind::Register => (0, 0),
+            };
+            let frame = self.frame(operation, read_command, session_id, request_number, &body);
+            let incoming = self
+                .ensure_conn(addr)
+                .and_then(|()| self.exchange(addr, &frame, request_number, operation));
+            let (status, reply_body) = match incoming {
+                Err(e) => {
+                    fate.maybe_applied |= e.delivered && kind == Kind::Replicated;
+                    if !e.error.is_transient() {
+                        return Err(e.error);
+                    }
+                    self.forget(addr);
+                    last = Some(e.error);
+                    std::thread::sleep(budget.backoff(Instant::now()));
+                    continue;
+                }
+                Ok(Incoming::Eviction { reason, .. }) => {
+                    if reason != EvictionReason::NoSession as u8 {
+                        self.session = None;
+                        return Err(ClientError::evicted(reason));
+                    }
+                    (Status::NoSession, Vec::new())
+                }
+                Ok(Incoming::Reply { header, body }) => match Status::from_u32(header.status) {
+                    Some(status) => (status, body),
+                    None => {
+                        self.forget(addr);
+                        last = Some(ClientError::UnexpectedReply {
+                            server: addr,
+                            what: format!("unknown status {}", header.status),
+                        });
+                        fate.maybe_applied |= kind == Kind::Replicated;
+                        std::thread::sleep(budget.backoff(Instant::now()));
+                        continue;
+                    }
+                },
+            };
+            if !proves_not_applied(status) && kind == Kind::Replicated {
+                // Decided: the number is used whether the status is Ok or final.
+                fate.decided = true;
+                session.request = number;
+                if self.session.map(|s| s.id) == Some(session.id) {
+                    self.session = Some(session);
+                }
+            }
+            let refused = ClientError::Status {
+                status,
+                reason: reason_text(&reply_body),
+            };
+            match step_for(status) {
+                Step::Done if status == Status::Ok => return Ok(reply_body),
+                Step::Done => return Err(refused),
+                Step::Redirect => {
+                    let to = NotPrimaryReply::decode(&reply_body)
+                        .map_err(|e| ClientError::body(addr, "NotPrimary", e))
+                        .and_then(|r| {
+                            resolve(&r.address)?.into_iter().next().ok_or(
+                                ClientError::UnexpectedReply {
+                                    server: addr,
+                                    what: format!("NotPrimary names no address: {}", r.address),
+                                },
+                            )
+                        });
+                    match to {
+                        Ok(to) => {
+                            self.set_primary(group, to);
+                            redirects += 1;
+                            if to == addr || redirects > 1 {
+                                // Redirected back to the node that refused, or nodes that
+                                // disagree about the primary (a view change in progress):
+                                // give them time to settle instead of spinning.
+                                std::thread::sleep(budget.backoff(Instant::now()));
+                            }
+                            next_addr = Some(to);
+                        }
+                        Err(error) => {
+                            self.forget(addr);
+                            last = Some(error);
+                            std::thread::sleep(budget.backoff(Instant::now()));
+                            continue;
+                        }
+                    }
+                    last = Some(refused);
+                }
+                Step::RetrySame => {
+                    last = Some(refused);
+                    next_addr = Some(addr);
+                    std::thread::sleep(budget.backoff(Instant::now()));
+                }
+                Step::RetryElsewhere => {
+                    last = Some(refused);
+                    self.forget(addr);
+                    std::thread::sleep(budget.backoff(Instant::now()));
+                }
+                Step::Relogin => {
+                    if self.credentials.is_none() {
+                        return Err(refused);
+                    }
+                    if let Some(conn) = self.conns.get_mut(&addr) {
+                        conn.logged_in = false;
+                    }
+                    last = Some(refused);
+                    next_addr = Some(addr);
+                }
+                Step::SessionGone => {
+                    self.session = None;
+                    match kind {
+                        Kind::Read | Kind::Register => return Err(refused),
+                        Kind::Replicated if fate.maybe_applied => {
+                            return Err(ClientError::SessionLost { request: number });
+                        }
+                        Kind::Replicated => {
+                            // Every attempt so far was refused unapplied: safe to resend
+                            // under a new session as its first request.
+                            self.register()?;
+                            session = self.session.unwrap_or(Session { id: 0, request: 0 });
+                            number = session.request + 1;
+                            last = Some(refused);
+                        }
+                    }
+                }
+            }
+        }
+        Err(self.exhausted(&budget, fate.maybe_applied, last))
+    }
+
+    /// NonReplicated reads go to the group's cached primary (read-your-writes when it is
+    /// known), else any node; they are resent freely.
+    pub(crate) fn read(
+        &mut self,
+        group: u64,
+        request: &ClientRequest<'_>,
+    ) -> Result<Vec<u8>, ClientError> {
+        debug_assert_eq!(request.operation().0, Operation::NonReplicated);
+        debug_assert_ne!(request.operation().1, ReadCommand::Login as u32);
+        self.call(group, request)
+    }
+}

@@ -1,0 +1,416 @@
+//! Typed calls: one method per client operation, each encoding its request body,
+//! routing it to its group and decoding the reply body (appliance::protocol::reply).
+
+use std::net::SocketAddr;
+
+use replication::wire::batch;
+use replication::wire::{PartitionKey, METADATA_GROUP};
+
+use super::engine::{resolve, short, Client};
+use super::error::ClientError;
+use crate::protocol::reply::{
+    split_poll_body, ClusterMetadataReply, ConsumerOffsetReply, CreateTopicReply, IdReply,
+    ListStreamsReply, ListTopicsReply, SendMessagesReply, PRIMARY_UNKNOWN,
+};
+use crate::protocol::request::{PERMISSIONS_MAX, POLL_COUNT_MAX};
+use crate::protocol::{ClientRequest, Consumer, PollStrategy, Status, StreamPermission};
+
+fn group_of(partition: PartitionKey) -> Result<u64, ClientError> {
+    partition.pack().map_err(|e| ClientError::InvalidArgument {
+        what: "partition",
+        rule: e.to_string(),
+    })
+}
+
+/// The server address for errors about a reply body (the group's primary if known).
+fn server_of(client: &Client, group: u64) -> SocketAddr {
+    client
+        .primary_of(group)
+        .or_else(|| client.nodes().first().copied())
+        .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)))
+}
+
+fn permissions(list: &[StreamPermission]) -> Result<(), ClientError> {
+    if list.len() > PERMISSIONS_MAX {
+        return Err(ClientError::InvalidArgument {
+            what: "permissions",
+            rule: format!("at most {PERMISSIONS_MAX} entries, got {}", list.len()),
+        });
+    }
+    Ok(())
+}
+
+impl Client {
+    fn metadata_id(&mut self, request: ClientRequest<'_>, what: &str) -> Result<u32, ClientError> {
+        let body = self.call(METADATA_GROUP, &request)?;
+        IdReply::decode(&body)
+            .map(|r| r.id)
+            .map_err(|e| ClientError::body(server_of(self, METADATA_GROUP), what, e))
+    }
+
+    fn metadata_empty(&mut self, request: ClientRequest<'_>) -> Result<(), ClientError> {
+        self.call(METADATA_GROUP, &request).map(|_| ())
+    }
+
+    /// Creates a stream; returns its id.
+    pub fn create_stream(&mut self, name: &str) -> Result<u32, ClientError> {
+        short("stream name", name.as_bytes())?;
+        self.metadata_id(
+            ClientRequest::CreateStream { name: name.into() },
+            "CreateStream",
+        )
+    }
+
+    pub fn delete_stream(&mut self, stream_id: u32) -> Result<(), ClientError> {
+        self.metadata_empty(ClientRequest::DeleteStream { stream_id })
+    }
+
+    /// Creates a topic with partitions 0..partitions; returns its id.
+    pub fn create_topic(
+        &mut self,
+        stream_id: u32,
+        name: &str,
+        partitions: u32,
+    ) -> Result<u32, ClientError> {
+        short("topic name", name.as_bytes())?;
+        let request = ClientRequest::CreateTopic {
+            stream_id,
+            name: name.into(),
+            partitions,
+        };
+        let body = self.call(METADATA_GROUP, &request)?;
+        CreateTopicReply::decode(&body)
+            .map(|r| r.topic_id)
+            .map_err(|e| ClientError::body(server_of(self, METADATA_GROUP), "CreateTopic", e))
+    }
+
+    pub fn delete_topic(&mut self, stream_id: u32, topic_id: u32) -> Result<(), ClientError> {
+        self.metadata_empty(ClientRequest::DeleteTopic {
+            stream_id,
+            topic_id,
+        })
+    }
+
+    /// Adds `count` partitions; returns the topic's partition count now.
+    pub fn create_partitions(
+        &mut self,
+        stream_id: u32,
+        topic_id: u32,
+        count: u32,
+    ) -> Result<u32, ClientError> {
+        self.metadata_id(
+            ClientRequest::CreatePartitions {
+                stream_id,
+                topic_id,
+                count,
+            },
+            "CreatePartitions",
+        )
+    }
+
+    /// Removes the last `count` partitions; returns the partitions left.
+    pub fn delete_partitions(
+        &mut self,
+        stream_id: u32,
+        topic_id: u32,
+        count: u32,
+    ) -> Result<u32, ClientError> {
+        self.metadata_id(
+            ClientRequest::DeletePartitions {
+                stream_id,
+                topic_id,
+                count,
+            },
+            "DeletePartitions",
+        )
+    }
+
+    /// Deletes the oldest `segments` sealed segments of a partition.
+    pub fn delete_segments(
+        &mut self,
+        partition: PartitionKey,
+        segments: u32,
+    ) -> Result<(), ClientError> {
+        group_of(partition)?;
+        self.metadata_empty(ClientRequest::DeleteSegments {
+            partition,
+            segments,
+        })
+    }
+
+    /// Creates a user; returns its id.
+    pub fn create_user(
+        &mut self,
+        username: &str,
+        password: &[u8],
+        permissions_list: &[StreamPermission],
+    ) -> Result<u32, ClientError> {
+        short("username", username.as_bytes())?;
+        short("password", password)?;
+        permissions(permissions_list)?;
+        self.metadata_id(
+            ClientRequest::CreateUser {
+                username: username.into(),
+                password: password.to_vec(),
+                permissions: permissions_list.to_vec(),
+            },
+            "CreateUser",
+        )
+    }
+
+    pub fn delete_user(&mut self, user_id: u32) -> Result<(), ClientError> {
+        self.metadata_empty(ClientRequest::DeleteUser { user_id })
+    }
+
+    pub fn change_password(
+        &mut self,
+        user_id: u32,
+        new_password: &[u8],
+    ) -> Result<(), ClientError> {
+        short("new password", new_password)?;
+        self.metadata_empty(ClientRequest::ChangePassword {
+            user_id,
+            new_password: new_password.to_vec(),
+        })
+    }
+
+    pub fn update_permissions(
+        &mut self,
+        user_id: u32,
+        permissions_list: &[StreamPermission],
+    ) -> Result<(), ClientError> {
+        permissions(permissions_list)?;
+        self.metadata_empty(ClientRequest::UpdatePermissions {
+            user_id,
+            permissions: permissions_list.to_vec(),
+        })
+    }
+
+    /// Creates a consumer group; returns its id.
+    pub fn create_consumer_group(
+        &mut self,
+        stream_id: u32,
+        topic_id: u32,
+        name: &str,
+    ) -> Result<u32, ClientError> {
+        short("group name", name.as_bytes())?;
+        self.metadata_id(
+            ClientRequest::CreateConsumerGroup {
+                stream_id,
+                topic_id,
+                name: name.into(),
+            },
+            "CreateConsumerGroup",
+        )
+    }
+
+    pub fn delete_consumer_group(
+        &mut self,
+        stream_id: u32,
+        topic_id: u32,
+        group_id: u32,
+    ) -> Result<(), ClientError> {
+        self.metadata_empty(ClientRequest::DeleteConsumerGroup {
+            stream_id,
+            topic_id,
+            group_id,
+        })
+    }
+
+    pub fn join_consumer_group(
+        &mut self,
+        stream_id: u32,
+        topic_id: u32,
+        group_id: u32,
+    ) -> Result<(), ClientError> {
+        self.metadata_empty(ClientRequest::JoinConsumerGroup {
+            stream_id,
+            topic_id,
+            group_id,
+        })
+    }
+
+    pub fn leave_consumer_group(
+        &mut self,
+        stream_id: u32,
+        topic_id: u32,
+        group_id: u32,
+    ) -> Result<(), ClientError> {
+        self.metadata_empty(ClientRequest::LeaveConsumerGroup {
+            stream_id,
+            topic_id,
+            group_id,
+        })
+    }
+
+    /// Appends a batch (built with wire::batch::BatchBuilder, verified here before it is
+    /// sent) to a partition; returns where it landed.
+    pub fn send_messages(
+        &mut self,
+        partition: PartitionKey,
+        batch_bytes: &[u8],
+    ) -> Result<SendMessagesReply, ClientError> {
+        let group = group_of(partition)?;
+        let info = batch::verify(batch_bytes).map_err(|e| ClientError::InvalidArgument {
+            what: "batch",
+            rule: e.to_string(),
+        })?;
+        let body = self.call(
+            group,
+            &ClientRequest::SendMessages {
+                partition,
+                batch: batch_bytes,
+            },
+        )?;
+        let server = server_of(self, group);
+        let reply = SendMessagesReply::decode(&body)
+            .map_err(|e| ClientError::body(server, "SendMessages", e))?;
+        if reply.count != info.message_count {
+            return Err(ClientError::UnexpectedReply {
+                server,
+                what: format!(
+                    "SendMessages acknowledged {} messages of {}",
+                    reply.count, info.message_count
+                ),
+            });
+        }
+        Ok(reply)
+    }
+
+    /// Reads up to `count` messages: zero or more whole batches, concatenated, each
+    /// already verified (wire::batch::verify); split them with
+    /// `protocol::reply::split_poll_body`.
+    pub fn poll_messages(
+        &mut self,
+        partition: PartitionKey,
+        consumer: Consumer,
+        strategy: PollStrategy,
+        count: u32,
+    ) -> Result<Vec<u8>, ClientError> {
+        let group = group_of(partition)?;
+        if count == 0 || count > POLL_COUNT_MAX {
+            return Err(ClientError::InvalidArgument {
+                what: "count",
+                rule: format!("must be 1 to {POLL_COUNT_MAX}"),
+            });
+        }
+        let body = self.read(
+            group,
+            &ClientRequest::PollMessages {
+                partition,
+                consumer,
+                strategy,
+                count,
+                auto_commit: false,
+            },
+        )?;
+        if let Err(e) = split_poll_body(&body) {
+            return Err(ClientError::UnexpectedReply {
+                server: server_of(self, group),
+                what: format!("PollMessages: {e}"),
+            });
+        }
+        Ok(body)
+    }
+
+    pub fn store_consumer_offset(
+        &mut self,
+        partition: PartitionKey,
+        consumer: Consumer,
+        offset: u64,
+    ) -> Result<(), ClientError> {
+        let group = group_of(partition)?;
+        self.call(
+            group,
+            &ClientRequest::StoreConsumerOffset {
+                partition,
+                consumer,
+                offset,
+            },
+        )
+        .map(|_| ())
+    }
+
+    /// The stored offset, or None when the consumer has none.
+    pub fn get_consumer_offset(
+        &mut self,
+        partition: PartitionKey,
+        consumer: Consumer,
+    ) -> Result<Option<u64>, ClientError> {
+        let group = group_of(partition)?;
+        match self.read(
+            group,
+            &ClientRequest::GetConsumerOffset {
+                partition,
+                consumer,
+            },
+        ) {
+            Ok(body) => ConsumerOffsetReply::decode(&body)
+                .map(|r| Some(r.offset))
+                .map_err(|e| ClientError::body(server_of(self, group), "GetConsumerOffset", e)),
+            Err(ClientError::Status {
+                status: Status::NotFound,
+                ..
+            }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn delete_consumer_offset(
+        &mut self,
+        partition: PartitionKey,
+        consumer: Consumer,
+    ) -> Result<(), ClientError> {
+        let group = group_of(partition)?;
+        self.call(
+            group,
+            &ClientRequest::DeleteConsumerOffset {
+                partition,
+                consumer,
+            },
+        )
+        .map(|_| ())
+    }
+
+    /// The nodes and each group's primary; also learns them, so later requests go
+    /// straight to each primary.
+    pub fn cluster_metadata(&mut self) -> Result<ClusterMetadataReply, ClientError> {
+        let body = self.read(METADATA_GROUP, &ClientRequest::ClusterMetadata)?;
+        let reply = ClusterMetadataReply::decode(&body).map_err(|e| {
+            ClientError::body(server_of(self, METADATA_GROUP), "ClusterMetadata", e)
+        })?;
+        for node in &reply.nodes {
+            if let Some(addr) = resolve(&node.address)
+                .ok()
+                .and_then(|a| a.into_iter().next())
+            {
+                self.add_node(addr);
+            }
+        }
+        for group in &reply.groups {
+            if group.primary == PRIMARY_UNKNOWN {
+                continue;
+            }
+            let addr = reply
+                .address_of(group.primary)
+                .and_then(|a| resolve(a).ok())
+                .and_then(|a| a.into_iter().next());
+            if let Some(addr) = addr {
+                self.set_primary(group.group, addr);
+            }
+        }
+        Ok(reply)
+    }
+
+    pub fn list_streams(&mut self) -> Result<ListStreamsReply, ClientError> {
+        let body = self.read(METADATA_GROUP, &ClientRequest::ListStreams)?;
+        ListStreamsReply::decode(&body)
+            .map_err(|e| ClientError::body(server_of(self, METADATA_GROUP), "ListStreams", e))
+    }
+
+    pub fn list_topics(&mut self, stream_id: u32) -> Result<ListTopicsReply, ClientError> {
+        let body = self.read(METADATA_GROUP, &ClientRequest::ListTopics { stream_id })?;
+        ListTopicsReply::decode(&body)
+            .map_err(|e| ClientError::body(server_of(self, METADATA_GROUP), "ListTopics", e))
+    }
+}

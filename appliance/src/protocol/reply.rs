@@ -1,0 +1,428 @@
+//! Reply bodies of the client protocol (docs/client-protocol.md, "Reply bodies"): one
+//! codec shared by the daemon, which encodes them, and `appliance::client`, which
+//! decodes them. Decoding never panics and bounds every list by the bytes present.
+
+use replication::wire::batch::{self, BatchInfo, BATCH_HEADER_SIZE};
+
+use super::codec::{BodyError, Reader, Writer};
+
+/// Nodes a ClusterMetadata reply may list (replica ids are a u8).
+pub const NODES_MAX: usize = 255;
+/// Groups a ClusterMetadata reply may list.
+pub const GROUPS_MAX: usize = 1 << 20;
+/// Entries a ListStreams or ListTopics reply may list.
+pub const LIST_MAX: usize = 1 << 20;
+/// ClusterMetadata `primary` when a group's primary is not known to the answering node.
+pub const PRIMARY_UNKNOWN: u8 = u8::MAX;
+
+/// Refuses a list count that the remaining bytes cannot hold (each entry is at least
+/// `entry_min` bytes) or that exceeds `max`, before anything is allocated for it.
+fn list_len(
+    r: &mut Reader<'_>,
+    field: &'static str,
+    entry_min: usize,
+    max: usize,
+) -> Result<usize, BodyError> {
+    let count = r.u32(field)? as usize;
+    if count > max {
+        return Err(BodyError::TooMany {
+            field,
+            count: count as u64,
+            max: max as u64,
+        });
+    }
+    if count.saturating_mul(entry_min) > r.remaining() {
+        return Err(BodyError::Truncated { field });
+    }
+    Ok(count)
+}
+
+fn decode_all<T>(
+    body: &[u8],
+    f: impl FnOnce(&mut Reader<'_>) -> Result<T, BodyError>,
+) -> Result<T, BodyError> {
+    let mut r = Reader::new(body);
+    let value = f(&mut r)?;
+    r.finish()?;
+    Ok(value)
+}
+
+/// Login: the user the credentials name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoginReply {
+    pub user_id: u32,
+}
+
+impl LoginReply {
+    pub fn encode(&self) -> Vec<u8> {
+        Writer::default().u32(self.user_id).finish()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<LoginReply, BodyError> {
+        decode_all(body, |r| {
+            Ok(LoginReply {
+                user_id: r.u32("user_id")?,
+            })
+        })
+    }
+}
+
+/// Register: the session the primary minted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegisterReply {
+    pub session: u64,
+}
+
+impl RegisterReply {
+    pub fn encode(&self) -> Vec<u8> {
+        Writer::default().u64(self.session).finish()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<RegisterReply, BodyError> {
+        decode_all(body, |r| {
+            let session = r.u64("session")?;
+            if session == 0 {
+                return Err(BodyError::Invalid {
+                    field: "session",
+                    rule: "must not be 0",
+                });
+            }
+            Ok(RegisterReply { session })
+        })
+    }
+}
+
+/// CreateStream, CreateUser and CreateConsumerGroup: the new object's id. Also the u32
+/// that CreatePartitions (partitions now) and DeletePartitions (partitions left) answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdReply {
+    pub id: u32,
+}
+
+impl IdReply {
+    pub fn encode(&self) -> Vec<u8> {
+        Writer::default().u32(self.id).finish()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<IdReply, BodyError> {
+        decode_all(body, |r| Ok(IdReply { id: r.u32("id")? }))
+    }
+}
+
+/// CreateTopic: the topic id and its partition count (partitions are 0..partitions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CreateTopicReply {
+    pub topic_id: u32,
+    pub partitions: u32,
+}
+
+impl CreateTopicReply {
+    pub fn encode(&self) -> Vec<u8> {
+        Writer::default()
+            .u32(self.topic_id)
+            .u32(self.partitions)
+            .finish()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<CreateTopicReply, BodyError> {
+        decode_all(body, |r| {
+            Ok(CreateTopicReply {
+                topic_id: r.u32("topic_id")?,
+                partitions: r.u32("partitions")?,
+            })
+        })
+    }
+}
+
+/// SendMessages: where the batch landed, offsets base_offset..base_offset + count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendMessagesReply {
+    pub base_offset: u64,
+    pub count: u32,
+}
+
+impl SendMessagesReply {
+    pub fn encode(&self) -> Vec<u8> {
+        Writer::default()
+            .u64(self.base_offset)
+            .u32(self.count)
+            .finish()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<SendMessagesReply, BodyError> {
+        decode_all(body, |r| {
+            let reply = SendMessagesReply {
+                base_offset: r.u64("base_offset")?,
+                count: r.u32("count")?,
+            };
+            if reply.count == 0 {
+                return Err(BodyError::Invalid {
+                    field: "count",
+                    rule: "an appended batch holds at least one message",
+                });
+            }
+            Ok(reply)
+        })
+    }
+}
+
+/// GetConsumerOffset: the stored offset (NotFound when none is stored).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConsumerOffsetReply {
+    pub offset: u64,
+}
+
+impl ConsumerOffsetReply {
+    pub fn encode(&self) -> Vec<u8> {
+        Writer::default().u64(self.offset).finish()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<ConsumerOffsetReply, BodyError> {
+        decode_all(body, |r| {
+            Ok(ConsumerOffsetReply {
+                offset: r.u64("offset")?,
+            })
+        })
+    }
+}
+
+/// NotPrimary (status 1): who the primary of the request's group is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotPrimaryReply {
+    pub primary: u8,
+    /// The primary's client address, "ip:port".
+    pub address: String,
+}
+
+impl NotPrimaryReply {
+    pub fn encode(&self) -> Vec<u8> {
+        Writer::default()
+            .u8(self.primary)
+            .short_bytes(self.address.as_bytes())
+            .finish()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<NotPrimaryReply, BodyError> {
+        decode_all(body, |r| {
+            Ok(NotPrimaryReply {
+                primary: r.u8("primary")?,
+                address: r.name("address")?,
+            })
+        })
+    }
+}
+
+/// One node of the cluster as clients reach it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub replica_id: u8,
+    /// advertised_address, else ip, with ports.tcp: "ip:port".
+    pub address: String,
+}
+
+/// One consensus group and its primary as the answering node knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupInfo {
+    /// METADATA_GROUP or a packed partition key.
+    pub group: u64,
+    pub view: u32,
+    /// The primary's replica id, or PRIMARY_UNKNOWN.
+    pub primary: u8,
+}
+
+/// ClusterMetadata: the nodes and the primary of each group.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterMetadataReply {
+    pub nodes: Vec<NodeInfo>,
+    pub groups: Vec<GroupInfo>,
+}
+
+impl ClusterMetadataReply {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.u32(self.nodes.len() as u32);
+        for node in &self.nodes {
+            w.u8(node.replica_id).short_bytes(node.address.as_bytes());
+        }
+        w.u32(self.groups.len() as u32);
+        for group in &self.groups {
+            w.u64(group.group).u32(group.view).u8(group.primary);
+        }
+        w.finish()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<ClusterMetadataReply, BodyError> {
+        decode_all(body, |r| {
+            let count = list_len(r, "nodes", 3, NODES_MAX)?;
+            let nodes = (0..count)
+                .map(|_| {
+                    Ok(NodeInfo {
+                        replica_id: r.u8("node.replica_id")?,
+                        address: r.name("node.address")?,
+                    })
+                })
+                .collect::<Result<Vec<_>, BodyError>>()?;
+            let count = list_len(r, "groups", 13, GROUPS_MAX)?;
+            let groups = (0..count)
+                .map(|_| {
+                    Ok(GroupInfo {
+                        group: r.u64("group.group")?,
+                        view: r.u32("group.view")?,
+                        primary: r.u8("group.primary")?,
+                    })
+                })
+                .collect::<Result<Vec<_>, BodyError>>()?;
+            Ok(ClusterMetadataReply { nodes, groups })
+        })
+    }
+
+    /// The client address of `replica_id`, if listed.
+    pub fn address_of(&self, replica_id: u8) -> Option<&str> {
+        self.nodes
+            .iter()
+            .find(|n| n.replica_id == replica_id)
+            .map(|n| n.address.as_str())
+    }
+}
+
+/// One stream of a ListStreams reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamInfo {
+    pub stream_id: u32,
+    pub name: String,
+    pub topic_count: u32,
+}
+
+/// One topic of a ListTopics reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicInfo {
+    pub topic_id: u32,
+    pub name: String,
+    pub partitions: u32,
+}
+
+/// ListStreams: every stream the user may read, by id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListStreamsReply {
+    pub streams: Vec<StreamInfo>,
+}
+
+impl ListStreamsReply {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.u32(self.streams.len() as u32);
+        for s in &self.streams {
+            w.u32(s.stream_id)
+                .short_bytes(s.name.as_bytes())
+                .u32(s.topic_count);
+        }
+        w.finish()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<ListStreamsReply, BodyError> {
+        decode_all(body, |r| {
+            let count = list_len(r, "streams", 10, LIST_MAX)?;
+            let streams = (0..count)
+                .map(|_| {
+                    Ok(StreamInfo {
+                        stream_id: r.u32("stream.stream_id")?,
+                        name: r.name("stream.name")?,
+                        topic_count: r.u32("stream.topic_count")?,
+                    })
+                })
+                .collect::<Result<Vec<_>, BodyError>>()?;
+            Ok(ListStreamsReply { streams })
+        })
+    }
+}
+
+/// ListTopics: every topic of the stream, by id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListTopicsReply {
+    pub topics: Vec<TopicInfo>,
+}
+
+impl ListTopicsReply {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.u32(self.topics.len() as u32);
+        for t in &self.topics {
+            w.u32(t.topic_id)
+                .short_bytes(t.name.as_bytes())
+                .u32(t.partitions);
+        }
+        w.finish()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<ListTopicsReply, BodyError> {
+        decode_all(body, |r| {
+            let count = list_len(r, "topics", 10, LIST_MAX)?;
+            let topics = (0..count)
+                .map(|_| {
+                    Ok(TopicInfo {
+                        topic_id: r.u32("topic.topic_id")?,
+                        name: r.name("topic.name")?,
+                        partitions: r.u32("topic.partitions")?,
+                    })
+                })
+                .collect::<Result<Vec<_>, BodyError>>()?;
+            Ok(ListTopicsReply { topics })
+        })
+    }
+}
+
+/// Why a poll reply does not split into whole, valid batches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PollBodyError {
+    /// Bytes at `at` are too few for a batch header, or batch_length overruns the body.
+    Framing { at: usize, batch_length: u64 },
+    /// The batch at `at` fails wire::batch::verify.
+    Batch { at: usize, error: batch::BatchError },
+}
+
+impl core::fmt::Display for PollBodyError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            PollBodyError::Framing { at, batch_length } => write!(
+                f,
+                "batch at byte {at} (batch_length {batch_length}) does not fit the reply"
+            ),
+            PollBodyError::Batch { at, error } => write!(f, "batch at byte {at}: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for PollBodyError {}
+
+/// PollMessages: splits the body (zero or more whole stored batches, concatenated) by
+/// each batch's batch_length and verifies every one (message checksums, tiling,
+/// batch_checksum). Returns each batch's bytes with what verify read from it.
+pub fn split_poll_body(body: &[u8]) -> Result<Vec<(&[u8], BatchInfo)>, PollBodyError> {
+    let mut batches = Vec::new();
+    let mut at = 0;
+    while at < body.len() {
+        let rest = &body[at..];
+        let batch_length = rest
+            .get(32..40)
+            .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+            .unwrap_or(0);
+        if rest.len() < BATCH_HEADER_SIZE
+            || batch_length < BATCH_HEADER_SIZE as u64
+            || batch_length > rest.len() as u64
+        {
+            return Err(PollBodyError::Framing { at, batch_length });
+        }
+        let bytes = &rest[..batch_length as usize];
+        let info = batch::verify(bytes).map_err(|error| PollBodyError::Batch { at, error })?;
+        batches.push((bytes, info));
+        at += bytes.len();
+    }
+    Ok(batches)
+}
+
+/// The text an InvalidRequest (reason) or LimitReached (key) body carries, for errors.
+pub fn reason_text(body: &[u8]) -> String {
+    const SHOWN_MAX: usize = 512;
+    let text = String::from_utf8_lossy(&body[..body.len().min(SHOWN_MAX)]);
+    text.chars().filter(|c| !c.is_control()).collect()
+}

@@ -1,0 +1,266 @@
+//! appliance-cli: arguments, connecting and logging in, name resolution, and the
+//! create/produce/consume commands (INTERFACES.md, "appliance-cli").
+
+pub mod consume;
+pub mod derive;
+pub mod produce;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use appliance::client::{resolve, Client, ClientError, ClientOptions, RetryPolicy};
+use clap::{Args, Parser, Subcommand};
+use serde_json::{json, Value};
+
+/// Environment variable read when --password is not given.
+pub const PASSWORD_ENV: &str = "APPLIANCE_PASSWORD";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "appliance-cli",
+    version,
+    about = "Create streams and topics, produce and consume messages"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+#[derive(Args, Debug)]
+pub struct Global {
+    /// Any node's client address HOST:PORT (repeat or comma-separate for more); requests
+    /// follow redirects to each group's primary.
+    #[arg(
+        long = "server",
+        global = true,
+        value_delimiter = ',',
+        default_value = "127.0.0.1:8090"
+    )]
+    pub servers: Vec<String>,
+    /// User to log in as.
+    #[arg(long, global = true, default_value = "root")]
+    pub user: String,
+    /// Password (default: the APPLIANCE_PASSWORD environment variable).
+    #[arg(long, global = true)]
+    pub password: Option<String>,
+    /// Print machine-readable JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Per-attempt reply timeout, milliseconds.
+    #[arg(long, global = true, default_value_t = 10_000)]
+    pub request_timeout_ms: u64,
+    /// Attempts per request (redirects included) before giving up.
+    #[arg(long, global = true, default_value_t = 20)]
+    pub attempts: u32,
+    /// Total time per request across its attempts, milliseconds.
+    #[arg(long, global = true, default_value_t = 30_000)]
+    pub retry_timeout_ms: u64,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Streams.
+    Stream {
+        #[command(subcommand)]
+        action: StreamCmd,
+    },
+    /// Topics.
+    Topic {
+        #[command(subcommand)]
+        action: TopicCmd,
+    },
+    /// Send generated messages derived from --seed; report what was acknowledged.
+    Produce(produce::ProduceArgs),
+    /// Read messages back by offset; verify checksums and (with --verify) content.
+    Consume(consume::ConsumeArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum StreamCmd {
+    /// Create a stream.
+    Create { name: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TopicCmd {
+    /// Create a topic in STREAM (id or name).
+    Create {
+        stream: String,
+        name: String,
+        #[arg(long)]
+        partitions: u32,
+    },
+}
+
+/// Why a command failed: bad usage (exit 2) or a runtime failure (exit 1).
+#[derive(Debug)]
+pub enum CliError {
+    Usage(String),
+    /// A failure; `report` is printed (text or JSON) before the one-line error.
+    Runtime {
+        message: String,
+        report: Option<Report>,
+    },
+}
+
+impl CliError {
+    pub fn runtime(message: impl Into<String>) -> CliError {
+        CliError::Runtime {
+            message: message.into(),
+            report: None,
+        }
+    }
+
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Usage(_) => 2,
+            CliError::Runtime { .. } => 1,
+        }
+    }
+}
+
+impl From<ClientError> for CliError {
+    fn from(error: ClientError) -> CliError {
+        match error {
+            ClientError::InvalidArgument { what, rule } => {
+                CliError::Usage(format!("{what}: {rule}"))
+            }
+            other => CliError::runtime(other.to_string()),
+        }
+    }
+}
+
+/// What a command prints: text lines and the JSON object for --json.
+#[derive(Debug)]
+pub struct Report {
+    pub text: String,
+    pub json: Value,
+}
+
+impl Report {
+    pub fn print(&self, json_output: bool) {
+        if json_output {
+            println!("{}", self.json);
+        } else {
+            println!("{}", self.text);
+        }
+    }
+}
+
+fn servers(global: &Global) -> Result<Vec<SocketAddr>, CliError> {
+    let mut out = Vec::new();
+    for spec in &global.servers {
+        let addrs = resolve(spec).map_err(|e| match e {
+            ClientError::InvalidArgument { rule, .. } => {
+                CliError::Usage(format!("--server {rule}"))
+            }
+            other => CliError::Usage(format!("--server: {other}")),
+        })?;
+        out.extend(addrs);
+    }
+    if out.is_empty() {
+        return Err(CliError::Usage("--server: no address given".into()));
+    }
+    Ok(out)
+}
+
+fn password(global: &Global) -> Result<String, CliError> {
+    match &global.password {
+        Some(p) => Ok(p.clone()),
+        None => std::env::var(PASSWORD_ENV).map_err(|_| {
+            CliError::Usage(format!(
+                "no password: give --password or set {PASSWORD_ENV}"
+            ))
+        }),
+    }
+}
+
+/// Connects to any of the servers and logs in.
+pub fn connect(global: &Global) -> Result<Client, CliError> {
+    let servers = servers(global)?;
+    let password = password(global)?;
+    if global.attempts == 0 {
+        return Err(CliError::Usage("--attempts must be at least 1".into()));
+    }
+    let options = ClientOptions {
+        request_timeout: Duration::from_millis(global.request_timeout_ms.max(1)),
+        retry: RetryPolicy {
+            attempts_max: global.attempts,
+            total_timeout: Duration::from_millis(global.retry_timeout_ms),
+            ..RetryPolicy::default()
+        },
+        ..ClientOptions::default()
+    };
+    let mut client = Client::connect(&servers, options)?;
+    client.login(&global.user, password.as_bytes())?;
+    // No Register here: the client registers a session before its first write, so a
+    // read-only consume leaves no session behind.
+    Ok(client)
+}
+
+/// A stream given by id (digits) or by name.
+pub fn stream_id(client: &mut Client, stream: &str) -> Result<u32, CliError> {
+    if let Ok(id) = stream.parse::<u32>() {
+        return Ok(id);
+    }
+    client
+        .list_streams()?
+        .streams
+        .into_iter()
+        .find(|s| s.name == stream)
+        .map(|s| s.stream_id)
+        .ok_or_else(|| CliError::runtime(format!("no stream named {stream:?}")))
+}
+
+/// A topic of `stream_id` given by id or name, with its partition count.
+pub fn topic(client: &mut Client, stream_id: u32, topic: &str) -> Result<(u32, u32), CliError> {
+    let topics = client.list_topics(stream_id)?.topics;
+    let found = match topic.parse::<u32>() {
+        Ok(id) => topics.into_iter().find(|t| t.topic_id == id),
+        Err(_) => topics.into_iter().find(|t| t.name == topic),
+    };
+    found
+        .map(|t| (t.topic_id, t.partitions))
+        .ok_or_else(|| CliError::runtime(format!("no topic {topic:?} in stream {stream_id}")))
+}
+
+/// Runs a parsed command.
+pub fn run(cli: &Cli) -> Result<Report, CliError> {
+    match &cli.command {
+        Cmd::Stream {
+            action: StreamCmd::Create { name },
+        } => {
+            let mut client = connect(&cli.global)?;
+            let id = client.create_stream(name)?;
+            Ok(Report {
+                text: format!("stream {name:?} created with id {id}"),
+                json: json!({"stream_id": id, "name": name}),
+            })
+        }
+        Cmd::Topic {
+            action:
+                TopicCmd::Create {
+                    stream,
+                    name,
+                    partitions,
+                },
+        } => {
+            if *partitions == 0 {
+                return Err(CliError::Usage("--partitions must be at least 1".into()));
+            }
+            let mut client = connect(&cli.global)?;
+            let stream_id = stream_id(&mut client, stream)?;
+            let id = client.create_topic(stream_id, name, *partitions)?;
+            Ok(Report {
+                text: format!(
+                    "topic {name:?} created in stream {stream_id} with id {id} and {partitions} partitions"
+                ),
+                json: json!({"stream_id": stream_id, "topic_id": id, "name": name, "partitions": partitions}),
+            })
+        }
+        Cmd::Produce(args) => produce::run(&cli.global, args),
+        Cmd::Consume(args) => consume::run(&cli.global, args),
+    }
+}

@@ -1,0 +1,393 @@
+//! appliance-cli as a process against the in-memory fake cluster on 127.0.0.1: create,
+//! produce, consume with --verify, the faults --verify must catch, exit codes.
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use appliance::client::fake::FakeCluster;
+use replication::wire::Operation;
+use serde_json::Value;
+
+/// Kills the child by its PID if a test leaves it running.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    /// The last stdout line as JSON.
+    fn json(&self) -> Value {
+        let last = self.stdout.lines().last().unwrap_or("");
+        serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {:?}", self.stdout))
+    }
+}
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn cli(args: &[&str]) -> Run {
+    let child = Command::new(env!("CARGO_BIN_EXE_appliance-cli"))
+        .args(args)
+        .env_remove("APPLIANCE_PASSWORD")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("appliance-cli starts");
+    let mut guard = ChildGuard(child);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = guard.0.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            started.elapsed() < RUN_TIMEOUT,
+            "appliance-cli {args:?} hangs"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    if let Some(mut out) = guard.0.stdout.take() {
+        let _ = out.read_to_string(&mut stdout);
+    }
+    if let Some(mut err) = guard.0.stderr.take() {
+        let _ = err.read_to_string(&mut stderr);
+    }
+    Run {
+        code: status.code().unwrap_or(-1),
+        stdout,
+        stderr,
+    }
+}
+
+/// Runs a command against the cluster as root, through the last node only (a backup:
+/// every write follows a redirect).
+fn at(cluster: &FakeCluster, args: &[&str]) -> Run {
+    let server = cluster.addrs.last().unwrap().to_string();
+    let mut all = vec![
+        "--server",
+        &server,
+        "--password",
+        "secret",
+        "--json",
+        "--attempts",
+        "5",
+        "--retry-timeout-ms",
+        "3000",
+    ];
+    all.extend_from_slice(args);
+    cli(&all)
+}
+
+fn setup(cluster: &FakeCluster, partitions: &str) {
+    let run = at(cluster, &["stream", "create", "orders"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.json()["stream_id"], 1);
+    let run = at(
+        cluster,
+        &[
+            "topic",
+            "create",
+            "orders",
+            "eu",
+            "--partitions",
+            partitions,
+        ],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.json()["topic_id"], 1);
+}
+
+fn produce(cluster: &FakeCluster, extra: &[&str]) -> Run {
+    let mut args = vec![
+        "produce", "--stream", "orders", "--topic", "eu", "--count", "100", "--size", "64",
+        "--batch", "10", "--seed", "7",
+    ];
+    args.extend_from_slice(extra);
+    at(cluster, &args)
+}
+
+fn consume(cluster: &FakeCluster, count: &str, extra: &[&str]) -> Run {
+    let mut args = vec![
+        "consume",
+        "--stream",
+        "1",
+        "--topic",
+        "eu",
+        "--partition",
+        "0",
+        "--from",
+        "0",
+        "--count",
+        count,
+        "--wait-ms",
+        "300",
+    ];
+    args.extend_from_slice(extra);
+    at(cluster, &args)
+}
+
+#[test]
+fn produce_then_consume_verifies_every_message() {
+    let cluster = FakeCluster::start(3).unwrap();
+    setup(&cluster, "1");
+    let run = produce(&cluster, &["--partition", "0"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let report = run.json();
+    assert_eq!(report["acked"], 100);
+    assert_eq!(report["first_offset"], 0);
+    assert_eq!(report["last_offset"], 99);
+    assert_eq!(report["partition"], 0);
+    assert!(report["msgs_per_s"].is_u64());
+    let run = consume(
+        &cluster,
+        "100",
+        &["--verify", "--seed", "7", "--size", "64"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let report = run.json();
+    assert_eq!(report["consumed"], 100);
+    assert_eq!(report["last_offset"], 99);
+    assert_eq!(report["verified"], true);
+    // Reading registers no session: only the producer and the creates did.
+    let registers = cluster
+        .state()
+        .received
+        .iter()
+        .filter(|r| r.operation == Operation::Register as u8 && r.node == 0)
+        .count();
+    assert_eq!(registers, 3);
+    // The wrong seed is a mismatch.
+    let run = consume(&cluster, "100", &["--verify", "--seed", "8"]);
+    assert_eq!(run.code, 1);
+    assert!(
+        run.stderr.contains("mismatch at offset 0"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn produce_without_partition_spreads_batches_round_robin() {
+    let cluster = FakeCluster::start(1).unwrap();
+    setup(&cluster, "3");
+    let run = produce(&cluster, &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let report = run.json();
+    assert_eq!(report["acked"], 100);
+    let partitions = report["partitions"].as_array().unwrap();
+    let acked: Vec<u64> = partitions
+        .iter()
+        .map(|p| p["acked"].as_u64().unwrap())
+        .collect();
+    assert_eq!(acked, vec![40, 30, 30]);
+    assert_eq!(partitions[0]["last_offset"], 39);
+    // Partition 0 holds batches 0, 3, 6, 9: indexes jump, offsets do not.
+    let run = consume(&cluster, "40", &["--verify", "--seed", "7"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+}
+
+#[test]
+fn verify_catches_a_corrupted_payload_that_checksums_cannot() {
+    let cluster = FakeCluster::start(1).unwrap();
+    setup(&cluster, "1");
+    assert_eq!(produce(&cluster, &["--partition", "0"]).code, 0);
+    cluster.state().faults.corrupt_payload_at = Some(42);
+    // Checksums were recomputed over the bad byte: only the content check can tell.
+    let run = consume(&cluster, "100", &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let run = consume(&cluster, "100", &["--verify", "--seed", "7"]);
+    assert_eq!(run.code, 1);
+    assert!(
+        run.stderr.contains("mismatch at offset 42") && run.stderr.contains("payload"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(run.json()["consumed"], 42);
+    assert_eq!(run.stderr.lines().count(), 1);
+}
+
+#[test]
+fn consume_catches_a_gap() {
+    let cluster = FakeCluster::start(1).unwrap();
+    setup(&cluster, "1");
+    cluster.state().faults.gap_at = Some(30);
+    assert_eq!(produce(&cluster, &["--partition", "0"]).code, 0);
+    let run = consume(&cluster, "100", &[]);
+    assert_eq!(run.code, 1);
+    assert!(
+        run.stderr.contains("gap: expected offset 30"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn verify_catches_a_duplicated_message() {
+    let cluster = FakeCluster::start(1).unwrap();
+    setup(&cluster, "1");
+    assert_eq!(produce(&cluster, &["--partition", "0"]).code, 0);
+    // The same messages again (as a producer resending without its request number).
+    assert_eq!(produce(&cluster, &["--partition", "0"]).code, 0);
+    let run = consume(&cluster, "200", &["--verify", "--seed", "7"]);
+    assert_eq!(run.code, 1);
+    assert!(
+        run.stderr
+            .contains("duplicate: message index 0 at offsets 0 and 100"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn consume_reports_missing_messages() {
+    let cluster = FakeCluster::start(1).unwrap();
+    setup(&cluster, "1");
+    assert_eq!(produce(&cluster, &["--partition", "0"]).code, 0);
+    let run = consume(&cluster, "150", &[]);
+    assert_eq!(run.code, 1);
+    assert!(run.stderr.contains("only 100 of 150"), "{}", run.stderr);
+}
+
+#[test]
+fn a_failing_produce_still_reports_what_was_acked() {
+    let cluster = FakeCluster::start(1).unwrap();
+    setup(&cluster, "1");
+    cluster.state().faults.unavailable_after_sends = Some(3);
+    let run = produce(&cluster, &["--partition", "0"]);
+    assert_eq!(run.code, 1);
+    let report = run.json();
+    assert_eq!(report["acked"], 30);
+    assert_eq!(report["last_offset"], 29);
+    assert!(report["error"].as_str().unwrap().contains("Unavailable"));
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+}
+
+#[test]
+fn produce_survives_a_primary_crash_without_duplicates() {
+    let cluster = FakeCluster::start(3).unwrap();
+    setup(&cluster, "1");
+    cluster.state().faults.crash_primary_after_apply = Some(Operation::SendMessages);
+    let run = produce(&cluster, &["--partition", "0"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.json()["acked"], 100);
+    let run = consume(&cluster, "100", &["--verify", "--seed", "7"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+}
+
+#[test]
+fn server_lists_skip_dead_nodes_and_accept_repeats() {
+    let cluster = FakeCluster::start(2).unwrap();
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    };
+    let list = format!("{dead},{}", cluster.servers_arg());
+    let run = cli(&[
+        "--server",
+        &list,
+        "--password",
+        "secret",
+        "stream",
+        "create",
+        "a",
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("created with id 1"), "{}", run.stdout);
+    let second = cluster.addrs[1].to_string();
+    let run = cli(&[
+        "--server",
+        &dead,
+        "--server",
+        &second,
+        "--password",
+        "secret",
+        "stream",
+        "create",
+        "b",
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+}
+
+#[test]
+fn bad_usage_exits_2_with_one_line() {
+    for args in [
+        vec![
+            "produce", "--stream", "s", "--topic", "t", "--size", "1", "--batch", "1",
+        ],
+        vec![
+            "produce", "--stream", "s", "--topic", "t", "--count", "1", "--size", "1", "--batch",
+            "0",
+        ],
+        vec![
+            "consume",
+            "--stream",
+            "s",
+            "--topic",
+            "t",
+            "--partition",
+            "0",
+            "--count",
+            "x",
+        ],
+        vec![
+            "produce", "--stream", "s", "--topic", "t", "--count", "9", "--size", "16777216",
+            "--batch", "9",
+        ],
+        vec!["frobnicate"],
+        vec![],
+        vec!["stream", "create", "s", "--server", "no-port-here"],
+    ] {
+        let run = cli(&args);
+        assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
+        assert_eq!(run.stderr.lines().count(), 1, "{args:?}: {}", run.stderr);
+        assert!(run.stderr.starts_with("appliance-cli: "), "{}", run.stderr);
+    }
+    let run = cli(&["stream", "create", "s", "--server", "127.0.0.1:9"]);
+    assert_eq!(run.code, 2, "no password is bad usage: {}", run.stderr);
+    assert!(run.stderr.contains("APPLIANCE_PASSWORD"));
+}
+
+#[test]
+fn wrong_password_and_dead_server_exit_1() {
+    let cluster = FakeCluster::start(1).unwrap();
+    let server = cluster.addrs[0].to_string();
+    let run = cli(&[
+        "--server",
+        &server,
+        "--password",
+        "nope",
+        "stream",
+        "create",
+        "s",
+    ]);
+    assert_eq!(run.code, 1);
+    assert!(run.stderr.contains("InvalidCredentials"), "{}", run.stderr);
+    drop(cluster);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = listener.local_addr().unwrap().to_string();
+    drop(listener);
+    let run = cli(&[
+        "--server",
+        &dead,
+        "--password",
+        "p",
+        "stream",
+        "create",
+        "s",
+    ]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+}

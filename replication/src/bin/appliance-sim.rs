@@ -33,6 +33,9 @@ struct Args {
     /// Print a trace for passing runs too.
     #[arg(long)]
     trace: bool,
+    /// Lines of trace printed for a failure.
+    #[arg(long, default_value_t = 400)]
+    trace_lines: usize,
 }
 
 fn parse_range(text: &str) -> Option<(u64, u64)> {
@@ -99,6 +102,7 @@ fn main() -> ExitCode {
                 eprintln!("appliance-sim: {failure}");
                 let mut replay = options(&args, seed);
                 replay.trace = true;
+                replay.trace_lines = args.trace_lines;
                 if let Err(traced) = run_seed(replay) {
                     for line in &traced.trace {
                         eprintln!("  {line}");

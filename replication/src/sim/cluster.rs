@@ -34,6 +34,8 @@ pub struct SimOptions {
     pub faults: Faults,
     /// Keep a trace of events (slower; used to replay a failing seed).
     pub trace: bool,
+    /// Lines of trace kept (the last ones).
+    pub trace_lines: usize,
 }
 
 /// The fault mix of a run (rates per tick are out of 10_000).
@@ -90,6 +92,7 @@ impl SimOptions {
             group: METADATA_GROUP,
             faults: Faults::from_seed(&mut prng),
             trace: false,
+            trace_lines: TRACE_LINES_MAX,
         }
     }
 }
@@ -160,6 +163,8 @@ pub struct Cluster {
     clients_on: bool,
     pub crashes: u64,
     view_changes_retired: u64,
+    /// Scenario control: drop every Reply on its way to a client.
+    pub drop_replies: bool,
 }
 
 impl Cluster {
@@ -207,6 +212,7 @@ impl Cluster {
             clients_on: true,
             crashes: 0,
             view_changes_retired: 0,
+            drop_replies: false,
             configs,
             options,
         }
@@ -214,7 +220,7 @@ impl Cluster {
 
     fn log(&mut self, line: impl FnOnce() -> String) {
         if self.options.trace {
-            if self.trace.len() == TRACE_LINES_MAX {
+            if self.trace.len() >= self.options.trace_lines {
                 self.trace.pop_front();
             }
             let line = format!("{:>7} {}", self.now, line());
@@ -310,7 +316,8 @@ impl Cluster {
         line
     }
 
-    fn converged(&self) -> bool {
+    /// All replicas up, Normal in one view, every op committed everywhere, clients idle.
+    pub fn converged(&self) -> bool {
         if self.clients.iter().any(|c| c.outstanding.is_some()) {
             return false;
         }
@@ -440,6 +447,9 @@ impl Cluster {
                     self.checker.on_commit(r, op, &header)?;
                 }
                 Action::Reply { client, frame } => {
+                    if self.drop_replies {
+                        continue;
+                    }
                     if let Some(c) = self.client_index(client) {
                         let packet = Packet {
                             from: Node::Replica(r),
@@ -477,7 +487,8 @@ impl Cluster {
             .map(|i| i as u16)
     }
 
-    fn sync_links(&mut self) {
+    /// Tells every replica which peers its bus would see connected.
+    pub fn sync_links(&mut self) {
         let n = self.options.replica_count;
         for a in 0..n {
             for b in 0..n {
@@ -499,8 +510,11 @@ impl Cluster {
         }
         self.storages[usize::from(r)].crash(&mut self.prng);
         self.crashes += 1;
-        let delay = 1 + self.prng.below(self.options.faults.restart_delay_max);
-        self.restart_at[usize::from(r)] = self.now + delay;
+        // Under random faults a crashed replica restarts by itself; scenarios restart it.
+        if self.faults_on && self.options.faults.crash_per_10k > 0 {
+            let delay = 1 + self.prng.below(self.options.faults.restart_delay_max);
+            self.restart_at[usize::from(r)] = self.now + delay;
+        }
         self.log(|| format!("r{r} crashed"));
         self.sync_links();
     }
@@ -521,6 +535,11 @@ impl Cluster {
         self.log(|| format!("r{r} restarted"));
         self.sync_links();
         self.drain(r)
+    }
+
+    /// The Normal primary of the highest view, if any.
+    pub fn primary(&self) -> Option<u8> {
+        self.primary_guess()
     }
 
     fn primary_guess(&self) -> Option<u8> {
@@ -616,6 +635,90 @@ impl Cluster {
         if self.storages[usize::from(r)].corrupt(op, &mut self.prng) {
             self.corrupted_ops.insert(op);
             self.log(|| format!("r{r} journal op {op} corrupted"));
+        }
+    }
+
+    // ---- scenario control -----------------------------------------------------------
+
+    /// A cluster without random faults, for scripted scenarios.
+    pub fn scripted(replica_count: u8, seed: u64, clients: u16) -> Cluster {
+        let options = SimOptions {
+            seed,
+            replica_count,
+            ticks: 0,
+            liveness_ticks: 20_000,
+            clients,
+            group: METADATA_GROUP,
+            faults: Faults::none(),
+            trace: false,
+            trace_lines: TRACE_LINES_MAX,
+        };
+        let mut cluster = Cluster::new(options);
+        cluster.faults_on = false;
+        cluster
+    }
+
+    /// The replica `r`, if up.
+    pub fn replica(&self, r: u8) -> Option<&Replica> {
+        self.replicas[usize::from(r)].as_ref()
+    }
+
+    /// Runs `ticks` steps.
+    pub fn run_ticks(&mut self, ticks: u64) -> Result<(), String> {
+        for _ in 0..ticks {
+            self.step()?;
+        }
+        Ok(())
+    }
+
+    /// Steps until `done` holds (true) or `ticks_max` pass (false).
+    pub fn run_until(
+        &mut self,
+        ticks_max: u64,
+        done: impl Fn(&Cluster) -> bool,
+    ) -> Result<bool, String> {
+        for _ in 0..ticks_max {
+            if done(self) {
+                return Ok(true);
+            }
+            self.step()?;
+        }
+        Ok(done(self))
+    }
+
+    /// Clients start new requests (true) or only finish outstanding ones (false).
+    pub fn set_clients(&mut self, on: bool) {
+        self.clients_on = on;
+    }
+
+    /// Replies clients received (checked against the history).
+    pub fn replies(&self) -> u64 {
+        self.checker.replies
+    }
+
+    /// Corrupts the durable journal entry of `op` on replica `r`.
+    pub fn corrupt(&mut self, r: u8, op: u64) -> bool {
+        self.storages[usize::from(r)].corrupt(op, &mut self.prng)
+    }
+
+    /// Restarts every crashed replica, heals the network, stops new client requests and
+    /// runs until the cluster converges; Err if it does not within `ticks_max`.
+    pub fn heal_and_converge(&mut self, ticks_max: u64) -> Result<u64, String> {
+        self.network.heal();
+        self.network.faults = NetworkFaults::none();
+        self.drop_replies = false;
+        for r in 0..self.options.replica_count {
+            if self.replicas[usize::from(r)].is_none() {
+                self.restart(r)?;
+            }
+        }
+        self.sync_links();
+        self.clients_on = false;
+        let start = self.now;
+        if self.run_until(ticks_max, |c| c.converged())? {
+            Ok(self.now - start)
+        } else {
+            Err(format!("no convergence: {}", self.status_line()))
         }
     }
 

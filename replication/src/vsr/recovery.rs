@@ -81,7 +81,16 @@ impl Replica {
             replica.log.op = replica.log.op.max(header.op);
         }
         let op = replica.log.op;
-        replica.log.truncate_above(op);
+        // An unreadable entry above what we can place may be a prepare we acknowledged in
+        // log_view: until a StartView decides the log we must not claim we never had it.
+        replica.faulty_above_op = journal
+            .iter()
+            .filter(|e| e.op > op)
+            .map(|e| e.op)
+            .max()
+            .unwrap_or(0);
+        // Slots above the log stay in memory as "maybe prepared" markers (no identity), so
+        // a later merge that learns their header does not take them for never prepared.
         replica.log.chain_floor = op;
         // Ops without a known identity above chain_floor cannot exist; below it the walk
         // learns identities from parent links.

@@ -41,6 +41,13 @@ impl Replica {
     /// Periodic repair: ask a peer for the first range of ops we lack.
     pub(crate) fn on_repair_timeout(&mut self) {
         let forming = self.status == Status::ViewChange && self.merged && self.is_primary();
+        if self.status == Status::ViewChange && !forming {
+            // A faulty entry holding our DVC back is repaired from any peer.
+            if let Some(op) = self.dvc_blocked_by().filter(|op| *op <= self.log.op) {
+                self.request_prepares(op, op);
+            }
+            return;
+        }
         if self.status != Status::Normal && !forming {
             return;
         }
@@ -61,6 +68,11 @@ impl Replica {
             None => return,
         };
         let to = top.min(from + self.config.repair_chunk_max - 1);
+        self.request_prepares(from, to);
+    }
+
+    fn request_prepares(&mut self, from: u64, to: u64) {
+        assert!(from >= 1 && from <= to);
         let Some(peer) = self.repair_peer(from) else {
             return;
         };

@@ -96,6 +96,8 @@ pub struct Replica {
     pub(crate) merge_commit: u64,
     pub(crate) incarnation: u128,
     pub(crate) probe_attempts: u32,
+    /// Highest journal op above the log found at restart that could not be placed.
+    pub(crate) faulty_above_op: u64,
     pub(crate) repair_peer_next: u8,
     pub(crate) state_transfer_requested: bool,
     /// Partition plane: the stamp position after each op (pruned below commit).
@@ -159,6 +161,7 @@ impl Replica {
             merge_commit: 0,
             incarnation: 0,
             probe_attempts: 0,
+            faulty_above_op: 0,
             repair_peer_next: 0,
             state_transfer_requested: false,
             positions: BTreeMap::from([(0, position)]),

@@ -101,7 +101,9 @@ impl Replica {
         }
         Dvc {
             log_view: self.log_view,
-            op: self.log.op,
+            // An unreadable entry above the log may be a prepare we acknowledged: claim
+            // it as our op (without a header) so nobody counts us as never having it.
+            op: self.log.op.max(self.faulty_above_op),
             commit: self.commit_max.min(self.log.op).max(self.commit),
             headers,
             nack,
@@ -120,7 +122,29 @@ impl Replica {
         self.send_do_view_change();
     }
 
+    /// The op just below our suffix, when the suffix stopped short of SUFFIX_MAX at an op
+    /// whose header we do not know. A DVC claims we never prepared that op, so a faulty
+    /// entry there (prepared, unreadable) holds our DVC back until it is repaired.
+    pub(crate) fn dvc_blocked_by(&self) -> Option<u64> {
+        let suffix = self.log.suffix(SUFFIX_MAX);
+        if suffix.len() >= SUFFIX_MAX {
+            return None;
+        }
+        let stop = suffix.last().map(|h| h.op - 1)?;
+        if stop == 0 || stop <= self.log.op_checkpoint {
+            return None;
+        }
+        self.log
+            .slot(stop)
+            .is_some_and(|slot| slot.prepared && slot.frame.is_none())
+            .then_some(stop)
+    }
+
     fn send_do_view_change(&mut self) {
+        if self.dvc_blocked_by().is_some() {
+            self.dvc_sent = false;
+            return;
+        }
         let dvc = self.own_do_view_change();
         if self.is_primary() {
             if !self.merged {
@@ -165,7 +189,7 @@ impl Replica {
         if self.status != Status::ViewChange || !self.is_primary() || self.merged {
             return;
         }
-        if !suffix_well_formed(headers, header.op) {
+        if !suffix_well_formed(headers, header.op, false) {
             self.counters.frames_rejected += 1;
             return;
         }
@@ -220,21 +244,30 @@ impl Replica {
         // quorum, so it and everything after it was never committed.
         let mut op_new = op_canonical.max(commit_max);
         for op in commit_max + 1..=op_canonical {
-            let Some(header) = canonical.get(&op) else {
-                continue;
+            let nacks = match canonical.get(&op) {
+                Some(header) => self
+                    .dvcs
+                    .values()
+                    .filter(|d| nacks_op(d, header, log_view))
+                    .count(),
+                // No replica of the quorum knows its header: count the gaps.
+                None => self
+                    .dvcs
+                    .values()
+                    .filter(|d| nacks_gap(d, op) || (d.log_view == log_view && d.op < op))
+                    .count(),
             };
-            let nacks = self
-                .dvcs
-                .values()
-                .filter(|d| nacks_op(d, header, log_view))
-                .count();
             if nacks >= self.config.quorum_nack() {
                 op_new = op - 1;
                 break;
             }
         }
-        // Every kept uncommitted op must be servable by someone (or ourselves); else
+        // The new head's header must be known (identities below follow by the chain),
+        // and every kept uncommitted op must be servable by someone (or ourselves); else
         // wait for more DVCs.
+        if op_new > commit_max && !canonical.contains_key(&op_new) {
+            return;
+        }
         let own = self.config.replica;
         for op in commit_max + 1..=op_new {
             let Some(header) = canonical.get(&op) else {
@@ -339,7 +372,7 @@ impl Replica {
         if header.incarnation != 0 && header.incarnation != self.incarnation {
             return;
         }
-        if !suffix_well_formed(headers, header.op) || (headers.is_empty() && header.op != 0) {
+        if !suffix_well_formed(headers, header.op, true) || (headers.is_empty() && header.op != 0) {
             self.counters.frames_rejected += 1;
             return;
         }
@@ -351,6 +384,7 @@ impl Replica {
         self.view = view;
         self.status = Status::Normal;
         self.log_view = view;
+        self.faulty_above_op = 0;
         self.log.truncate_above(header.op);
         for prepare in headers.iter().rev() {
             if prepare.op > self.log.op_checkpoint {
@@ -387,6 +421,8 @@ impl Replica {
         self.broadcast_start_view_change();
         if self.dvc_sent && !self.is_primary() {
             self.send_do_view_change();
+        } else if !self.dvc_sent {
+            self.maybe_send_do_view_change();
         }
     }
 
@@ -451,10 +487,11 @@ impl Replica {
     }
 }
 
-/// DVC and StartView suffixes: descending contiguous ops from `op`, chained by parent.
-fn suffix_well_formed(headers: &[PrepareHeader], op: u64) -> bool {
+/// DVC and StartView suffixes: descending contiguous ops chained by parent, from `op`
+/// (a DVC's may start below its op when the top entries are unreadable).
+fn suffix_well_formed(headers: &[PrepareHeader], op: u64, from_op: bool) -> bool {
     if let Some(first) = headers.first() {
-        if first.op != op {
+        if first.op > op || (from_op && first.op != op) {
             return false;
         }
     }
@@ -463,8 +500,21 @@ fn suffix_well_formed(headers: &[PrepareHeader], op: u64) -> bool {
         .all(|w| w[1].op + 1 == w[0].op && w[0].parent == w[1].frame.checksum)
 }
 
+/// Whether a DVC proves its sender never prepared op `op`: its suffix stopped short of
+/// SUFFIX_MAX just above `op` (a sender holds its DVC back while that op is faulty).
+fn nacks_gap(dvc: &Dvc, op: u64) -> bool {
+    if dvc.headers.len() >= SUFFIX_MAX {
+        return false;
+    }
+    // An empty suffix claims nothing: its sender may hold an unreadable top entry.
+    dvc.headers.last().is_some_and(|h| h.op - 1 == op && op > 0)
+}
+
 /// Whether a DVC proves its sender never prepared `header`.
 fn nacks_op(dvc: &Dvc, header: &PrepareHeader, log_view: u32) -> bool {
+    if nacks_gap(dvc, header.op) {
+        return true;
+    }
     if let Some(i) = dvc.headers.iter().position(|h| h.op == header.op) {
         if dvc.headers[i].frame.checksum == header.frame.checksum {
             return dvc.nack & (1 << i) != 0;

@@ -19,6 +19,8 @@ use super::storage::Storage;
 
 /// Lines of trace kept for a failure report.
 pub const TRACE_LINES_MAX: usize = 400;
+/// Ticks clients keep loading the healed cluster before they only finish what they sent.
+pub const LIVENESS_LOAD_TICKS: u64 = 1_000;
 
 /// What a run is made of.
 #[derive(Clone, Debug)]
@@ -256,7 +258,9 @@ impl Cluster {
         let mut clients_stopped_at = None;
         while self.now - start < self.options.liveness_ticks {
             self.step().map_err(|r| self.fail(r))?;
-            if clients_stopped_at.is_none() && self.now - start >= self.options.liveness_ticks / 4 {
+            if clients_stopped_at.is_none()
+                && self.now - start >= (self.options.liveness_ticks / 4).min(LIVENESS_LOAD_TICKS)
+            {
                 self.clients_on = false;
                 clients_stopped_at = Some(self.now);
             }

@@ -127,14 +127,14 @@ impl Log {
             slot.identity = Some(identity);
         }
         slot.header = Some(*header);
+        // A matching candidate is promoted (and journaled) by the chain walk.
         if slot
             .candidate
             .as_ref()
-            .is_some_and(|c| c.checksum() == identity)
+            .is_some_and(|c| c.checksum() != identity)
         {
-            slot.frame = slot.candidate.take();
+            slot.candidate = None;
         }
-        slot.candidate = None;
     }
 
     /// Forgets every op above `op_max`.

@@ -147,7 +147,7 @@ const CLIENT_RETRY_TICKS: u64 = 150;
 /// The simulated cluster.
 pub struct Cluster {
     pub options: SimOptions,
-    prng: Prng,
+    pub(super) prng: Prng,
     pub now: u64,
     configs: Vec<Config>,
     pub replicas: Vec<Option<Replica>>,
@@ -159,10 +159,10 @@ pub struct Cluster {
     pub checker: Checker,
     trace: VecDeque<String>,
     /// Ops whose journal entry was corrupted somewhere (each on one replica at most).
-    corrupted_ops: std::collections::BTreeSet<u64>,
-    partition_until: u64,
-    faults_on: bool,
-    clients_on: bool,
+    pub(super) corrupted_ops: std::collections::BTreeSet<u64>,
+    pub(super) partition_until: u64,
+    pub(super) faults_on: bool,
+    pub(super) clients_on: bool,
     pub crashes: u64,
     view_changes_retired: u64,
     /// Scenario control: drop every Reply on its way to a client.
@@ -220,7 +220,7 @@ impl Cluster {
         }
     }
 
-    fn log(&mut self, line: impl FnOnce() -> String) {
+    pub(super) fn log(&mut self, line: impl FnOnce() -> String) {
         if self.options.trace {
             if self.trace.len() >= self.options.trace_lines {
                 self.trace.pop_front();
@@ -546,184 +546,13 @@ impl Cluster {
         self.primary_guess()
     }
 
-    fn primary_guess(&self) -> Option<u8> {
+    pub(super) fn primary_guess(&self) -> Option<u8> {
         self.replicas
             .iter()
             .flatten()
             .filter(|r| r.status() == Status::Normal && r.is_primary())
             .max_by_key(|r| r.view())
             .map(|r| r.replica())
-    }
-
-    fn inject_faults(&mut self) -> Result<(), String> {
-        let n = self.options.replica_count;
-        let f = (n - 1) / 2;
-        let faults = self.options.faults;
-        if self.prng.chance(faults.crash_per_10k, 10_000) {
-            let down = self.replicas.iter().filter(|r| r.is_none()).count() as u8;
-            if down < f {
-                let r = self.prng.below(u64::from(n)) as u8;
-                if self.replicas[usize::from(r)].is_some() {
-                    self.crash(r);
-                }
-            }
-        }
-        if self.partition_until != 0 && self.now >= self.partition_until {
-            self.partition_until = 0;
-            self.network.heal();
-            self.log(|| "network healed".to_string());
-            self.sync_links();
-        }
-        if self.partition_until == 0 && self.prng.chance(faults.partition_per_10k, 10_000) {
-            let kind = self.prng.below(4);
-            match kind {
-                0 => {
-                    let side = 1 + self.prng.below((1u64 << n) - 2) as u32;
-                    self.network.partition_symmetric(side);
-                }
-                1 => {
-                    // Asymmetric: some directed links cut.
-                    for a in 0..n {
-                        for b in 0..n {
-                            if a != b && self.prng.chance(1, 3) {
-                                self.network.cut(a, b);
-                            }
-                        }
-                    }
-                }
-                2 => {
-                    // The primary can send but not receive.
-                    if let Some(p) = self.primary_guess() {
-                        for b in (0..n).filter(|b| *b != p) {
-                            self.network.cut(b, p);
-                        }
-                    }
-                }
-                _ => {
-                    // Isolate the primary.
-                    if let Some(p) = self.primary_guess() {
-                        self.network.partition_symmetric(1 << p);
-                    }
-                }
-            }
-            self.partition_until = self.now + 50 + self.prng.below(1500);
-            self.log(|| format!("network partition kind {kind}"));
-            self.sync_links();
-        }
-        if self.prng.chance(faults.corrupt_per_10k, 10_000) {
-            self.corrupt_one();
-        }
-        Ok(())
-    }
-
-    /// Corrupts one committed journal entry on one replica, never an op already corrupted
-    /// elsewhere, and only if another replica holds it: never more than the cluster can
-    /// recover.
-    fn corrupt_one(&mut self) {
-        let commit = self.checker.commit_max();
-        if commit == 0 {
-            return;
-        }
-        let op = 1 + self.prng.below(commit);
-        if self.corrupted_ops.contains(&op) {
-            return;
-        }
-        let n = self.options.replica_count;
-        let r = self.prng.below(u64::from(n)) as u8;
-        let holders = (0..n)
-            .filter(|x| *x != r && self.storages[usize::from(*x)].holds(op))
-            .count();
-        if holders == 0 {
-            return;
-        }
-        if self.storages[usize::from(r)].corrupt(op, &mut self.prng) {
-            self.corrupted_ops.insert(op);
-            self.log(|| format!("r{r} journal op {op} corrupted"));
-        }
-    }
-
-    // ---- scenario control -----------------------------------------------------------
-
-    /// A cluster without random faults, for scripted scenarios.
-    pub fn scripted(replica_count: u8, seed: u64, clients: u16) -> Cluster {
-        let options = SimOptions {
-            seed,
-            replica_count,
-            ticks: 0,
-            liveness_ticks: 20_000,
-            clients,
-            group: METADATA_GROUP,
-            faults: Faults::none(),
-            trace: false,
-            trace_lines: TRACE_LINES_MAX,
-        };
-        let mut cluster = Cluster::new(options);
-        cluster.faults_on = false;
-        cluster
-    }
-
-    /// The replica `r`, if up.
-    pub fn replica(&self, r: u8) -> Option<&Replica> {
-        self.replicas[usize::from(r)].as_ref()
-    }
-
-    /// Runs `ticks` steps.
-    pub fn run_ticks(&mut self, ticks: u64) -> Result<(), String> {
-        for _ in 0..ticks {
-            self.step()?;
-        }
-        Ok(())
-    }
-
-    /// Steps until `done` holds (true) or `ticks_max` pass (false).
-    pub fn run_until(
-        &mut self,
-        ticks_max: u64,
-        done: impl Fn(&Cluster) -> bool,
-    ) -> Result<bool, String> {
-        for _ in 0..ticks_max {
-            if done(self) {
-                return Ok(true);
-            }
-            self.step()?;
-        }
-        Ok(done(self))
-    }
-
-    /// Clients start new requests (true) or only finish outstanding ones (false).
-    pub fn set_clients(&mut self, on: bool) {
-        self.clients_on = on;
-    }
-
-    /// Replies clients received (checked against the history).
-    pub fn replies(&self) -> u64 {
-        self.checker.replies
-    }
-
-    /// Corrupts the durable journal entry of `op` on replica `r`.
-    pub fn corrupt(&mut self, r: u8, op: u64) -> bool {
-        self.storages[usize::from(r)].corrupt(op, &mut self.prng)
-    }
-
-    /// Restarts every crashed replica, heals the network, stops new client requests and
-    /// runs until the cluster converges; Err if it does not within `ticks_max`.
-    pub fn heal_and_converge(&mut self, ticks_max: u64) -> Result<u64, String> {
-        self.network.heal();
-        self.network.faults = NetworkFaults::none();
-        self.drop_replies = false;
-        for r in 0..self.options.replica_count {
-            if self.replicas[usize::from(r)].is_none() {
-                self.restart(r)?;
-            }
-        }
-        self.sync_links();
-        self.clients_on = false;
-        let start = self.now;
-        if self.run_until(ticks_max, |c| c.converged())? {
-            Ok(self.now - start)
-        } else {
-            Err(format!("no convergence: {}", self.status_line()))
-        }
     }
 
     // ---- clients ---------------------------------------------------------------------

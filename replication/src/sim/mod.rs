@@ -5,7 +5,9 @@
 
 pub mod checker;
 pub mod cluster;
+mod faults;
 pub mod network;
+mod scenario;
 pub mod storage;
 
 pub use checker::Checker;

@@ -16,9 +16,11 @@
 
 mod client_table;
 mod log;
+mod partition;
 mod recovery;
 mod repair;
 mod replica;
+mod request;
 mod timeout;
 mod view_change;
 

@@ -21,23 +21,6 @@ impl Replica {
         }
     }
 
-    /// Recomputes partition stamp positions for the uncommitted ops in hand.
-    pub(crate) fn rebuild_positions(&mut self) {
-        if self.config.group == crate::wire::METADATA_GROUP {
-            return;
-        }
-        let _ = self.positions.split_off(&(self.commit + 1));
-        for op in self.commit + 1..=self.log.op {
-            let Some(frame) = self.log.slot(op).and_then(|s| s.frame.clone()) else {
-                break;
-            };
-            if !self.positions.contains_key(&(op - 1)) {
-                break;
-            }
-            self.note_position(op, &frame);
-        }
-    }
-
     /// Periodic repair: ask a peer for the first range of ops we lack.
     pub(crate) fn on_repair_timeout(&mut self) {
         let forming = self.status == Status::ViewChange && self.merged && self.is_primary();

@@ -4,14 +4,14 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::wire::batch::{self, PartitionPosition};
-use crate::wire::registry::{EvictionReason, PROTOCOL_VERSION};
+use crate::wire::batch::PartitionPosition;
+use crate::wire::registry::EvictionReason;
 use crate::wire::{
-    decode, CommitHeader, EvictionHeader, Frame, Header, Limits, Message, Operation, PrepareHeader,
-    PrepareOkHeader, ReplyHeader, RequestHeader, METADATA_GROUP,
+    decode, CommitHeader, Frame, Header, Limits, Message, Operation, PrepareHeader,
+    PrepareOkHeader, METADATA_GROUP,
 };
 
-use super::client_table::{ClientTable, Lookup};
+use super::client_table::ClientTable;
 use super::log::{frame_header, Log};
 use super::timeout::{Prng, Timeout};
 use super::{Action, Config, Counters};
@@ -357,81 +357,6 @@ impl Replica {
         }
     }
 
-    /// A client request (RequestHeader frame, 16-byte aligned). Only the primary of a
-    /// normal view prepares; retries are answered from the client table.
-    pub fn on_request(&mut self, bytes: &[u8]) -> RequestOutcome {
-        let (request, body) = match decode(bytes, &self.limits) {
-            Ok(Message::Request(h, body)) => (*h, body),
-            _ => return RequestOutcome::Rejected,
-        };
-        let Some(operation) = Operation::from_u8(request.operation) else {
-            return RequestOutcome::Rejected;
-        };
-        let plane_ok = match operation.plane() {
-            crate::wire::Plane::Metadata => self.config.group == METADATA_GROUP,
-            crate::wire::Plane::Partition => self.config.group != METADATA_GROUP,
-            crate::wire::Plane::None => false,
-        };
-        if !plane_ok {
-            return RequestOutcome::Rejected;
-        }
-        if self.status != Status::Normal || !self.is_primary() {
-            return RequestOutcome::NotPrimary {
-                primary: self.config.primary_of(self.view),
-            };
-        }
-        if operation == Operation::Register {
-            if self.in_pipeline(request.client, 0) {
-                return RequestOutcome::InProgress;
-            }
-            // A retried Register (no request since) is answered from the table; a client
-            // that registers again after requests lost its session and gets a new one.
-            if let Some(session) = self.clients.get(request.client) {
-                if session.request == 0 {
-                    let frame = session.reply.clone();
-                    self.actions.push_back(Action::Reply {
-                        client: request.client,
-                        frame,
-                    });
-                    return RequestOutcome::Replied;
-                }
-            }
-        } else {
-            let lookup = if self.config.group == METADATA_GROUP {
-                self.clients
-                    .lookup(request.client, request.session, request.request)
-            } else {
-                self.clients.lookup_request(request.client, request.request)
-            };
-            match lookup {
-                Lookup::Fresh => {}
-                Lookup::Replied(reply) => {
-                    let frame = reply.clone();
-                    self.actions.push_back(Action::Reply {
-                        client: request.client,
-                        frame,
-                    });
-                    return RequestOutcome::Replied;
-                }
-                Lookup::Stale => return RequestOutcome::Stale,
-                Lookup::NoSession => {
-                    if self.in_pipeline(request.client, 0) {
-                        return RequestOutcome::InProgress;
-                    }
-                    self.evict(request.client, EvictionReason::NoSession);
-                    return RequestOutcome::Evicted;
-                }
-            }
-            if self.in_pipeline(request.client, request.request) {
-                return RequestOutcome::InProgress;
-            }
-        }
-        if self.log.op - self.commit >= self.config.pipeline_max {
-            return RequestOutcome::PipelineFull;
-        }
-        self.prepare(&request, body)
-    }
-
     /// The journal finished writing the prepare `checksum` at `op` durably.
     pub fn on_journal_durable(&mut self, op: u64, checksum: u128) {
         if op < self.log.op_min() {
@@ -468,81 +393,6 @@ impl Replica {
 
     // ---- normal operation ------------------------------------------------------------
 
-    fn in_pipeline(&self, client: u128, request: u64) -> bool {
-        self.pipeline.keys().any(|op| {
-            self.log
-                .header(*op)
-                .is_some_and(|h| h.client == client && h.request == request)
-        })
-    }
-
-    pub(crate) fn evict(&mut self, client: u128, reason: EvictionReason) {
-        let mut header = EvictionHeader::new();
-        header.frame.cluster = self.config.cluster;
-        header.frame.view = self.view;
-        header.frame.replica = self.config.replica;
-        header.client = client;
-        header.server_protocol_version = PROTOCOL_VERSION;
-        header.server_protocol_version_min = PROTOCOL_VERSION;
-        header.reason = reason as u8;
-        let frame = Frame::build(&header, &[]);
-        self.actions.push_back(Action::Evict { client, frame });
-    }
-
-    fn prepare(&mut self, request: &RequestHeader, body: &[u8]) -> RequestOutcome {
-        let op = self.log.op + 1;
-        let Some(parent) = self.log.identity(self.log.op) else {
-            return RequestOutcome::PipelineFull;
-        };
-        let timestamp = self.now.max(self.timestamp_last + 1);
-        let mut body = body.to_vec();
-        if request.operation == Operation::SendMessages as u8 {
-            let Some(position) = self.positions.get(&self.log.op).copied() else {
-                return RequestOutcome::PipelineFull;
-            };
-            let base_timestamp = timestamp.max(position.last_timestamp);
-            if batch::stamp(
-                &mut body,
-                position.partition_id,
-                position.next_offset,
-                base_timestamp,
-            )
-            .is_err()
-                || batch::verify(&body).is_err()
-            {
-                return RequestOutcome::Rejected;
-            }
-        }
-        self.timestamp_last = timestamp;
-        let mut header = PrepareHeader::new();
-        header.frame.cluster = self.config.cluster;
-        header.frame.view = self.view;
-        header.frame.replica = self.config.replica;
-        header.client = request.client;
-        header.parent = parent;
-        header.request_checksum = request.request_checksum;
-        header.op = op;
-        header.commit = self.commit;
-        header.timestamp = timestamp;
-        header.request = request.request;
-        header.operation = request.operation;
-        header.group = self.config.group;
-        header.user_id = request.user_id;
-        let frame = Frame::build(&header, &body);
-        self.note_position(op, &frame);
-        self.log.append(frame.clone());
-        if self.pipeline.is_empty() {
-            self.progress_tick = self.now;
-        }
-        self.pipeline.insert(op, 0);
-        self.actions.push_back(Action::JournalAppend {
-            op,
-            frame: frame.clone(),
-        });
-        self.send_chain(frame);
-        RequestOutcome::Prepared { op }
-    }
-
     /// The next replica of the chain after `from`, skipping disconnected peers; None once
     /// the chain would return to the primary.
     fn chain_next(&self, from: u8) -> Option<u8> {
@@ -558,40 +408,9 @@ impl Replica {
         None
     }
 
-    fn send_chain(&mut self, frame: Frame) {
+    pub(crate) fn send_chain(&mut self, frame: Frame) {
         if let Some(to) = self.chain_next(self.config.replica) {
             self.actions.push_back(Action::Send { to, frame });
-        }
-    }
-
-    /// Records the partition stamp position after `op` (partition plane only).
-    pub(crate) fn note_position(&mut self, op: u64, frame: &Frame) {
-        if self.config.group == METADATA_GROUP {
-            return;
-        }
-        let header = frame_header(frame);
-        let Some(before) = self.positions.get(&(op - 1)).copied() else {
-            return;
-        };
-        let mut after = before;
-        if header.operation == Operation::SendMessages as u8 {
-            if let Ok(info) = batch::verify(&frame.as_bytes()[256..]) {
-                after.next_offset = info.next_offset();
-                after.last_timestamp = info.base_timestamp;
-            }
-        }
-        self.positions.insert(op, after);
-    }
-
-    /// A backup re-derives a partition prepare's stamp from its own position.
-    fn stamp_ok(&mut self, header: &PrepareHeader, body: &[u8]) -> bool {
-        if self.config.group == METADATA_GROUP || header.operation != Operation::SendMessages as u8
-        {
-            return true;
-        }
-        match self.positions.get(&(header.op - 1)) {
-            Some(position) => batch::check_stamp(body, position).is_ok(),
-            None => true,
         }
     }
 
@@ -734,14 +553,6 @@ impl Replica {
         self.prune_positions();
     }
 
-    fn prune_positions(&mut self) {
-        if self.config.group == METADATA_GROUP || self.commit == 0 {
-            return;
-        }
-        let keep = self.positions.split_off(&self.commit);
-        self.positions = keep;
-    }
-
     /// Commits op `commit + 1`: the only place commit advances.
     pub(crate) fn commit_op(&mut self, op: u64) {
         assert_eq!(op, self.commit + 1, "commit in order");
@@ -792,21 +603,6 @@ impl Replica {
                 frame: reply,
             });
         }
-    }
-
-    fn build_reply(&self, prepare: &PrepareHeader) -> Frame {
-        let mut header = ReplyHeader::new();
-        header.frame.cluster = self.config.cluster;
-        header.frame.view = self.view;
-        header.frame.replica = self.config.replica;
-        header.request_checksum = prepare.request_checksum;
-        header.client = prepare.client;
-        header.op = prepare.op;
-        header.commit = prepare.op;
-        header.timestamp = prepare.timestamp;
-        header.request = prepare.request;
-        header.operation = prepare.operation;
-        Frame::build(&header, &[])
     }
 
     fn on_commit_broadcast_timeout(&mut self) {

@@ -76,4 +76,8 @@ fn regression_seeds() {
     check(157, 3, 5_000, false);
     // 2711 (5 replicas): the same withheld-DVC deadlock.
     check(2711, 5, 5_000, false);
+    // 12093: an op only an unreadable journal entry claimed could be neither repaired nor
+    // truncated (lower log_view replicas did not count as nacks although their logs ended
+    // below it).
+    check(12093, 3, 5_000, false);
 }

@@ -15,6 +15,7 @@
 //! never sends PrepareOk for an op before that report.
 
 mod client_table;
+mod groups;
 mod log;
 mod partition;
 mod recovery;
@@ -25,6 +26,7 @@ mod timeout;
 mod view_change;
 
 pub use client_table::{ClientTable, Session, CLIENTS_MAX_DEFAULT};
+pub use groups::{Groups, RouteError};
 pub use log::{Log, Slot};
 pub use recovery::{JournalEntry, Superblock};
 pub use replica::{Replica, RequestOutcome, Status};
@@ -39,7 +41,14 @@ pub const PIPELINE_MAX: u64 = 127;
 /// Replica counts the core supports (the replica id is a u8; bitmasks are u32).
 pub const REPLICA_COUNT_MAX: u8 = 32;
 
+/// Default cluster.repair_chunk_max.
+pub const REPAIR_CHUNK_MAX_DEFAULT: u64 = 16;
+/// Default message_bus.peer_queue_capacity.
+pub const PEER_QUEUE_CAPACITY_DEFAULT: u64 = 64;
+
 const _: () = assert!(PIPELINE_MAX <= 127);
+// Per-peer queues drop overruns silently: a repair chunk must fit.
+const _: () = assert!(REPAIR_CHUNK_MAX_DEFAULT < PEER_QUEUE_CAPACITY_DEFAULT);
 const _: () = assert!((PIPELINE_MAX as usize) < SUFFIX_MAX);
 const _: () = assert!(SUFFIX_MAX <= 128);
 const _: () = assert!(REPLICA_COUNT_MAX as u32 <= u32::BITS);
@@ -90,8 +99,8 @@ impl Config {
             view_change_retransmit_interval_ticks: 20,
             view_change_timeout_ticks: 100,
             repair_interval_ticks: 15,
-            repair_chunk_max: 16,
-            peer_queue_capacity: 64,
+            repair_chunk_max: REPAIR_CHUNK_MAX_DEFAULT,
+            peer_queue_capacity: PEER_QUEUE_CAPACITY_DEFAULT,
             clients_max: CLIENTS_MAX_DEFAULT,
             seed: u64::from(replica) + 1,
         }

@@ -39,6 +39,7 @@ impl Replica {
         replica.superblock = superblock.clone();
         let limits = Limits::default();
         let mut stamped = Vec::new();
+        let mut commit_known = 0;
         for entry in journal {
             if entry.op == 0 {
                 continue;
@@ -62,6 +63,8 @@ impl Replica {
                     .map(|(h, _)| h)
                     .ok();
                 if let Some(prepare) = prepare {
+                    // Its primary had committed this far when it prepared it.
+                    commit_known = commit_known.max(prepare.commit);
                     if prepare.frame.view == superblock.log_view {
                         stamped.push(prepare);
                     }
@@ -95,6 +98,7 @@ impl Replica {
         // Ops without a known identity above chain_floor cannot exist; below it the walk
         // learns identities from parent links.
         replica.walk_chain();
+        replica.commit_max = commit_known.min(replica.log.op);
         replica.rebuild_positions();
         replica.incarnation = replica.prng.next_u128();
         let frame = replica.request_start_view_frame(replica.view);

@@ -302,6 +302,7 @@ impl Replica {
             self.timeout_probe.backoff(now, &mut self.prng);
             self.on_probe_timeout();
         }
+        self.check_invariants();
     }
 
     /// A frame from a peer (16-byte aligned, exactly one frame). Invalid frames, frames of
@@ -355,6 +356,7 @@ impl Replica {
             Message::RangeEvicted(h) => self.on_range_evicted(h),
             _ => {}
         }
+        self.check_invariants();
     }
 
     /// The journal finished writing the prepare `checksum` at `op` durably.
@@ -389,6 +391,7 @@ impl Replica {
             Status::ViewChange => self.forming_try_start_view(),
             Status::Recovering => {}
         }
+        self.check_invariants();
     }
 
     // ---- normal operation ------------------------------------------------------------
@@ -685,6 +688,23 @@ impl Replica {
     fn on_heartbeat_timeout(&mut self) {
         if self.status == Status::Normal && !self.is_primary() {
             self.start_view_change(self.view + 1);
+        }
+    }
+
+    /// Invariants that hold between inputs; a violation is a bug, never bad input.
+    pub(crate) fn check_invariants(&self) {
+        assert!(self.log_view <= self.view);
+        assert!(self.commit <= self.commit_max);
+        assert!(self.commit <= self.log.op || self.commit <= self.log.op_checkpoint);
+        if self.status == Status::Normal {
+            assert_eq!(self.log_view, self.view, "normal status is in log_view");
+        }
+        if let (Some(first), Some(last)) =
+            (self.pipeline.keys().next(), self.pipeline.keys().last())
+        {
+            assert!(self.status == Status::Normal && self.is_primary());
+            assert!(*first > self.commit && *last <= self.log.op);
+            assert!(self.pipeline.len() as u64 <= super::PIPELINE_MAX);
         }
     }
 

@@ -233,10 +233,14 @@ impl Replica {
                 canonical.insert(header.op, *header);
             }
         }
+        // A prepare's commit field was its primary's commit point: committed for good.
+        // It also bounds the new pipeline, since a primary prepares op k only while
+        // k - commit <= pipeline_max.
         let commit_max = self
             .dvcs
             .values()
             .map(|d| d.commit)
+            .chain(canonical.values().map(|h| h.commit))
             .max()
             .unwrap_or(0)
             .max(self.commit_max.min(op_canonical));
@@ -245,16 +249,12 @@ impl Replica {
         let mut op_new = op_canonical.max(commit_max);
         for op in commit_max + 1..=op_canonical {
             let nacks = match canonical.get(&op) {
-                Some(header) => self
-                    .dvcs
-                    .values()
-                    .filter(|d| nacks_op(d, header, log_view))
-                    .count(),
+                Some(header) => self.dvcs.values().filter(|d| nacks_op(d, header)).count(),
                 // No replica of the quorum knows its header: count the gaps.
                 None => self
                     .dvcs
                     .values()
-                    .filter(|d| nacks_gap(d, op) || (d.log_view == log_view && d.op < op))
+                    .filter(|d| nacks_gap(d, op) || d.op < op)
                     .count(),
             };
             if nacks >= self.config.quorum_nack() {
@@ -510,20 +510,25 @@ fn nacks_gap(dvc: &Dvc, op: u64) -> bool {
     dvc.headers.last().is_some_and(|h| h.op - 1 == op && op > 0)
 }
 
-/// Whether a DVC proves its sender never prepared `header`.
-fn nacks_op(dvc: &Dvc, header: &PrepareHeader, log_view: u32) -> bool {
+/// Whether a DVC proves its sender is in no replication quorum that could have committed
+/// `header`. A replica that acknowledged a committed prepare keeps it at its op for good
+/// (journal entries are durable, a corrupt one still counts as held, and no later view
+/// truncates a committed op), so it nacks when:
+/// - it holds that header but never prepared it (nack bit);
+/// - it holds a different header there (a later view replaced it: never committed then);
+/// - its log (unreadable entries included) ends below the op;
+/// - its suffix stops short just above the op (see `nacks_gap`).
+fn nacks_op(dvc: &Dvc, header: &PrepareHeader) -> bool {
     if nacks_gap(dvc, header.op) {
         return true;
     }
-    if let Some(i) = dvc.headers.iter().position(|h| h.op == header.op) {
-        if dvc.headers[i].frame.checksum == header.frame.checksum {
-            return dvc.nack & (1 << i) != 0;
+    match dvc.headers.iter().position(|h| h.op == header.op) {
+        Some(i) if dvc.headers[i].frame.checksum == header.frame.checksum => {
+            dvc.nack & (1 << i) != 0
         }
-        return false;
+        Some(_) => true,
+        None => dvc.op < header.op,
     }
-    // Normal in the canonical view but never reached this op: its log in that view only
-    // grows, so it never prepared it.
-    dvc.log_view == log_view && dvc.op < header.op
 }
 
 /// Whether a DVC's sender can serve `header`'s body.

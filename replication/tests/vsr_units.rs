@@ -286,3 +286,76 @@ fn range_evicted_hands_off_to_state_transfer() {
     });
     assert!(handed_off);
 }
+
+fn request(client: u128, operation: Operation, session: u64, number: u64) -> Frame {
+    let mut h = replication::wire::RequestHeader::new();
+    h.client = client;
+    h.operation = operation as u8;
+    h.session = session;
+    h.request = number;
+    let body: &[u8] = if operation == Operation::Register {
+        &[]
+    } else {
+        b"stream"
+    };
+    Frame::build(&h, body)
+}
+
+/// Commits whatever the primary prepared: journals complete and replica 1 acknowledges.
+fn commit_all(primary: &mut Replica) -> Vec<Action> {
+    let mut out = Vec::new();
+    for _ in 0..4 {
+        let mut acks = Vec::new();
+        for action in primary.drain_actions() {
+            match &action {
+                Action::JournalAppend { op, frame } => {
+                    let header = header_of(frame);
+                    let mut ok = replication::wire::PrepareOkHeader::new();
+                    ok.frame.cluster = cluster();
+                    ok.frame.replica = 1;
+                    ok.parent = header.parent;
+                    ok.prepare_checksum = header.frame.checksum;
+                    ok.op = *op;
+                    ok.group = METADATA_GROUP;
+                    acks.push((*op, frame.checksum(), Frame::build(&ok, &[])));
+                }
+                _ => out.push(action),
+            }
+        }
+        for (op, checksum, ok) in acks {
+            primary.on_journal_durable(op, checksum);
+            primary.on_message(ok.as_bytes());
+        }
+    }
+    out
+}
+
+#[test]
+fn the_oldest_session_is_evicted_past_the_bound_and_told_so() {
+    use replication::vsr::RequestOutcome;
+    let mut config = Config::new(cluster(), METADATA_GROUP, 0, 3);
+    config.clients_max = 1;
+    let mut primary = Replica::new(config);
+    let outcome = primary.on_request(request(0xa, Operation::Register, 0, 0).as_bytes());
+    assert_eq!(outcome, RequestOutcome::Prepared { op: 1 });
+    let actions = commit_all(&mut primary);
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::Reply { client: 0xa, .. })));
+    assert_eq!(primary.commit(), 1);
+    // A second client takes the only slot: client 0xa is evicted and told so.
+    primary.on_request(request(0xb, Operation::Register, 0, 0).as_bytes());
+    let actions = commit_all(&mut primary);
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::Evict { client: 0xa, .. })));
+    let outcome = primary.on_request(request(0xa, Operation::CreateStream, 1, 1).as_bytes());
+    assert_eq!(outcome, RequestOutcome::Evicted);
+    // Client 0xb's request commits once; its retry is answered from the table.
+    let outcome = primary.on_request(request(0xb, Operation::CreateStream, 2, 1).as_bytes());
+    assert_eq!(outcome, RequestOutcome::Prepared { op: 3 });
+    commit_all(&mut primary);
+    let outcome = primary.on_request(request(0xb, Operation::CreateStream, 2, 1).as_bytes());
+    assert_eq!(outcome, RequestOutcome::Replied);
+    assert_eq!(primary.op(), 3);
+}

@@ -163,3 +163,43 @@ impl ClientTable {
         self.sessions.remove(&client);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{Header, ReplyHeader};
+
+    fn reply(op: u64) -> Frame {
+        let mut header = ReplyHeader::new();
+        header.op = op;
+        Frame::build(&header, &[])
+    }
+
+    #[test]
+    fn register_mints_the_session_epoch_and_retries_are_answered_from_the_table() {
+        let mut table = ClientTable::new(4);
+        assert_eq!(table.register(7, 10, reply(10)), None);
+        assert_eq!(table.get(7).map(|s| s.session), Some(10));
+        assert!(matches!(table.lookup(7, 10, 1), Lookup::Fresh));
+        assert!(table.commit(7, 1, 11, reply(11)));
+        assert!(
+            matches!(table.lookup(7, 10, 1), Lookup::Replied(r) if r.checksum() == reply(11).checksum())
+        );
+        assert!(matches!(table.lookup(7, 10, 0), Lookup::Stale));
+        assert!(matches!(table.lookup(7, 9, 2), Lookup::NoSession));
+        // A retry of an already committed request is not applied again.
+        assert!(!table.commit(7, 1, 12, reply(12)));
+    }
+
+    #[test]
+    fn the_oldest_session_is_evicted_past_the_bound() {
+        let mut table = ClientTable::new(2);
+        assert_eq!(table.register(1, 1, reply(1)), None);
+        assert_eq!(table.register(2, 2, reply(2)), None);
+        assert!(table.commit(1, 1, 3, reply(3)));
+        // Client 2 is now the least recently committed.
+        assert_eq!(table.register(3, 4, reply(4)), Some(2));
+        assert_eq!(table.len(), 2);
+        assert!(matches!(table.lookup(2, 2, 1), Lookup::NoSession));
+    }
+}

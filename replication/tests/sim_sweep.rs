@@ -80,4 +80,14 @@ fn regression_seeds() {
     // truncated (lower log_view replicas did not count as nacks although their logs ended
     // below it).
     check(12093, 3, 5_000, false);
+    // 993 (5 replicas, once DVCs were broadcast as the spec says): every replica held op
+    // 126 but not 124 or 125; a contiguous suffix could only nack 125, leaving 124 headless
+    // and the view change stuck. DVCs now vouch for a whole window above their commit.
+    check(993, 5, 5_000, false);
+    // 244 (5 replicas) and 186: with headers only above the commit, a forming primary kept
+    // its own stale header for a committed op: divergence. DVC bodies carry the committed
+    // headers below the window too, and the merged head must be a canonical header.
+    check(244, 5, 5_000, false);
+    check(186, 3, 5_000, false);
+    check(186, 3, 5_000, true);
 }

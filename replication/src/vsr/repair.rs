@@ -24,18 +24,18 @@ impl Replica {
     /// Periodic repair: ask a peer for the first range of ops we lack.
     pub(crate) fn on_repair_timeout(&mut self) {
         let forming = self.status == Status::ViewChange && self.merged && self.is_primary();
-        if self.status == Status::ViewChange && !forming {
-            // A faulty entry holding our DVC back is repaired from any peer.
-            if let Some(op) = self.dvc_blocked_by().filter(|op| *op <= self.log.op) {
-                self.request_prepares(op, op);
-            }
-            return;
-        }
-        if self.status != Status::Normal && !forming {
+        // In a view change, an op that holds our DVC back is repaired from any peer.
+        let blocked =
+            self.status == Status::ViewChange && !forming && self.dvc_blocked_by().is_some();
+        if self.status != Status::Normal && !forming && !blocked {
             return;
         }
         self.walk_chain();
-        let top = self.log.op.max(self.commit_max);
+        let top = if blocked {
+            self.log.op
+        } else {
+            self.log.op.max(self.commit_max)
+        };
         // Below chain_floor identities are unknown: local entries there wait for the walk,
         // which is blocked by the first known op without a body at or above it.
         let floor = self.log.chain_floor.max(self.commit + 1);

@@ -80,9 +80,35 @@ impl Replica {
         }
     }
 
-    /// This replica's DVC: its log suffix with nack (never prepared) and present bits.
+    /// The commit point a DVC reports, the top op of its body and the low end of the
+    /// window below it.
+    /// Every op of the window (low, top] that the body leaves out is claimed never
+    /// prepared, so the sender checks that claim before sending (`dvc_blocked_by`).
+    fn dvc_bounds(&self) -> (u64, u64, u64) {
+        let commit = self.commit_max.min(self.log.op).max(self.commit);
+        let floor = commit.max(self.log.op_checkpoint);
+        let top = (floor + 1..=self.log.op)
+            .rev()
+            .take(SUFFIX_MAX)
+            .find(|op| self.log.header(*op).is_some())
+            .unwrap_or(floor);
+        (commit, top, dvc_window_low(commit.max(floor), top))
+    }
+
+    /// This replica's DVC: the headers it knows in its window, highest op first, with
+    /// nack (never prepared) and present (body held) bits.
     pub(crate) fn own_do_view_change(&self) -> Dvc {
-        let headers = self.log.suffix(SUFFIX_MAX);
+        let (commit, top, _) = self.dvc_bounds();
+        // Below the window (committed ops) headers are sent too, so the new primary
+        // learns the canonical identity of every op it must hold.
+        let bottom = top
+            .saturating_sub(SUFFIX_MAX as u64)
+            .max(self.log.op_checkpoint);
+        let headers: Vec<PrepareHeader> = (bottom + 1..=top)
+            .rev()
+            .filter_map(|op| self.log.header(op).copied())
+            .collect();
+        assert!(headers.len() <= SUFFIX_MAX);
         let mut nack = 0u128;
         let mut present = 0u128;
         for (i, header) in headers.iter().enumerate() {
@@ -104,7 +130,7 @@ impl Replica {
             // An unreadable entry above the log may be a prepare we acknowledged: claim
             // it as our op (without a header) so nobody counts us as never having it.
             op: self.log.op.max(self.faulty_above_op),
-            commit: self.commit_max.min(self.log.op).max(self.commit),
+            commit,
             headers,
             nack,
             present,
@@ -122,22 +148,18 @@ impl Replica {
         self.send_do_view_change();
     }
 
-    /// The op just below our suffix, when the suffix stopped short of SUFFIX_MAX at an op
-    /// whose header we do not know. A DVC claims we never prepared that op, so a faulty
-    /// entry there (prepared, unreadable) holds our DVC back until it is repaired.
+    /// An op of our DVC window we cannot vouch for: no header to send, yet maybe
+    /// prepared (an unreadable entry) or held unverified. Leaving it out would claim we
+    /// never prepared it, so it holds our DVC back until repair or a StartView settles it.
     pub(crate) fn dvc_blocked_by(&self) -> Option<u64> {
-        let suffix = self.log.suffix(SUFFIX_MAX);
-        if suffix.len() >= SUFFIX_MAX {
-            return None;
-        }
-        let stop = suffix.last().map(|h| h.op - 1)?;
-        if stop == 0 || stop <= self.log.op_checkpoint {
-            return None;
-        }
-        self.log
-            .slot(stop)
-            .is_some_and(|slot| slot.prepared && slot.frame.is_none())
-            .then_some(stop)
+        let (_, top, low) = self.dvc_bounds();
+        (low + 1..=top).rev().find(|op| {
+            self.log.header(*op).is_none()
+                && self
+                    .log
+                    .slot(*op)
+                    .is_some_and(|slot| slot.prepared || slot.frame.is_some())
+        })
     }
 
     fn send_do_view_change(&mut self) {
@@ -164,8 +186,9 @@ impl Replica {
         header.nack_bitset = dvc.nack;
         header.present_bitset = dvc.present;
         let frame = Frame::build(&header, &headers_body(&dvc.headers));
-        let to = self.config.primary_of(self.view);
-        self.actions.push_back(Action::Send { to, frame });
+        // Broadcast (spec "View changes"): the new primary merges it, the others learn
+        // that a quorum suspects the old primary and join the view.
+        self.actions.push_back(Action::Broadcast { frame });
     }
 
     pub(crate) fn on_do_view_change(
@@ -248,15 +271,12 @@ impl Replica {
         // quorum, so it and everything after it was never committed.
         let mut op_new = op_canonical.max(commit_max);
         for op in commit_max + 1..=op_canonical {
-            let nacks = match canonical.get(&op) {
-                Some(header) => self.dvcs.values().filter(|d| nacks_op(d, header)).count(),
-                // No replica of the quorum knows its header: count the gaps.
-                None => self
-                    .dvcs
-                    .values()
-                    .filter(|d| nacks_gap(d, op) || d.op < op)
-                    .count(),
-            };
+            let header = canonical.get(&op);
+            let nacks = self
+                .dvcs
+                .values()
+                .filter(|d| nacks_op(d, op, header))
+                .count();
             if nacks >= self.config.quorum_nack() {
                 op_new = op - 1;
                 break;
@@ -265,7 +285,7 @@ impl Replica {
         // The new head's header must be known (identities below follow by the chain),
         // and every kept uncommitted op must be servable by someone (or ourselves); else
         // wait for more DVCs.
-        if op_new > commit_max && !canonical.contains_key(&op_new) {
+        if op_new > self.log.op_checkpoint && !canonical.contains_key(&op_new) {
             return;
         }
         let own = self.config.replica;
@@ -487,48 +507,55 @@ impl Replica {
     }
 }
 
-/// DVC and StartView suffixes: descending contiguous ops chained by parent, from `op`
-/// (a DVC's may start below its op when the top entries are unreadable).
-fn suffix_well_formed(headers: &[PrepareHeader], op: u64, from_op: bool) -> bool {
+/// StartView suffixes: descending contiguous ops from `op`, chained by parent. DVC
+/// bodies (`start_view == false`) may skip ops (never prepared) and start below `op`
+/// (unreadable top entries); adjacent ops must still chain.
+fn suffix_well_formed(headers: &[PrepareHeader], op: u64, start_view: bool) -> bool {
     if let Some(first) = headers.first() {
-        if first.op > op || (from_op && first.op != op) {
+        if first.op > op || (start_view && first.op != op) {
             return false;
         }
     }
-    headers
-        .windows(2)
-        .all(|w| w[1].op + 1 == w[0].op && w[0].parent == w[1].frame.checksum)
+    headers.windows(2).all(|w| {
+        if w[1].op + 1 == w[0].op {
+            w[0].parent == w[1].frame.checksum
+        } else {
+            !start_view && w[1].op < w[0].op
+        }
+    })
 }
 
-/// Whether a DVC proves its sender never prepared op `op`: its suffix stopped short of
-/// SUFFIX_MAX just above `op` (a sender holds its DVC back while that op is faulty).
-fn nacks_gap(dvc: &Dvc, op: u64) -> bool {
-    if dvc.headers.len() >= SUFFIX_MAX {
-        return false;
-    }
-    // An empty suffix claims nothing: its sender may hold an unreadable top entry.
-    dvc.headers.last().is_some_and(|h| h.op - 1 == op && op > 0)
+/// The exclusive low end of a DVC window whose body tops at `top`.
+fn dvc_window_low(commit: u64, top: u64) -> u64 {
+    commit.max(top.saturating_sub(SUFFIX_MAX as u64))
 }
 
 /// Whether a DVC proves its sender is in no replication quorum that could have committed
-/// `header`. A replica that acknowledged a committed prepare keeps it at its op for good
-/// (journal entries are durable, a corrupt one still counts as held, and no later view
+/// the op `op` whose canonical header is `header` (if any replica of the quorum knows it).
+/// A replica that acknowledged a committed prepare keeps it at its op for good (journal
+/// entries are durable, an unreadable one still counts as held, and no later view
 /// truncates a committed op), so it nacks when:
 /// - it holds that header but never prepared it (nack bit);
 /// - it holds a different header there (a later view replaced it: never committed then);
 /// - its log (unreadable entries included) ends below the op;
-/// - its suffix stops short just above the op (see `nacks_gap`).
-fn nacks_op(dvc: &Dvc, header: &PrepareHeader) -> bool {
-    if nacks_gap(dvc, header.op) {
+/// - the op lies in its DVC window but not in its body (the sender vouched for that).
+fn nacks_op(dvc: &Dvc, op: u64, header: Option<&PrepareHeader>) -> bool {
+    if op > dvc.op {
         return true;
     }
-    match dvc.headers.iter().position(|h| h.op == header.op) {
-        Some(i) if dvc.headers[i].frame.checksum == header.frame.checksum => {
-            dvc.nack & (1 << i) != 0
-        }
-        Some(_) => true,
-        None => dvc.op < header.op,
+    if let Some(i) = dvc.headers.iter().position(|h| h.op == op) {
+        return match header {
+            Some(header) if dvc.headers[i].frame.checksum == header.frame.checksum => {
+                dvc.nack & (1 << i) != 0
+            }
+            Some(_) => true,
+            None => false,
+        };
     }
+    let Some(top) = dvc.headers.first().map(|h| h.op) else {
+        return false;
+    };
+    op <= top && op > dvc_window_low(dvc.commit, top)
 }
 
 /// Whether a DVC's sender can serve `header`'s body.

@@ -13,6 +13,19 @@
 //! performed, so a replica never speaks in a view it has not persisted. `JournalAppend`
 //! completes asynchronously and is reported back with `on_journal_durable`; a replica
 //! never sends PrepareOk for an op before that report.
+//!
+//! What is persisted where, and why a restart is safe:
+//! - The superblock holds view, log_view and the log_view's suffix headers (as installed
+//!   from the StartView), written before the replica acts in a view.
+//! - The journal holds every prepare the replica acknowledged (durable before PrepareOk).
+//!   Entries above the superblock suffix stamped with log_view were appended in that view.
+//! - A restarted replica rebuilds its log from both, marks unreadable entries "maybe
+//!   prepared" (never nacked, repaired by identity), commits nothing, and probes with
+//!   RequestStartView under a fresh incarnation. Every promise it made (acks, view
+//!   numbers) is in that durable state, so when no primary answers (the cluster is itself
+//!   changing views) it may join the view change from it.
+//! - A DoViewChange vouches for a window (commit, top]: ops left out of its body were
+//!   never prepared by the sender; an op it cannot vouch for holds the DVC back.
 
 mod client_table;
 mod groups;

@@ -16,6 +16,13 @@ use super::{headers_body, Action, SUFFIX_MAX};
 /// RequestStartView probes a restarted replica sends before it joins a view change itself.
 pub const PROBE_ATTEMPTS_MAX: u32 = 4;
 
+/// A DVC whose op runs further than this past its commit is refused: the merge examines
+/// every op of that span, so it is bounded (a real one spans at most the pipeline plus
+/// the unreadable entries above a log).
+pub const DVC_SPAN_MAX: u64 = 4 * SUFFIX_MAX as u64;
+
+const _: () = assert!(DVC_SPAN_MAX >= 2 * (super::PIPELINE_MAX + SUFFIX_MAX as u64));
+
 impl Replica {
     /// Moves to view `view` in ViewChange status and broadcasts StartViewChange.
     pub(crate) fn start_view_change(&mut self, view: u32) {
@@ -212,7 +219,9 @@ impl Replica {
         if self.status != Status::ViewChange || !self.is_primary() || self.merged {
             return;
         }
-        if !suffix_well_formed(headers, header.op, false) {
+        if !suffix_well_formed(headers, header.op, false)
+            || header.op - header.commit > DVC_SPAN_MAX
+        {
             self.counters.frames_rejected += 1;
             return;
         }

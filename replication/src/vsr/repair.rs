@@ -41,16 +41,23 @@ impl Replica {
         let floor = self.log.chain_floor.max(self.commit + 1);
         let blocked = (floor..=top)
             .find(|op| *op > self.log.op || self.log.slot(*op).is_none_or(|s| s.frame.is_none()));
-        let from = match blocked {
-            Some(op) => op,
-            None if self.log.chain_floor > self.commit + 1 => self
-                .log
-                .chain_floor
-                .saturating_sub(self.config.repair_chunk_max)
-                .max(self.commit + 1),
+        let chunk = self.config.repair_chunk_max;
+        let (from, to) = match blocked {
+            // The walk is blocked here: fetch it and the ops below it, which the walk
+            // then verifies one by one as candidates.
+            Some(op) if op == self.log.chain_floor && op > self.commit + 1 => {
+                (op.saturating_sub(chunk - 1).max(self.commit + 1), op)
+            }
+            Some(op) => (op, top.min(op + chunk - 1)),
+            None if self.log.chain_floor > self.commit + 1 => (
+                self.log
+                    .chain_floor
+                    .saturating_sub(chunk)
+                    .max(self.commit + 1),
+                self.log.chain_floor - 1,
+            ),
             None => return,
         };
-        let to = top.min(from + self.config.repair_chunk_max - 1);
         self.request_prepares(from, to);
     }
 
@@ -64,6 +71,7 @@ impl Replica {
         header.frame.view = self.view;
         header.frame.replica = self.config.replica;
         header.nonce = self.prng.next_u128();
+        self.repair_nonce = header.nonce;
         header.from_op = from;
         header.to_op = to;
         header.group = self.config.group;
@@ -204,6 +212,15 @@ impl Replica {
             }
             Status::ViewChange => self.forming_try_start_view(),
             Status::Recovering => {}
+        }
+    }
+
+    /// A peer finished serving a chunk: ask for the next one at once rather than at the
+    /// next repair tick, so a far-behind replica catches up at round-trip pace.
+    pub(crate) fn on_repair_done(&mut self, header: &RepairResultHeader) {
+        // Only the latest request continues, so at most one chain of requests runs.
+        if header.nonce == self.repair_nonce && header.op > self.commit {
+            self.on_repair_timeout();
         }
     }
 

@@ -99,6 +99,8 @@ pub struct Replica {
     /// Highest journal op above the log found at restart that could not be placed.
     pub(crate) faulty_above_op: u64,
     pub(crate) repair_peer_next: u8,
+    /// Nonce of the latest RequestPrepares (its RepairDone continues the repair).
+    pub(crate) repair_nonce: u128,
     pub(crate) state_transfer_requested: bool,
     /// Partition plane: the stamp position after each op (pruned below commit).
     pub(crate) positions: BTreeMap<u64, PartitionPosition>,
@@ -163,6 +165,7 @@ impl Replica {
             probe_attempts: 0,
             faulty_above_op: 0,
             repair_peer_next: 0,
+            repair_nonce: 0,
             state_transfer_requested: false,
             positions: BTreeMap::from([(0, position)]),
             timeout_commit_broadcast: Timeout::new(
@@ -352,7 +355,7 @@ impl Replica {
             Message::StartView(h, headers) => self.on_start_view(h, headers),
             Message::RequestStartView(h) => self.on_request_start_view(h),
             Message::RequestPrepares(h) => self.on_request_prepares(h),
-            Message::RepairDone(_) => {}
+            Message::RepairDone(h) => self.on_repair_done(h),
             Message::RangeEvicted(h) => self.on_range_evicted(h),
             _ => {}
         }

@@ -39,11 +39,11 @@ impl Slot {
 pub struct Log {
     slots: BTreeMap<u64, Slot>,
     /// Highest op with a known identity (0 = empty).
-    pub op: u64,
+    pub(crate) op: u64,
     /// Every op in [chain_floor, op] has a known identity (0 has identity 0).
-    pub chain_floor: u64,
+    pub(crate) chain_floor: u64,
     /// Ops at or below this were dropped from memory after a checkpoint.
-    pub op_checkpoint: u64,
+    pub(crate) op_checkpoint: u64,
 }
 
 fn header_of(frame: &Frame) -> PrepareHeader {
@@ -65,7 +65,7 @@ impl Log {
     }
 
     /// The slot of `op`, created empty if absent.
-    pub fn slot_mut(&mut self, op: u64) -> &mut Slot {
+    pub(crate) fn slot_mut(&mut self, op: u64) -> &mut Slot {
         assert!(op > self.op_checkpoint);
         self.slots.entry(op).or_default()
     }
@@ -92,7 +92,7 @@ impl Log {
     }
 
     /// Appends the next op on top of the chain (the caller checked the parent link).
-    pub fn append(&mut self, frame: Frame) {
+    pub(crate) fn append(&mut self, frame: Frame) {
         let header = header_of(&frame);
         assert_eq!(header.op, self.op + 1);
         assert_eq!(Some(header.parent), self.identity(self.op));
@@ -110,7 +110,7 @@ impl Log {
     }
 
     /// Sets the canonical header of `op`, dropping a local frame that disagrees.
-    pub fn set_canonical(&mut self, header: &PrepareHeader) {
+    pub(crate) fn set_canonical(&mut self, header: &PrepareHeader) {
         let slot = self.slot_mut(header.op);
         let identity = header.frame.checksum;
         if slot.identity != Some(identity) {
@@ -138,7 +138,7 @@ impl Log {
     }
 
     /// Forgets every op above `op_max`.
-    pub fn truncate_above(&mut self, op_max: u64) {
+    pub(crate) fn truncate_above(&mut self, op_max: u64) {
         let _ = self.slots.split_off(&(op_max + 1));
         self.op = self.op.min(op_max);
         self.chain_floor = self.chain_floor.min(self.op);
@@ -147,7 +147,7 @@ impl Log {
     /// Extends the known chain downwards from `chain_floor` towards `op_floor` using
     /// parent links. Returns the ops whose frame (local or candidate) became canonical and
     /// must be journaled (candidates) or were already in place.
-    pub fn walk_chain(&mut self, op_floor: u64) -> Vec<u64> {
+    pub(crate) fn walk_chain(&mut self, op_floor: u64) -> Vec<u64> {
         let mut promoted = Vec::new();
         while self.chain_floor > op_floor && self.chain_floor > self.op_checkpoint {
             let above = self.chain_floor;
@@ -217,11 +217,21 @@ impl Log {
     }
 
     /// Drops ops at or below `op` from memory (they are in a checkpoint).
-    pub fn checkpoint(&mut self, op: u64) {
+    pub(crate) fn checkpoint(&mut self, op: u64) {
         let keep = self.slots.split_off(&(op + 1));
         self.slots = keep;
         self.op_checkpoint = self.op_checkpoint.max(op);
         self.chain_floor = self.chain_floor.max(self.op_checkpoint);
+    }
+
+    /// Highest op with a known identity.
+    pub fn op(&self) -> u64 {
+        self.op
+    }
+
+    /// Every op from here up to `op()` has a known identity.
+    pub fn chain_floor(&self) -> u64 {
+        self.chain_floor
     }
 
     /// The oldest op still held in memory.

@@ -33,6 +33,9 @@ struct Args {
     /// Print a trace for passing runs too.
     #[arg(long)]
     trace: bool,
+    /// Print the sweep's figures as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
     /// Lines of trace printed for a failure.
     #[arg(long, default_value_t = 400)]
     trace_lines: usize,
@@ -116,9 +119,27 @@ fn main() -> ExitCode {
                     args.ticks,
                     if args.partition { " --partition" } else { "" }
                 );
+                if args.json {
+                    println!(
+                        "{{\"passed\": {passed}, \"failed_seed\": {seed}, \"reason\": \"{}\"}}",
+                        failure.reason.replace('"', "'")
+                    );
+                }
                 return ExitCode::from(1);
             }
         }
+    }
+    if args.json {
+        println!(
+            "{{\"passed\": {passed}, \"failed_seed\": null, \"from\": {from}, \"to\": {to}, \
+             \"replicas\": {}, \"ticks\": {}, \"partition\": {}, \"ops_committed\": {commits}, \
+             \"view_changes\": {view_changes}, \"crashes\": {crashes}, \"seconds\": {:.1}}}",
+            args.replicas,
+            args.ticks,
+            args.partition,
+            started.elapsed().as_secs_f64()
+        );
+        return ExitCode::SUCCESS;
     }
     println!(
         "appliance-sim: {passed} seeds passed ({}..{}, {} replicas, {} ticks): {commits} ops \

@@ -95,6 +95,12 @@ fn regression_seeds() {
     // converge in the bound. Repair now fetches below the blocker and continues on
     // RepairDone.
     check(296, 5, 30_000, false);
+    // 58012 (found by a 40,000-seed sweep): the old primary of the canonical view lost
+    // (unreadable) an op it prepared in that view; no replica knew its header, and a
+    // replica of an older log_view holding another header at that op was not counted
+    // as a nack. An op without a canonical header was prepared in the canonical view,
+    // which only replicas normal in it acknowledge.
+    check(58012, 3, 5_000, false);
 }
 
 #[test]

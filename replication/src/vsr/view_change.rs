@@ -284,7 +284,7 @@ impl Replica {
             let nacks = self
                 .dvcs
                 .values()
-                .filter(|d| nacks_op(d, op, header))
+                .filter(|d| nacks_op(d, op, header, log_view))
                 .count();
             if nacks >= self.config.quorum_nack() {
                 op_new = op - 1;
@@ -548,8 +548,13 @@ fn dvc_window_low(commit: u64, top: u64) -> u64 {
 /// - it holds a different header there (a later view replaced it: never committed then);
 /// - its log (unreadable entries included) ends below the op;
 /// - the op lies in its DVC window but not in its body (the sender vouched for that).
-fn nacks_op(dvc: &Dvc, op: u64, header: Option<&PrepareHeader>) -> bool {
-    if op > dvc.op {
+///
+/// An op no DVC of the canonical log_view has a header for was prepared in that view
+/// (a replica normal in it knows every older op's header from its StartView, unreadable
+/// or not), and only replicas normal in a view acknowledge its prepares: a DVC from an
+/// older log_view nacks it.
+fn nacks_op(dvc: &Dvc, op: u64, header: Option<&PrepareHeader>, log_view: u32) -> bool {
+    if op > dvc.op || (header.is_none() && dvc.log_view < log_view) {
         return true;
     }
     if let Some(i) = dvc.headers.iter().position(|h| h.op == op) {

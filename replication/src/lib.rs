@@ -1,5 +1,7 @@
-//! The replica plane: the wire format, the message bus, and (as the issues land) the
-//! VSR consensus core and the deterministic simulator.
+//! The replica plane: the wire format, the message bus, the VSR consensus core (sans-IO)
+//! and the deterministic simulator that proves it.
 
 pub mod bus;
+pub mod sim;
+pub mod vsr;
 pub mod wire;

@@ -1,0 +1,133 @@
+//! appliance-sim: runs the deterministic simulator of `replication::sim` for one seed or
+//! a sweep, and on failure prints the failing seed and a trace of its replay.
+//!
+//! Exit 0 when every seed passes, 1 when one fails, 2 on bad usage.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use replication::sim::{run_seed, SimOptions};
+use replication::wire::PartitionKey;
+
+#[derive(Parser, Debug)]
+#[command(name = "appliance-sim", about = "Deterministic VSR cluster simulator")]
+struct Args {
+    /// Run this one seed.
+    #[arg(long, conflicts_with = "seeds")]
+    seed: Option<u64>,
+    /// Run a sweep of seeds, A..B (B exclusive).
+    #[arg(long, value_name = "A..B")]
+    seeds: Option<String>,
+    /// Replicas in the cluster: 3 or 5.
+    #[arg(long, default_value_t = 3)]
+    replicas: u8,
+    /// Ticks of the fault phase.
+    #[arg(long, default_value_t = 5_000)]
+    ticks: u64,
+    /// Bound on the liveness phase after faults stop.
+    #[arg(long, default_value_t = 20_000)]
+    liveness_ticks: u64,
+    /// Run a partition plane group (stamped SendMessages batches) instead of metadata.
+    #[arg(long)]
+    partition: bool,
+    /// Print a trace for passing runs too.
+    #[arg(long)]
+    trace: bool,
+    /// Lines of trace printed for a failure.
+    #[arg(long, default_value_t = 400)]
+    trace_lines: usize,
+}
+
+fn parse_range(text: &str) -> Option<(u64, u64)> {
+    let (a, b) = text.split_once("..")?;
+    let a: u64 = a.trim().parse().ok()?;
+    let b: u64 = b.trim().parse().ok()?;
+    (a < b).then_some((a, b))
+}
+
+fn options(args: &Args, seed: u64) -> SimOptions {
+    let mut options = SimOptions::from_seed(seed, args.replicas, args.ticks);
+    options.liveness_ticks = args.liveness_ticks;
+    if args.partition {
+        let key = PartitionKey {
+            stream: 1,
+            topic: 1,
+            partition: 1,
+        };
+        options.group = key.pack().unwrap_or(1);
+    }
+    options
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if args.replicas != 3 && args.replicas != 5 {
+        eprintln!(
+            "appliance-sim: --replicas must be 3 or 5, got {}",
+            args.replicas
+        );
+        return ExitCode::from(2);
+    }
+    let (from, to) = match (&args.seed, &args.seeds) {
+        (Some(seed), None) => (*seed, seed + 1),
+        (None, Some(range)) => match parse_range(range) {
+            Some(range) => range,
+            None => {
+                eprintln!("appliance-sim: --seeds must be A..B with A < B, got {range}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => {
+            eprintln!("appliance-sim: give --seed N or --seeds A..B");
+            return ExitCode::from(2);
+        }
+    };
+    let started = std::time::Instant::now();
+    let mut passed = 0u64;
+    let mut commits = 0u64;
+    let mut view_changes = 0u64;
+    let mut crashes = 0u64;
+    for seed in from..to {
+        match run_seed(options(&args, seed)) {
+            Ok(summary) => {
+                passed += 1;
+                commits += summary.commit;
+                view_changes += summary.view_changes;
+                crashes += summary.crashes;
+                if to - from == 1 || args.trace {
+                    println!("seed {seed}: ok {summary:?}");
+                }
+            }
+            Err(failure) => {
+                eprintln!("appliance-sim: {failure}");
+                let mut replay = options(&args, seed);
+                replay.trace = true;
+                replay.trace_lines = args.trace_lines;
+                if let Err(traced) = run_seed(replay) {
+                    for line in &traced.trace {
+                        eprintln!("  {line}");
+                    }
+                    eprintln!("appliance-sim: {traced}");
+                }
+                eprintln!(
+                    "appliance-sim: FAILED seed {seed} (replay: appliance-sim --seed {seed} \
+                     --replicas {} --ticks {}{})",
+                    args.replicas,
+                    args.ticks,
+                    if args.partition { " --partition" } else { "" }
+                );
+                return ExitCode::from(1);
+            }
+        }
+    }
+    println!(
+        "appliance-sim: {passed} seeds passed ({}..{}, {} replicas, {} ticks): {commits} ops \
+         committed, {view_changes} view changes, {crashes} crashes, {:.1}s",
+        from,
+        to,
+        args.replicas,
+        args.ticks,
+        started.elapsed().as_secs_f64()
+    );
+    ExitCode::SUCCESS
+}

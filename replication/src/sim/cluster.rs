@@ -1,0 +1,712 @@
+//! A simulated cluster: replicas of the real `vsr` code, their storage, clients and the
+//! network, driven tick by tick from one seed, with faults injected and checkers run
+//! after every step.
+
+use std::collections::VecDeque;
+
+use zerocopy::FromBytes;
+
+use crate::vsr::{Action, Config, Prng, Replica, RequestOutcome, Status};
+use crate::wire::batch::{BatchBuilder, NewMessage};
+use crate::wire::{
+    cluster_id, decode, Frame, FrameBuf, Header, Limits, Message, Operation, PrepareHeader,
+    RequestHeader, METADATA_GROUP,
+};
+
+use super::checker::Checker;
+use super::network::{Network, NetworkFaults, Node, Packet};
+use super::storage::Storage;
+
+/// Lines of trace kept for a failure report.
+pub const TRACE_LINES_MAX: usize = 400;
+/// Ticks clients keep loading the healed cluster before they only finish what they sent.
+pub const LIVENESS_LOAD_TICKS: u64 = 1_000;
+
+/// What a run is made of.
+#[derive(Clone, Debug)]
+pub struct SimOptions {
+    pub seed: u64,
+    pub replica_count: u8,
+    /// Ticks of the fault phase.
+    pub ticks: u64,
+    /// Bound on the liveness phase (faults stopped, healthy quorum).
+    pub liveness_ticks: u64,
+    pub clients: u16,
+    pub group: u64,
+    pub faults: Faults,
+    /// Keep a trace of events (slower; used to replay a failing seed).
+    pub trace: bool,
+    /// Lines of trace kept (the last ones).
+    pub trace_lines: usize,
+}
+
+/// The fault mix of a run (rates per tick are out of 10_000).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Faults {
+    pub network: NetworkFaults,
+    pub crash_per_10k: u64,
+    pub partition_per_10k: u64,
+    pub corrupt_per_10k: u64,
+    pub restart_delay_max: u64,
+}
+
+impl Faults {
+    /// A fault mix drawn from the seed: loss 0-30%, duplication, latency spread,
+    /// partitions, crashes and corruption in varying proportions.
+    pub fn from_seed(prng: &mut Prng) -> Faults {
+        let latency_min_ticks = 1 + prng.below(3);
+        Faults {
+            network: NetworkFaults {
+                loss_percent: prng.below(31),
+                duplicate_percent: prng.below(10),
+                latency_min_ticks,
+                latency_max_ticks: latency_min_ticks + prng.below(20),
+            },
+            crash_per_10k: prng.below(30),
+            partition_per_10k: prng.below(30),
+            corrupt_per_10k: prng.below(40),
+            restart_delay_max: 50 + prng.below(800),
+        }
+    }
+
+    /// No faults at all.
+    pub fn none() -> Faults {
+        Faults {
+            network: NetworkFaults::none(),
+            crash_per_10k: 0,
+            partition_per_10k: 0,
+            corrupt_per_10k: 0,
+            restart_delay_max: 100,
+        }
+    }
+}
+
+impl SimOptions {
+    /// Options for `seed` with the fault mix drawn from it.
+    pub fn from_seed(seed: u64, replica_count: u8, ticks: u64) -> SimOptions {
+        let mut prng = Prng::new(seed ^ 0xfa17);
+        SimOptions {
+            seed,
+            replica_count,
+            ticks,
+            liveness_ticks: 20_000,
+            clients: 1 + prng.below(4) as u16,
+            group: METADATA_GROUP,
+            faults: Faults::from_seed(&mut prng),
+            trace: false,
+            trace_lines: TRACE_LINES_MAX,
+        }
+    }
+}
+
+/// Figures of a run that passed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub commit: u64,
+    pub replies: u64,
+    pub view: u32,
+    pub crashes: u64,
+    pub view_changes: u64,
+    pub ticks_to_converge: u64,
+}
+
+/// A failed run: the seed, what broke, and the last lines of trace (when traced).
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub seed: u64,
+    pub tick: u64,
+    pub reason: String,
+    pub trace: Vec<String>,
+}
+
+impl core::fmt::Display for Failure {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "seed {} failed at tick {}: {}",
+            self.seed, self.tick, self.reason
+        )
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Client {
+    id: u128,
+    session: u64,
+    /// The request number of the outstanding request (0 = Register).
+    request: u64,
+    request_last: u64,
+    outstanding: Option<FrameBuf>,
+    sent_at: u64,
+    target: u8,
+    done: u64,
+}
+
+const CLIENT_RETRY_TICKS: u64 = 150;
+
+/// The simulated cluster.
+pub struct Cluster {
+    pub options: SimOptions,
+    pub(super) prng: Prng,
+    pub now: u64,
+    configs: Vec<Config>,
+    pub replicas: Vec<Option<Replica>>,
+    pub storages: Vec<Storage>,
+    restart_at: Vec<u64>,
+    incarnations: Vec<u64>,
+    pub network: Network,
+    clients: Vec<Client>,
+    pub checker: Checker,
+    trace: VecDeque<String>,
+    /// Ops whose journal entry was corrupted somewhere (each on one replica at most).
+    pub(super) corrupted_ops: std::collections::BTreeSet<u64>,
+    pub(super) partition_until: u64,
+    pub(super) faults_on: bool,
+    pub(super) clients_on: bool,
+    pub crashes: u64,
+    view_changes_retired: u64,
+    /// Scenario control: drop every Reply on its way to a client.
+    pub drop_replies: bool,
+}
+
+impl Cluster {
+    pub fn new(options: SimOptions) -> Cluster {
+        let n = options.replica_count;
+        let cluster = cluster_id("sim");
+        let configs: Vec<Config> = (0..n)
+            .map(|r| {
+                let mut config = Config::new(cluster, options.group, r, n);
+                config.seed = options.seed.wrapping_mul(31).wrapping_add(u64::from(r));
+                config
+            })
+            .collect();
+        let replicas = configs
+            .iter()
+            .map(|c| Some(Replica::new(c.clone())))
+            .collect();
+        let clients = (0..options.clients)
+            .map(|c| Client {
+                id: (u128::from(options.seed) << 32) | (u128::from(c) + 1),
+                // Partition groups take no Register (sessions live on the metadata plane).
+                session: u64::from(options.group != METADATA_GROUP),
+                request: 0,
+                request_last: 0,
+                outstanding: None,
+                sent_at: 0,
+                target: (c as u8) % n,
+                done: 0,
+            })
+            .collect();
+        Cluster {
+            prng: Prng::new(options.seed),
+            now: 0,
+            replicas,
+            storages: vec![Storage::default(); usize::from(n)],
+            restart_at: vec![0; usize::from(n)],
+            incarnations: vec![0; usize::from(n)],
+            network: Network::new(n, options.faults.network),
+            clients,
+            checker: Checker::new(n),
+            trace: VecDeque::new(),
+            corrupted_ops: Default::default(),
+            partition_until: 0,
+            faults_on: true,
+            clients_on: true,
+            crashes: 0,
+            view_changes_retired: 0,
+            drop_replies: false,
+            configs,
+            options,
+        }
+    }
+
+    pub(super) fn log(&mut self, line: impl FnOnce() -> String) {
+        if self.options.trace {
+            if self.trace.len() >= self.options.trace_lines {
+                self.trace.pop_front();
+            }
+            let line = format!("{:>7} {}", self.now, line());
+            self.trace.push_back(line);
+        }
+    }
+
+    fn fail(&self, reason: String) -> Failure {
+        Failure {
+            seed: self.options.seed,
+            tick: self.now,
+            reason,
+            trace: self.trace.iter().cloned().collect(),
+        }
+    }
+
+    /// Runs the fault phase, then the liveness phase; Ok with figures or the failure.
+    pub fn run(mut self) -> Result<Summary, Failure> {
+        for _ in 0..self.options.ticks {
+            self.step().map_err(|r| self.fail(r))?;
+        }
+        // Liveness: faults stop, every replica restarts, links heal.
+        self.faults_on = false;
+        self.network.heal();
+        self.network.faults = NetworkFaults::none();
+        for r in 0..self.options.replica_count {
+            if self.replicas[usize::from(r)].is_none() {
+                self.restart(r).map_err(|e| self.fail(e))?;
+            }
+        }
+        self.sync_links();
+        let start = self.now;
+        let mut clients_stopped_at = None;
+        while self.now - start < self.options.liveness_ticks {
+            self.step().map_err(|r| self.fail(r))?;
+            if clients_stopped_at.is_none()
+                && self.now - start >= (self.options.liveness_ticks / 4).min(LIVENESS_LOAD_TICKS)
+            {
+                self.clients_on = false;
+                clients_stopped_at = Some(self.now);
+            }
+            if !self.clients_on && self.converged() {
+                let view_changes = self.view_changes();
+                let replica = self.replicas[0].as_ref().expect("all up");
+                return Ok(Summary {
+                    commit: replica.commit(),
+                    replies: self.checker.replies,
+                    view: replica.view(),
+                    crashes: self.crashes,
+                    view_changes,
+                    ticks_to_converge: self.now - start,
+                });
+            }
+        }
+        Err(self.fail(format!(
+            "no convergence within {} ticks after faults stopped: {}",
+            self.options.liveness_ticks,
+            self.status_line()
+        )))
+    }
+
+    fn view_changes(&self) -> u64 {
+        self.view_changes_retired
+            + self
+                .replicas
+                .iter()
+                .flatten()
+                .map(|r| r.counters().view_changes)
+                .sum::<u64>()
+    }
+
+    /// One line per replica: status, view, op, commit.
+    pub fn status_line(&self) -> String {
+        let mut line = String::new();
+        for (r, replica) in self.replicas.iter().enumerate() {
+            match replica {
+                Some(x) => line.push_str(&format!(
+                    "[r{r} {:?} v{} lv{} op{} c{} cmax{}] ",
+                    x.status(),
+                    x.view(),
+                    x.log_view(),
+                    x.op(),
+                    x.commit(),
+                    x.commit_max()
+                )),
+                None => line.push_str(&format!("[r{r} down] ")),
+            }
+        }
+        let pending = self
+            .clients
+            .iter()
+            .filter(|c| c.outstanding.is_some())
+            .count();
+        line.push_str(&format!("clients pending {pending}"));
+        line
+    }
+
+    /// All replicas up, Normal in one view, every op committed everywhere, clients idle.
+    pub fn converged(&self) -> bool {
+        if self.clients.iter().any(|c| c.outstanding.is_some()) {
+            return false;
+        }
+        let mut commit = None;
+        let mut view = None;
+        for replica in &self.replicas {
+            let Some(replica) = replica else {
+                return false;
+            };
+            if replica.status() != Status::Normal || replica.commit() != replica.op() {
+                return false;
+            }
+            if *commit.get_or_insert(replica.commit()) != replica.commit()
+                || *view.get_or_insert(replica.view()) != replica.view()
+            {
+                return false;
+            }
+        }
+        commit.is_some_and(|c| c >= self.checker.reply_op_max)
+    }
+
+    /// One tick of the whole cluster.
+    pub fn step(&mut self) -> Result<(), String> {
+        self.now += 1;
+        if self.faults_on {
+            self.inject_faults()?;
+        }
+        for r in 0..self.options.replica_count {
+            if self.replicas[usize::from(r)].is_none()
+                && self.restart_at[usize::from(r)] != 0
+                && self.now >= self.restart_at[usize::from(r)]
+            {
+                self.restart(r)?;
+            }
+        }
+        for packet in self.network.deliver(self.now) {
+            self.deliver(packet)?;
+        }
+        for r in 0..self.options.replica_count {
+            let done = self.storages[usize::from(r)].sync(self.now);
+            if let Some(replica) = self.replicas[usize::from(r)].as_mut() {
+                for (op, checksum) in done {
+                    replica.on_journal_durable(op, checksum);
+                }
+            }
+            if let Some(replica) = self.replicas[usize::from(r)].as_mut() {
+                replica.on_tick();
+            }
+            self.drain(r)?;
+        }
+        self.clients_tick()?;
+        Ok(())
+    }
+
+    fn deliver(&mut self, packet: Packet) -> Result<(), String> {
+        match packet.to {
+            Node::Replica(r) => {
+                let Some(replica) = self.replicas[usize::from(r)].as_mut() else {
+                    return Ok(());
+                };
+                match packet.from {
+                    Node::Replica(_) => replica.on_message(packet.bytes.as_bytes()),
+                    Node::Client(c) => {
+                        let outcome = replica.on_request(packet.bytes.as_bytes());
+                        if let RequestOutcome::NotPrimary { primary } = outcome {
+                            // The redirect a backup answers with.
+                            self.clients[usize::from(c)].target = primary;
+                        }
+                    }
+                }
+                self.drain(r)
+            }
+            Node::Client(c) => self.client_receive(c, packet.bytes),
+        }
+    }
+
+    fn drain(&mut self, r: u8) -> Result<(), String> {
+        let Some(replica) = self.replicas[usize::from(r)].as_mut() else {
+            return Ok(());
+        };
+        let actions = replica.drain_actions();
+        let n = self.options.replica_count;
+        for action in actions {
+            match action {
+                Action::Send { to, frame } => {
+                    self.log(|| format!("r{r} -> r{to} {}", describe(&frame)));
+                    let packet = Packet {
+                        from: Node::Replica(r),
+                        to: Node::Replica(to),
+                        bytes: frame.into_buf(),
+                    };
+                    self.network.send(self.now, packet, &mut self.prng);
+                }
+                Action::Broadcast { frame } => {
+                    self.log(|| format!("r{r} -> all {}", describe(&frame)));
+                    for to in (0..n).filter(|to| *to != r) {
+                        let packet = Packet {
+                            from: Node::Replica(r),
+                            to: Node::Replica(to),
+                            bytes: FrameBuf::from_bytes(frame.as_bytes()),
+                        };
+                        self.network.send(self.now, packet, &mut self.prng);
+                    }
+                }
+                Action::JournalAppend { op, frame } => {
+                    let delay = 1 + self.prng.below(6);
+                    self.storages[usize::from(r)].append(op, &frame, self.now + delay);
+                }
+                Action::JournalTruncate { op_max } => {
+                    self.storages[usize::from(r)].truncate(op_max);
+                }
+                Action::PersistSuperblock(superblock) => {
+                    self.log(|| {
+                        format!(
+                            "r{r} superblock view {} log_view {} headers {}",
+                            superblock.view,
+                            superblock.log_view,
+                            superblock.headers.len()
+                        )
+                    });
+                    self.storages[usize::from(r)].superblock = superblock;
+                }
+                Action::Commit { op, prepare } => {
+                    let header = PrepareHeader::read_from_prefix(prepare.as_bytes())
+                        .map(|(h, _)| h)
+                        .map_err(|_| format!("r{r} committed a frame that is not a prepare"))?;
+                    self.checker.on_commit(r, op, &header)?;
+                }
+                Action::Reply { client, frame } => {
+                    if self.drop_replies {
+                        continue;
+                    }
+                    if let Some(c) = self.client_index(client) {
+                        let packet = Packet {
+                            from: Node::Replica(r),
+                            to: Node::Client(c),
+                            bytes: frame.into_buf(),
+                        };
+                        self.network.send(self.now, packet, &mut self.prng);
+                    }
+                }
+                Action::Evict { client, frame } => {
+                    if let Some(c) = self.client_index(client) {
+                        let packet = Packet {
+                            from: Node::Replica(r),
+                            to: Node::Client(c),
+                            bytes: frame.into_buf(),
+                        };
+                        self.network.send(self.now, packet, &mut self.prng);
+                    }
+                }
+                Action::StateTransfer { from, op_min } => {
+                    return Err(format!(
+                        "r{r} asked for state transfer from r{from} (op_min {op_min}): the \
+                         simulator keeps every op, so repair must suffice"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn client_index(&self, client: u128) -> Option<u16> {
+        self.clients
+            .iter()
+            .position(|c| c.id == client)
+            .map(|i| i as u16)
+    }
+
+    /// Tells every replica which peers its bus would see connected.
+    pub fn sync_links(&mut self) {
+        let n = self.options.replica_count;
+        for a in 0..n {
+            for b in 0..n {
+                let up = a != b
+                    && self.network.link(a, b)
+                    && self.network.link(b, a)
+                    && self.replicas[usize::from(b)].is_some();
+                if let Some(replica) = self.replicas[usize::from(a)].as_mut() {
+                    replica.set_connected(b, up);
+                }
+            }
+        }
+    }
+
+    /// Crashes replica `r`: its memory is gone and its storage loses unsynced writes.
+    pub fn crash(&mut self, r: u8) {
+        if let Some(replica) = self.replicas[usize::from(r)].take() {
+            self.view_changes_retired += replica.counters().view_changes;
+        }
+        self.storages[usize::from(r)].crash(&mut self.prng);
+        self.crashes += 1;
+        // Under random faults a crashed replica restarts by itself; scenarios restart it.
+        if self.faults_on && self.options.faults.crash_per_10k > 0 {
+            let delay = 1 + self.prng.below(self.options.faults.restart_delay_max);
+            self.restart_at[usize::from(r)] = self.now + delay;
+        }
+        self.log(|| format!("r{r} crashed"));
+        self.sync_links();
+    }
+
+    /// Restarts replica `r` from its storage.
+    pub fn restart(&mut self, r: u8) -> Result<(), String> {
+        let i = usize::from(r);
+        self.incarnations[i] += 1;
+        let mut config = self.configs[i].clone();
+        config.seed = config
+            .seed
+            .wrapping_add(self.incarnations[i].wrapping_mul(0x9e37));
+        let journal = self.storages[i].read_journal();
+        let replica = Replica::restart(config, &self.storages[i].superblock, &journal);
+        self.replicas[i] = Some(replica);
+        self.restart_at[i] = 0;
+        self.checker.restarted(r);
+        self.log(|| format!("r{r} restarted"));
+        self.sync_links();
+        self.drain(r)
+    }
+
+    /// The Normal primary of the highest view, if any.
+    pub fn primary(&self) -> Option<u8> {
+        self.primary_guess()
+    }
+
+    pub(super) fn primary_guess(&self) -> Option<u8> {
+        self.replicas
+            .iter()
+            .flatten()
+            .filter(|r| r.status() == Status::Normal && r.is_primary())
+            .max_by_key(|r| r.view())
+            .map(|r| r.replica())
+    }
+
+    // ---- clients ---------------------------------------------------------------------
+
+    fn clients_tick(&mut self) -> Result<(), String> {
+        for c in 0..self.clients.len() {
+            let client = &self.clients[c];
+            let due = match &client.outstanding {
+                None => self.clients_on,
+                Some(_) => self.now - client.sent_at >= CLIENT_RETRY_TICKS,
+            };
+            if !due {
+                continue;
+            }
+            if self.clients[c].outstanding.is_none() {
+                let frame = self.client_request(c);
+                self.clients[c].outstanding = Some(frame);
+            } else if self.prng.chance(1, 2) {
+                let n = self.options.replica_count;
+                self.clients[c].target = (self.clients[c].target + 1) % n;
+            }
+            let client = &mut self.clients[c];
+            client.sent_at = self.now;
+            let packet = Packet {
+                from: Node::Client(c as u16),
+                to: Node::Replica(client.target),
+                bytes: client.outstanding.clone().expect("set above"),
+            };
+            self.network.send(self.now, packet, &mut self.prng);
+        }
+        Ok(())
+    }
+
+    fn client_request(&mut self, c: usize) -> FrameBuf {
+        let client = &mut self.clients[c];
+        let mut header = RequestHeader::new();
+        header.client = client.id;
+        let body = if client.session == 0 {
+            client.request = 0;
+            header.operation = Operation::Register as u8;
+            Vec::new()
+        } else {
+            // Request numbers keep growing across sessions, so (client, request) names one
+            // request for the checker.
+            client.request_last += 1;
+            client.request = client.request_last;
+            header.session = client.session;
+            header.request = client.request;
+            if self.options.group == METADATA_GROUP {
+                header.operation = Operation::CreateStream as u8;
+                let mut body = client.id.to_le_bytes().to_vec();
+                body.extend_from_slice(&client.request.to_le_bytes());
+                body
+            } else {
+                header.operation = Operation::SendMessages as u8;
+                let mut builder = BatchBuilder::with_capacity(64);
+                let payload = client.request.to_le_bytes();
+                builder.push(NewMessage {
+                    id: client.id ^ u128::from(client.request),
+                    timestamp_delta: 0,
+                    payload: &payload,
+                    user_headers: &[],
+                });
+                builder.finish(self.now)
+            }
+        };
+        header.request_checksum = u128::from(client.request) | (client.id << 64);
+        header.timestamp = self.now;
+        Frame::build(&header, &body).into_buf()
+    }
+
+    fn client_receive(&mut self, c: u16, bytes: FrameBuf) -> Result<(), String> {
+        let limits = Limits::default();
+        let c = usize::from(c);
+        match decode(bytes.as_bytes(), &limits) {
+            Ok(Message::Reply(reply, _)) => {
+                let client = &mut self.clients[c];
+                if client.outstanding.is_none() || reply.client != client.id {
+                    return Ok(());
+                }
+                if client.session == 0 {
+                    if reply.operation != Operation::Register as u8 {
+                        return Ok(());
+                    }
+                    client.session = reply.op;
+                } else if client.request == 0
+                    || reply.request != client.request
+                    || reply.operation == Operation::Register as u8
+                {
+                    return Ok(());
+                }
+                let (id, request, op) = (client.id, client.request, reply.op);
+                client.outstanding = None;
+                client.done += 1;
+                client.target = reply.frame.replica;
+                if request != 0 {
+                    self.checker.on_reply(id, request, op)?;
+                }
+                self.log(|| format!("client {c} reply request {request} op {op}"));
+            }
+            Ok(Message::Eviction(eviction)) => {
+                let client = &mut self.clients[c];
+                if eviction.client == client.id
+                    && client.session != 0
+                    && self.options.group == METADATA_GROUP
+                {
+                    // Re-register; the outstanding request is abandoned (never acked).
+                    client.session = 0;
+                    client.outstanding = None;
+                }
+            }
+            _ => return Err(format!("client {c} received an invalid frame")),
+        }
+        Ok(())
+    }
+}
+
+/// A short description of a frame for the trace.
+fn describe(frame: &Frame) -> String {
+    let limits = Limits::default();
+    match decode(frame.as_bytes(), &limits) {
+        Ok(Message::Prepare(h, _)) => format!("Prepare v{} op{} c{}", h.frame.view, h.op, h.commit),
+        Ok(Message::RepairPrepare(h, _)) => format!("RepairPrepare op{}", h.op),
+        Ok(Message::PrepareOk(h)) => format!("PrepareOk v{} op{}", h.frame.view, h.op),
+        Ok(Message::Commit(h)) => format!("Commit v{} c{}", h.frame.view, h.commit),
+        Ok(Message::StartViewChange(h)) => format!("SVC v{}", h.frame.view),
+        Ok(Message::DoViewChange(h, s)) => format!(
+            "DVC v{} lv{} op{} c{} n{} nack{:b} present{:b}",
+            h.frame.view,
+            h.log_view,
+            h.op,
+            h.commit,
+            s.len(),
+            h.nack_bitset,
+            h.present_bitset
+        ),
+        Ok(Message::StartView(h, s)) => format!(
+            "SV v{} op{} c{} n{} inc{}",
+            h.frame.view,
+            h.op,
+            h.commit,
+            s.len(),
+            h.incarnation != 0
+        ),
+        Ok(Message::RequestStartView(h)) => format!("RSV v{}", h.frame.view),
+        Ok(Message::RequestPrepares(h)) => format!("RequestPrepares {}..={}", h.from_op, h.to_op),
+        Ok(Message::RepairDone(h)) => format!("RepairDone {}", h.op),
+        Ok(Message::RangeEvicted(h)) => format!("RangeEvicted {}", h.op),
+        Ok(m) => format!("{:?}", m.command()),
+        Err(e) => format!("invalid frame: {e:?}"),
+    }
+}
+
+/// Runs one seed.
+pub fn run_seed(options: SimOptions) -> Result<Summary, Failure> {
+    Cluster::new(options).run()
+}

@@ -1,0 +1,94 @@
+//! Random fault injection of the fault phase: crashes (at most f at once), symmetric and
+//! asymmetric partitions, isolation of the primary, and journal corruption bounded to
+//! what the cluster can recover.
+
+use super::cluster::Cluster;
+
+impl Cluster {
+    pub(super) fn inject_faults(&mut self) -> Result<(), String> {
+        let n = self.options.replica_count;
+        let f = (n - 1) / 2;
+        let faults = self.options.faults;
+        if self.prng.chance(faults.crash_per_10k, 10_000) {
+            let down = self.replicas.iter().filter(|r| r.is_none()).count() as u8;
+            if down < f {
+                let r = self.prng.below(u64::from(n)) as u8;
+                if self.replicas[usize::from(r)].is_some() {
+                    self.crash(r);
+                }
+            }
+        }
+        if self.partition_until != 0 && self.now >= self.partition_until {
+            self.partition_until = 0;
+            self.network.heal();
+            self.log(|| "network healed".to_string());
+            self.sync_links();
+        }
+        if self.partition_until == 0 && self.prng.chance(faults.partition_per_10k, 10_000) {
+            let kind = self.prng.below(4);
+            match kind {
+                0 => {
+                    let side = 1 + self.prng.below((1u64 << n) - 2) as u32;
+                    self.network.partition_symmetric(side);
+                }
+                1 => {
+                    // Asymmetric: some directed links cut.
+                    for a in 0..n {
+                        for b in 0..n {
+                            if a != b && self.prng.chance(1, 3) {
+                                self.network.cut(a, b);
+                            }
+                        }
+                    }
+                }
+                2 => {
+                    // The primary can send but not receive.
+                    if let Some(p) = self.primary_guess() {
+                        for b in (0..n).filter(|b| *b != p) {
+                            self.network.cut(b, p);
+                        }
+                    }
+                }
+                _ => {
+                    // Isolate the primary.
+                    if let Some(p) = self.primary_guess() {
+                        self.network.partition_symmetric(1 << p);
+                    }
+                }
+            }
+            self.partition_until = self.now + 50 + self.prng.below(1500);
+            self.log(|| format!("network partition kind {kind}"));
+            self.sync_links();
+        }
+        if self.prng.chance(faults.corrupt_per_10k, 10_000) {
+            self.corrupt_one();
+        }
+        Ok(())
+    }
+
+    /// Corrupts one committed journal entry on one replica, never an op already corrupted
+    /// elsewhere, and only if another replica holds it: never more than the cluster can
+    /// recover.
+    fn corrupt_one(&mut self) {
+        let commit = self.checker.commit_max();
+        if commit == 0 {
+            return;
+        }
+        let op = 1 + self.prng.below(commit);
+        if self.corrupted_ops.contains(&op) {
+            return;
+        }
+        let n = self.options.replica_count;
+        let r = self.prng.below(u64::from(n)) as u8;
+        let holders = (0..n)
+            .filter(|x| *x != r && self.storages[usize::from(*x)].holds(op))
+            .count();
+        if holders == 0 {
+            return;
+        }
+        if self.storages[usize::from(r)].corrupt(op, &mut self.prng) {
+            self.corrupted_ops.insert(op);
+            self.log(|| format!("r{r} journal op {op} corrupted"));
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! Scripted control of a simulated cluster for scenario tests: no random faults, and
+//! crashes, restarts, partitions, corruption and reply loss where the test puts them.
+
+use super::cluster::{Cluster, Faults, SimOptions, TRACE_LINES_MAX};
+use super::network::NetworkFaults;
+use crate::vsr::Replica;
+use crate::wire::METADATA_GROUP;
+
+impl Cluster {
+    /// A cluster without random faults, for scripted scenarios.
+    pub fn scripted(replica_count: u8, seed: u64, clients: u16) -> Cluster {
+        let options = SimOptions {
+            seed,
+            replica_count,
+            ticks: 0,
+            liveness_ticks: 20_000,
+            clients,
+            group: METADATA_GROUP,
+            faults: Faults::none(),
+            trace: false,
+            trace_lines: TRACE_LINES_MAX,
+        };
+        let mut cluster = Cluster::new(options);
+        cluster.faults_on = false;
+        cluster
+    }
+
+    /// The replica `r`, if up.
+    pub fn replica(&self, r: u8) -> Option<&Replica> {
+        self.replicas[usize::from(r)].as_ref()
+    }
+
+    /// Runs `ticks` steps.
+    pub fn run_ticks(&mut self, ticks: u64) -> Result<(), String> {
+        for _ in 0..ticks {
+            self.step()?;
+        }
+        Ok(())
+    }
+
+    /// Steps until `done` holds (true) or `ticks_max` pass (false).
+    pub fn run_until(
+        &mut self,
+        ticks_max: u64,
+        done: impl Fn(&Cluster) -> bool,
+    ) -> Result<bool, String> {
+        for _ in 0..ticks_max {
+            if done(self) {
+                return Ok(true);
+            }
+            self.step()?;
+        }
+        Ok(done(self))
+    }
+
+    /// Clients start new requests (true) or only finish outstanding ones (false).
+    pub fn set_clients(&mut self, on: bool) {
+        self.clients_on = on;
+    }
+
+    /// Replies clients received (checked against the history).
+    pub fn replies(&self) -> u64 {
+        self.checker.replies
+    }
+
+    /// Corrupts the durable journal entry of `op` on replica `r`.
+    pub fn corrupt(&mut self, r: u8, op: u64) -> bool {
+        self.storages[usize::from(r)].corrupt(op, &mut self.prng)
+    }
+
+    /// Restarts every crashed replica, heals the network, stops new client requests and
+    /// runs until the cluster converges; Err if it does not within `ticks_max`.
+    pub fn heal_and_converge(&mut self, ticks_max: u64) -> Result<u64, String> {
+        self.network.heal();
+        self.network.faults = NetworkFaults::none();
+        self.drop_replies = false;
+        for r in 0..self.options.replica_count {
+            if self.replicas[usize::from(r)].is_none() {
+                self.restart(r)?;
+            }
+        }
+        self.sync_links();
+        self.clients_on = false;
+        let start = self.now;
+        if self.run_until(ticks_max, |c| c.converged())? {
+            Ok(self.now - start)
+        } else {
+            Err(format!("no convergence: {}", self.status_line()))
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Simulated storage of one replica: the superblock (written synchronously), and a journal
+//! whose writes become durable only after a sync delay. A crash loses unsynced writes and
+//! may tear the last one; corruption flips bytes of a durable entry.
+
+use std::collections::BTreeMap;
+
+use crate::vsr::{JournalEntry, Prng, Superblock};
+use crate::wire::{Frame, FrameBuf};
+
+#[derive(Clone, Debug)]
+struct Pending {
+    op: u64,
+    checksum: u128,
+    bytes: FrameBuf,
+    sync_at: u64,
+}
+
+/// One replica's disk.
+#[derive(Clone, Debug, Default)]
+pub struct Storage {
+    pub superblock: Superblock,
+    durable: BTreeMap<u64, FrameBuf>,
+    pending: Vec<Pending>,
+    pub writes: u64,
+    pub torn: u64,
+    pub corrupted: u64,
+}
+
+impl Storage {
+    /// Starts a journal write that becomes durable at `sync_at`.
+    pub fn append(&mut self, op: u64, frame: &Frame, sync_at: u64) {
+        self.writes += 1;
+        // Writes complete in order: never before an earlier one.
+        let sync_at = self
+            .pending
+            .last()
+            .map_or(sync_at, |p| p.sync_at.max(sync_at));
+        self.pending.push(Pending {
+            op,
+            checksum: frame.checksum(),
+            bytes: FrameBuf::from_bytes(frame.as_bytes()),
+            sync_at,
+        });
+    }
+
+    /// Durably drops every entry above `op_max` (synchronous).
+    pub fn truncate(&mut self, op_max: u64) {
+        let _ = self.durable.split_off(&(op_max + 1));
+        self.pending.retain(|p| p.op <= op_max);
+    }
+
+    /// Completes due writes; returns (op, checksum) of each, in order.
+    pub fn sync(&mut self, now: u64) -> Vec<(u64, u128)> {
+        let due = self.pending.iter().take_while(|p| p.sync_at <= now).count();
+        let mut done = Vec::with_capacity(due);
+        for pending in self.pending.drain(..due) {
+            done.push((pending.op, pending.checksum));
+            self.durable.insert(pending.op, pending.bytes);
+        }
+        done
+    }
+
+    /// A crash: unsynced writes are lost; the last one may be torn into its slot.
+    pub fn crash(&mut self, prng: &mut Prng) {
+        if let Some(last) = self.pending.last() {
+            if prng.chance(1, 2) {
+                let mut bytes = last.bytes.clone();
+                let len = bytes.len();
+                let cut = 1 + prng.below(len as u64 - 1) as usize;
+                bytes.as_bytes_mut()[cut..].fill(0);
+                self.durable.insert(last.op, bytes);
+                self.torn += 1;
+            }
+        }
+        self.pending.clear();
+    }
+
+    /// Flips a byte of the durable entry of `op`; false if there is none.
+    pub fn corrupt(&mut self, op: u64, prng: &mut Prng) -> bool {
+        let Some(bytes) = self.durable.get_mut(&op) else {
+            return false;
+        };
+        let at = prng.below(bytes.len() as u64) as usize;
+        bytes.as_bytes_mut()[at] ^= 0x5a;
+        self.corrupted += 1;
+        true
+    }
+
+    /// Whether a durable entry exists at `op`.
+    pub fn holds(&self, op: u64) -> bool {
+        self.durable.contains_key(&op)
+    }
+
+    /// The journal as a restarting replica reads it.
+    pub fn read_journal(&self) -> Vec<JournalEntry> {
+        self.durable
+            .iter()
+            .map(|(op, bytes)| JournalEntry {
+                op: *op,
+                bytes: Some(bytes.clone()),
+            })
+            .collect()
+    }
+}

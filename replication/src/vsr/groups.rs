@@ -1,0 +1,124 @@
+//! One VSR group per consensus plane (spec/replica-plane.md, "Consensus planes"): the
+//! metadata plane (group 1 << 63) and one group per partition, routed by the group field
+//! every consensus header carries.
+
+use std::collections::BTreeMap;
+
+use crate::wire::decode::group_of;
+use crate::wire::{decode, Limits};
+
+use super::{Action, Replica};
+
+/// Why a frame could not be routed to a group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RouteError {
+    /// The frame failed validation.
+    Invalid,
+    /// The command carries no group (handshake, client-bound, request).
+    NoGroup,
+    /// No replica of this group lives on this node.
+    UnknownGroup { group: u64 },
+}
+
+/// The replicas of every group this node hosts.
+#[derive(Debug, Default)]
+pub struct Groups {
+    replicas: BTreeMap<u64, Replica>,
+    limits: Limits,
+}
+
+impl Groups {
+    /// No groups yet.
+    pub fn new() -> Groups {
+        Groups::default()
+    }
+
+    /// Hosts `replica` under its configured group (replacing a previous one).
+    pub fn insert(&mut self, replica: Replica) {
+        self.replicas.insert(replica.config().group, replica);
+    }
+
+    /// The replica of `group`.
+    pub fn get(&self, group: u64) -> Option<&Replica> {
+        self.replicas.get(&group)
+    }
+
+    /// The replica of `group`, mutable (journal completions, client requests).
+    pub fn get_mut(&mut self, group: u64) -> Option<&mut Replica> {
+        self.replicas.get_mut(&group)
+    }
+
+    /// Routes a replica-plane frame to its group's replica by the group field.
+    pub fn on_message(&mut self, bytes: &[u8]) -> Result<u64, RouteError> {
+        let group = match decode(bytes, &self.limits) {
+            Ok(message) => group_of(&message).ok_or(RouteError::NoGroup)?,
+            Err(_) => return Err(RouteError::Invalid),
+        };
+        let replica = self
+            .replicas
+            .get_mut(&group)
+            .ok_or(RouteError::UnknownGroup { group })?;
+        replica.on_message(bytes);
+        Ok(group)
+    }
+
+    /// Ticks every group.
+    pub fn on_tick(&mut self) {
+        for replica in self.replicas.values_mut() {
+            replica.on_tick();
+        }
+    }
+
+    /// Every group's queued actions, tagged with the group, in group order.
+    pub fn drain_actions(&mut self) -> Vec<(u64, Action)> {
+        let mut actions = Vec::new();
+        for (group, replica) in &mut self.replicas {
+            actions.extend(replica.drain_actions().into_iter().map(|a| (*group, a)));
+        }
+        actions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vsr::Config;
+    use crate::wire::METADATA_GROUP;
+    use crate::wire::{cluster_id, Frame, Header, PartitionKey, StartViewChangeHeader};
+
+    #[test]
+    fn frames_reach_the_replica_of_their_group() {
+        let cluster = cluster_id("groups");
+        let partition = PartitionKey {
+            stream: 3,
+            topic: 2,
+            partition: 1,
+        }
+        .pack()
+        .expect("valid");
+        let mut groups = Groups::new();
+        groups.insert(Replica::new(Config::new(cluster, METADATA_GROUP, 1, 3)));
+        groups.insert(Replica::new(Config::new(cluster, partition, 1, 3)));
+        let mut svc = StartViewChangeHeader::new();
+        svc.frame.cluster = cluster;
+        svc.frame.view = 1;
+        svc.frame.replica = 2;
+        svc.group = partition;
+        let frame = Frame::build(&svc, &[]);
+        assert_eq!(groups.on_message(frame.as_bytes()), Ok(partition));
+        assert_eq!(groups.get(partition).map(|r| r.view()), Some(1));
+        assert_eq!(groups.get(METADATA_GROUP).map(|r| r.view()), Some(0));
+        svc.group = PartitionKey {
+            stream: 9,
+            topic: 9,
+            partition: 9,
+        }
+        .pack()
+        .expect("valid");
+        let frame = Frame::build(&svc, &[]);
+        assert!(matches!(
+            groups.on_message(frame.as_bytes()),
+            Err(RouteError::UnknownGroup { .. })
+        ));
+    }
+}

@@ -1,0 +1,117 @@
+//! Restart (spec/replica-plane.md, "RequestStartView"; DESIGN.md "Durability and
+//! recovery"): a restarted replica rebuilds its log from the superblock and the durable
+//! journal, marks unreadable entries faulty (repaired, never trusted), and probes with
+//! RequestStartView under a fresh incarnation instead of acting on its old view.
+
+use zerocopy::FromBytes;
+
+use crate::wire::{decode, Frame, FrameBuf, Limits, Message, PrepareHeader};
+
+use super::replica::{Replica, Status};
+use super::{Action, Config};
+
+/// What a replica persists before acting in a view: view, log_view and the log_view's
+/// suffix headers (highest op first), so a restart knows the canonical suffix it held.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Superblock {
+    pub view: u32,
+    pub log_view: u32,
+    pub headers: Vec<PrepareHeader>,
+}
+
+/// One journal slot as read back at startup.
+#[derive(Clone, Debug)]
+pub struct JournalEntry {
+    pub op: u64,
+    /// The bytes read; None when the read failed. Anything that does not validate as the
+    /// Prepare of `op` is treated as faulty.
+    pub bytes: Option<FrameBuf>,
+}
+
+impl Replica {
+    /// A replica restarting from its superblock and journal. It starts Recovering and
+    /// broadcasts RequestStartView; it commits nothing until a StartView tells it the view.
+    pub fn restart(config: Config, superblock: &Superblock, journal: &[JournalEntry]) -> Replica {
+        let mut replica = Replica::empty(config);
+        replica.status = Status::Recovering;
+        replica.view = superblock.view;
+        replica.log_view = superblock.log_view;
+        replica.superblock = superblock.clone();
+        let limits = Limits::default();
+        let mut stamped = Vec::new();
+        let mut commit_known = 0;
+        for entry in journal {
+            if entry.op == 0 {
+                continue;
+            }
+            let header =
+                entry
+                    .bytes
+                    .as_ref()
+                    .and_then(|bytes| match decode(bytes.as_bytes(), &limits) {
+                        Ok(Message::Prepare(h, body)) if h.op == entry.op => {
+                            Some(Frame::build(h, body))
+                        }
+                        _ => None,
+                    });
+            let slot = replica.log.slot_mut(entry.op);
+            slot.durable = header.is_some();
+            // Faulty entries may have been prepared: never nack them.
+            slot.prepared = true;
+            if let Some(frame) = header {
+                let prepare = PrepareHeader::read_from_prefix(frame.as_bytes())
+                    .map(|(h, _)| h)
+                    .ok();
+                if let Some(prepare) = prepare {
+                    // Its primary had committed this far when it prepared it.
+                    commit_known = commit_known.max(prepare.commit);
+                    if prepare.frame.view == superblock.log_view {
+                        stamped.push(prepare);
+                    }
+                }
+                slot.frame = Some(frame);
+            }
+        }
+        let top = superblock.headers.first().map(|h| h.op).unwrap_or(0);
+        for header in superblock.headers.iter().rev() {
+            replica.log.set_canonical(header);
+        }
+        replica.log.op = top;
+        // Prepares stamped with log_view above the superblock suffix were appended in
+        // that view after it was installed: they are that view's log.
+        for header in stamped.iter().filter(|h| h.op > top) {
+            replica.log.set_canonical(header);
+            replica.log.op = replica.log.op.max(header.op);
+        }
+        let op = replica.log.op;
+        // An unreadable entry above what we can place may be a prepare we acknowledged in
+        // log_view: until a StartView decides the log we must not claim we never had it.
+        replica.faulty_above_op = journal
+            .iter()
+            .filter(|e| e.op > op)
+            .map(|e| e.op)
+            .max()
+            .unwrap_or(0);
+        // Slots above the log stay in memory as "maybe prepared" markers (no identity), so
+        // a later merge that learns their header does not take them for never prepared.
+        replica.log.chain_floor = op;
+        // Ops without a known identity above chain_floor cannot exist; below it the walk
+        // learns identities from parent links.
+        replica.walk_chain();
+        replica.commit_max = commit_known.min(replica.log.op);
+        replica.rebuild_positions();
+        replica.incarnation = replica.prng.next_u128();
+        let frame = replica.request_start_view_frame(replica.view);
+        replica.actions.push_back(Action::Broadcast { frame });
+        let now = replica.now;
+        replica.timeout_probe.start(now, &mut replica.prng);
+        replica
+    }
+
+    /// Ops at or below `op` are in a checkpoint: drop them from memory. Repair requests
+    /// for them are answered RangeEvicted from now on.
+    pub fn on_checkpoint(&mut self, op: u64) {
+        assert!(op <= self.commit, "checkpoint beyond commit");
+        self.log.checkpoint(op);
+    }
+}

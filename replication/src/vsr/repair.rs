@@ -1,0 +1,237 @@
+//! Journal repair (spec/replica-plane.md, "Journal repair"): RequestPrepares for ops
+//! whose body is missing or faulty, RepairPrepare streamed in op order and accepted only
+//! when its identity is the canonical one (or, above the log, when the view's primary
+//! stamped it and it extends the chain), RepairDone / RangeEvicted, and the hand-off to
+//! state transfer when peers no longer hold what is needed.
+
+use crate::wire::{Frame, Header, PrepareHeader, RepairResultHeader, RequestPreparesHeader};
+
+use super::log::frame_header;
+use super::replica::{Replica, Status};
+use super::Action;
+
+impl Replica {
+    /// Extends the known chain down to the commit point and journals promoted candidates.
+    pub(crate) fn walk_chain(&mut self) {
+        for op in self.log.walk_chain(self.commit) {
+            if let Some(frame) = self.log.slot(op).and_then(|s| s.frame.clone()) {
+                self.counters.repairs_accepted += 1;
+                self.actions.push_back(Action::JournalAppend { op, frame });
+            }
+        }
+    }
+
+    /// Periodic repair: ask a peer for the first range of ops we lack.
+    pub(crate) fn on_repair_timeout(&mut self) {
+        let forming = self.status == Status::ViewChange && self.merged && self.is_primary();
+        // In a view change, an op that holds our DVC back is repaired from any peer.
+        let blocked =
+            self.status == Status::ViewChange && !forming && self.dvc_blocked_by().is_some();
+        if self.status != Status::Normal && !forming && !blocked {
+            return;
+        }
+        self.walk_chain();
+        let top = if blocked {
+            self.log.op
+        } else {
+            self.log.op.max(self.commit_max)
+        };
+        // Below chain_floor identities are unknown: local entries there wait for the walk,
+        // which is blocked by the first known op without a body at or above it.
+        let floor = self.log.chain_floor.max(self.commit + 1);
+        let blocked = (floor..=top)
+            .find(|op| *op > self.log.op || self.log.slot(*op).is_none_or(|s| s.frame.is_none()));
+        let chunk = self.config.repair_chunk_max;
+        let (from, to) = match blocked {
+            // The walk is blocked here: fetch it and the ops below it, which the walk
+            // then verifies one by one as candidates.
+            Some(op) if op == self.log.chain_floor && op > self.commit + 1 => {
+                (op.saturating_sub(chunk - 1).max(self.commit + 1), op)
+            }
+            Some(op) => (op, top.min(op + chunk - 1)),
+            None if self.log.chain_floor > self.commit + 1 => (
+                self.log
+                    .chain_floor
+                    .saturating_sub(chunk)
+                    .max(self.commit + 1),
+                self.log.chain_floor - 1,
+            ),
+            None => return,
+        };
+        self.request_prepares(from, to);
+    }
+
+    fn request_prepares(&mut self, from: u64, to: u64) {
+        assert!(from >= 1 && from <= to);
+        let Some(peer) = self.repair_peer(from) else {
+            return;
+        };
+        let mut header = RequestPreparesHeader::new();
+        header.frame.cluster = self.config.cluster;
+        header.frame.view = self.view;
+        header.frame.replica = self.config.replica;
+        header.nonce = self.prng.next_u128();
+        self.repair_nonce = header.nonce;
+        header.from_op = from;
+        header.to_op = to;
+        header.group = self.config.group;
+        let frame = Frame::build(&header, &[]);
+        self.actions.push_back(Action::Send { to: peer, frame });
+    }
+
+    fn repair_peer(&mut self, op: u64) -> Option<u8> {
+        let n = self.config.replica_count;
+        let own = self.config.replica;
+        if self.status == Status::ViewChange {
+            // Forming primary: a DVC sender that holds the body or committed past it.
+            let header = self.log.header(op).copied();
+            let holders: Vec<u8> = self
+                .dvcs
+                .iter()
+                .filter(|(r, d)| {
+                    **r != own
+                        && (d.commit >= op
+                            || header.is_some_and(|h| {
+                                d.headers
+                                    .iter()
+                                    .position(|x| {
+                                        x.op == op && x.frame.checksum == h.frame.checksum
+                                    })
+                                    .is_some_and(|i| d.present & (1 << i) != 0)
+                            }))
+                })
+                .map(|(r, _)| *r)
+                .collect();
+            if !holders.is_empty() {
+                self.repair_peer_next = self.repair_peer_next.wrapping_add(1);
+                return Some(holders[usize::from(self.repair_peer_next) % holders.len()]);
+            }
+        } else if op > self.log.op && !self.is_primary() {
+            // Above our log only the view's primary stamps what we may append.
+            return Some(self.config.primary_of(self.view));
+        }
+        for _ in 0..n {
+            self.repair_peer_next = (self.repair_peer_next + 1) % n;
+            let peer = self.repair_peer_next;
+            if peer != own {
+                return Some(peer);
+            }
+        }
+        None
+    }
+
+    /// Serves a peer's RequestPrepares from the durable journal, in op order.
+    pub(crate) fn on_request_prepares(&mut self, header: &RequestPreparesHeader) {
+        if self.status == Status::Recovering {
+            return;
+        }
+        let to = header.frame.replica;
+        if to == self.config.replica {
+            return;
+        }
+        let mut result = RepairResultHeader::new();
+        result.frame.cluster = self.config.cluster;
+        result.frame.view = self.view;
+        result.frame.replica = self.config.replica;
+        result.nonce = header.nonce;
+        result.group = self.config.group;
+        if header.from_op < self.log.op_min() {
+            result.frame.command = crate::wire::Command::RangeEvicted as u8;
+            result.op = self.log.op_min();
+            let frame = Frame::build(&result, &[]);
+            self.actions.push_back(Action::Send { to, frame });
+            return;
+        }
+        let to_op = header
+            .to_op
+            .min(header.from_op + self.config.repair_chunk_max - 1);
+        let mut served = header.from_op - 1;
+        for op in header.from_op..=to_op {
+            let Some(frame) = self.log.durable_frame(op) else {
+                continue;
+            };
+            let frame = Frame::repair_of(frame.as_bytes());
+            self.actions.push_back(Action::Send { to, frame });
+            served = op;
+        }
+        result.op = served;
+        let frame = Frame::build(&result, &[]);
+        self.actions.push_back(Action::Send { to, frame });
+    }
+
+    /// A repaired prepare: accepted only by identity or, above the log, by the view's stamp
+    /// and the parent chain.
+    pub(crate) fn on_repair_prepare(&mut self, header: &PrepareHeader, body: &[u8]) {
+        if self.status == Status::Recovering {
+            return;
+        }
+        let mut prepare = *header;
+        prepare.frame.command = crate::wire::Command::Prepare as u8;
+        let frame = Frame::build(&prepare, body);
+        debug_assert_eq!(frame.checksum(), header.frame.checksum);
+        let op = header.op;
+        if op <= self.commit || op <= self.log.op_checkpoint {
+            return;
+        }
+        let identity = header.frame.checksum;
+        match self.log.identity(op) {
+            Some(known) if known == identity => {
+                let slot = self.log.slot_mut(op);
+                if slot.frame.is_none() {
+                    slot.frame = Some(frame.clone());
+                    slot.header = Some(frame_header(&frame));
+                    self.counters.repairs_accepted += 1;
+                    self.actions.push_back(Action::JournalAppend { op, frame });
+                    self.walk_chain();
+                }
+            }
+            Some(_) => {}
+            None if op == self.log.op + 1
+                && self.status == Status::Normal
+                && header.frame.view == self.view
+                && self.log.identity(self.log.op) == Some(header.parent) =>
+            {
+                self.note_position(op, &frame);
+                self.log.append(frame.clone());
+                self.counters.repairs_accepted += 1;
+                self.actions.push_back(Action::JournalAppend { op, frame });
+            }
+            None if op > self.log.op => {}
+            None => {
+                self.log.slot_mut(op).candidate = Some(frame);
+                self.walk_chain();
+            }
+        }
+        match self.status {
+            Status::Normal => {
+                self.rebuild_positions();
+                self.commit_backup();
+                if self.is_primary() {
+                    self.commit_pipeline();
+                }
+            }
+            Status::ViewChange => self.forming_try_start_view(),
+            Status::Recovering => {}
+        }
+    }
+
+    /// A peer finished serving a chunk: ask for the next one at once rather than at the
+    /// next repair tick, so a far-behind replica catches up at round-trip pace.
+    pub(crate) fn on_repair_done(&mut self, header: &RepairResultHeader) {
+        // Only the latest request continues, so at most one chain of requests runs.
+        if header.nonce == self.repair_nonce && header.op > self.commit {
+            self.on_repair_timeout();
+        }
+    }
+
+    /// A peer no longer holds the front of what we asked for.
+    pub(crate) fn on_range_evicted(&mut self, header: &RepairResultHeader) {
+        if header.op > self.commit + 1 && !self.state_transfer_requested {
+            self.state_transfer_requested = true;
+            self.actions.push_back(Action::StateTransfer {
+                from: header.frame.replica,
+                op_min: header.op,
+            });
+        }
+    }
+}

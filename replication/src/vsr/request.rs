@@ -1,0 +1,181 @@
+//! Client requests on the primary (spec/replica-plane.md, "Sessions" in the issue): the
+//! client table answers retries, new requests become prepares, replies are built from the
+//! committed prepare.
+
+use crate::wire::batch;
+use crate::wire::registry::{EvictionReason, PROTOCOL_VERSION};
+use crate::wire::{
+    decode, EvictionHeader, Frame, Header, Message, Operation, PrepareHeader, ReplyHeader,
+    RequestHeader, METADATA_GROUP,
+};
+
+use super::client_table::Lookup;
+use super::replica::{Replica, RequestOutcome, Status};
+use super::Action;
+
+impl Replica {
+    /// A client request (RequestHeader frame, 16-byte aligned). Only the primary of a
+    /// normal view prepares; retries are answered from the client table.
+    pub fn on_request(&mut self, bytes: &[u8]) -> RequestOutcome {
+        let (request, body) = match decode(bytes, &self.limits) {
+            Ok(Message::Request(h, body)) => (*h, body),
+            _ => return RequestOutcome::Rejected,
+        };
+        let Some(operation) = Operation::from_u8(request.operation) else {
+            return RequestOutcome::Rejected;
+        };
+        let plane_ok = match operation.plane() {
+            crate::wire::Plane::Metadata => self.config.group == METADATA_GROUP,
+            crate::wire::Plane::Partition => self.config.group != METADATA_GROUP,
+            crate::wire::Plane::None => false,
+        };
+        if !plane_ok {
+            return RequestOutcome::Rejected;
+        }
+        if self.status != Status::Normal || !self.is_primary() {
+            return RequestOutcome::NotPrimary {
+                primary: self.config.primary_of(self.view),
+            };
+        }
+        if operation == Operation::Register {
+            if self.in_pipeline(request.client, 0) {
+                return RequestOutcome::InProgress;
+            }
+            // A retried Register (no request since) is answered from the table; a client
+            // that registers again after requests lost its session and gets a new one.
+            if let Some(session) = self.clients.get(request.client) {
+                if session.request == 0 {
+                    let frame = session.reply.clone();
+                    self.actions.push_back(Action::Reply {
+                        client: request.client,
+                        frame,
+                    });
+                    return RequestOutcome::Replied;
+                }
+            }
+        } else {
+            let lookup = if self.config.group == METADATA_GROUP {
+                self.clients
+                    .lookup(request.client, request.session, request.request)
+            } else {
+                self.clients.lookup_request(request.client, request.request)
+            };
+            match lookup {
+                Lookup::Fresh => {}
+                Lookup::Replied(reply) => {
+                    let frame = reply.clone();
+                    self.actions.push_back(Action::Reply {
+                        client: request.client,
+                        frame,
+                    });
+                    return RequestOutcome::Replied;
+                }
+                Lookup::Stale => return RequestOutcome::Stale,
+                Lookup::NoSession => {
+                    if self.in_pipeline(request.client, 0) {
+                        return RequestOutcome::InProgress;
+                    }
+                    self.evict(request.client, EvictionReason::NoSession);
+                    return RequestOutcome::Evicted;
+                }
+            }
+            if self.in_pipeline(request.client, request.request) {
+                return RequestOutcome::InProgress;
+            }
+        }
+        if self.log.op - self.commit >= self.config.pipeline_max {
+            return RequestOutcome::PipelineFull;
+        }
+        self.prepare(&request, body)
+    }
+
+    pub(crate) fn in_pipeline(&self, client: u128, request: u64) -> bool {
+        self.pipeline.keys().any(|op| {
+            self.log
+                .header(*op)
+                .is_some_and(|h| h.client == client && h.request == request)
+        })
+    }
+
+    pub(crate) fn evict(&mut self, client: u128, reason: EvictionReason) {
+        let mut header = EvictionHeader::new();
+        header.frame.cluster = self.config.cluster;
+        header.frame.view = self.view;
+        header.frame.replica = self.config.replica;
+        header.client = client;
+        header.server_protocol_version = PROTOCOL_VERSION;
+        header.server_protocol_version_min = PROTOCOL_VERSION;
+        header.reason = reason as u8;
+        let frame = Frame::build(&header, &[]);
+        self.actions.push_back(Action::Evict { client, frame });
+    }
+
+    fn prepare(&mut self, request: &RequestHeader, body: &[u8]) -> RequestOutcome {
+        let op = self.log.op + 1;
+        let Some(parent) = self.log.identity(self.log.op) else {
+            return RequestOutcome::PipelineFull;
+        };
+        let timestamp = self.now.max(self.timestamp_last + 1);
+        let mut body = body.to_vec();
+        if request.operation == Operation::SendMessages as u8 {
+            let Some(position) = self.positions.get(&self.log.op).copied() else {
+                return RequestOutcome::PipelineFull;
+            };
+            let base_timestamp = timestamp.max(position.last_timestamp);
+            if batch::stamp(
+                &mut body,
+                position.partition_id,
+                position.next_offset,
+                base_timestamp,
+            )
+            .is_err()
+                || batch::verify(&body).is_err()
+            {
+                return RequestOutcome::Rejected;
+            }
+        }
+        self.timestamp_last = timestamp;
+        let mut header = PrepareHeader::new();
+        header.frame.cluster = self.config.cluster;
+        header.frame.view = self.view;
+        header.frame.replica = self.config.replica;
+        header.client = request.client;
+        header.parent = parent;
+        header.request_checksum = request.request_checksum;
+        header.op = op;
+        header.commit = self.commit;
+        header.timestamp = timestamp;
+        header.request = request.request;
+        header.operation = request.operation;
+        header.group = self.config.group;
+        header.user_id = request.user_id;
+        let frame = Frame::build(&header, &body);
+        self.note_position(op, &frame);
+        self.log.append(frame.clone());
+        if self.pipeline.is_empty() {
+            self.progress_tick = self.now;
+        }
+        self.pipeline.insert(op, 0);
+        self.actions.push_back(Action::JournalAppend {
+            op,
+            frame: frame.clone(),
+        });
+        self.send_chain(frame);
+        RequestOutcome::Prepared { op }
+    }
+
+    pub(crate) fn build_reply(&self, prepare: &PrepareHeader) -> Frame {
+        let mut header = ReplyHeader::new();
+        header.frame.cluster = self.config.cluster;
+        header.frame.view = self.view;
+        header.frame.replica = self.config.replica;
+        header.request_checksum = prepare.request_checksum;
+        header.client = prepare.client;
+        header.op = prepare.op;
+        header.commit = prepare.op;
+        header.timestamp = prepare.timestamp;
+        header.request = prepare.request;
+        header.operation = prepare.operation;
+        Frame::build(&header, &[])
+    }
+}

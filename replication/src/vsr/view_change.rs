@@ -1,0 +1,576 @@
+//! View change (spec/replica-plane.md, "View changes"): StartViewChange on heartbeat
+//! timeout, DoViewChange to the new primary once a quorum suspects the old one, the
+//! merge of a DVC quorum (highest log_view canonical, truncation by nack quorum, repair
+//! of suffix bodies from peers that hold them) and StartView.
+
+use std::collections::BTreeMap;
+
+use crate::wire::{
+    DoViewChangeHeader, Frame, Header, PrepareHeader, RequestStartViewHeader,
+    StartViewChangeHeader, StartViewHeader,
+};
+
+use super::replica::{Dvc, Replica, Status};
+use super::{headers_body, Action, SUFFIX_MAX};
+
+/// RequestStartView probes a restarted replica sends before it joins a view change itself.
+pub const PROBE_ATTEMPTS_MAX: u32 = 4;
+
+/// A DVC whose op runs further than this past its commit is refused: the merge examines
+/// every op of that span, so it is bounded (a real one spans at most the pipeline plus
+/// the unreadable entries above a log).
+pub const DVC_SPAN_MAX: u64 = 4 * SUFFIX_MAX as u64;
+
+const _: () = assert!(DVC_SPAN_MAX >= 2 * (super::PIPELINE_MAX + SUFFIX_MAX as u64));
+
+impl Replica {
+    /// Moves to view `view` in ViewChange status and broadcasts StartViewChange.
+    pub(crate) fn start_view_change(&mut self, view: u32) {
+        assert!(view > self.view || self.status != super::Status::ViewChange);
+        let was_changing = self.status == Status::ViewChange;
+        self.view = view;
+        self.status = Status::ViewChange;
+        self.svc_from = 1 << self.config.replica;
+        self.dvcs.clear();
+        self.dvc_sent = false;
+        self.merged = false;
+        self.merge_commit = 0;
+        self.pipeline.clear();
+        self.heartbeat_seen = 0;
+        self.counters.view_changes += 1;
+        self.persist_superblock();
+        self.broadcast_start_view_change();
+        let now = self.now;
+        self.timeout_heartbeat.stop();
+        self.timeout_commit_broadcast.stop();
+        self.timeout_prepare_retransmit.stop();
+        self.timeout_probe.stop();
+        self.timeout_view_change_retransmit
+            .start(now, &mut self.prng);
+        if !was_changing {
+            self.timeout_view_change.start(now, &mut self.prng);
+        }
+        self.timeout_repair.start(now, &mut self.prng);
+        self.maybe_send_do_view_change();
+    }
+
+    /// Writes view, log_view and the log_view's suffix headers (TigerBeetle keeps these
+    /// "view headers" in its superblock too) before acting in the view.
+    pub(crate) fn persist_superblock(&mut self) {
+        if self.superblock.log_view != self.log_view {
+            self.superblock.headers = self.log.suffix(SUFFIX_MAX);
+        }
+        self.superblock.view = self.view;
+        self.superblock.log_view = self.log_view;
+        self.actions
+            .push_back(Action::PersistSuperblock(self.superblock.clone()));
+    }
+
+    fn broadcast_start_view_change(&mut self) {
+        let mut header = StartViewChangeHeader::new();
+        header.frame.cluster = self.config.cluster;
+        header.frame.view = self.view;
+        header.frame.replica = self.config.replica;
+        header.group = self.config.group;
+        let frame = Frame::build(&header, &[]);
+        self.actions.push_back(Action::Broadcast { frame });
+    }
+
+    pub(crate) fn on_start_view_change(&mut self, header: &StartViewChangeHeader) {
+        let view = header.frame.view;
+        if view > self.view {
+            self.start_view_change(view);
+        }
+        if view == self.view && self.status == Status::ViewChange {
+            self.svc_from |= 1 << header.frame.replica;
+            self.maybe_send_do_view_change();
+        }
+    }
+
+    /// The commit point a DVC reports, the top op of its body and the low end of the
+    /// window below it.
+    /// Every op of the window (low, top] that the body leaves out is claimed never
+    /// prepared, so the sender checks that claim before sending (`dvc_blocked_by`).
+    fn dvc_bounds(&self) -> (u64, u64, u64) {
+        let commit = self.commit_max.min(self.log.op).max(self.commit);
+        let floor = commit.max(self.log.op_checkpoint);
+        let top = (floor + 1..=self.log.op)
+            .rev()
+            .take(SUFFIX_MAX)
+            .find(|op| self.log.header(*op).is_some())
+            .unwrap_or(floor);
+        (commit, top, dvc_window_low(commit.max(floor), top))
+    }
+
+    /// This replica's DVC: the headers it knows in its window, highest op first, with
+    /// nack (never prepared) and present (body held) bits.
+    pub(crate) fn own_do_view_change(&self) -> Dvc {
+        let (commit, top, _) = self.dvc_bounds();
+        // Below the window (committed ops) headers are sent too, so the new primary
+        // learns the canonical identity of every op it must hold.
+        let bottom = top
+            .saturating_sub(SUFFIX_MAX as u64)
+            .max(self.log.op_checkpoint);
+        let headers: Vec<PrepareHeader> = (bottom + 1..=top)
+            .rev()
+            .filter_map(|op| self.log.header(op).copied())
+            .collect();
+        assert!(headers.len() <= SUFFIX_MAX);
+        let mut nack = 0u128;
+        let mut present = 0u128;
+        for (i, header) in headers.iter().enumerate() {
+            let slot = self.log.slot(header.op).expect("suffix slot");
+            if !slot.prepared {
+                nack |= 1 << i;
+            }
+            if slot.durable
+                && slot
+                    .frame
+                    .as_ref()
+                    .is_some_and(|f| f.checksum() == header.frame.checksum)
+            {
+                present |= 1 << i;
+            }
+        }
+        Dvc {
+            log_view: self.log_view,
+            // An unreadable entry above the log may be a prepare we acknowledged: claim
+            // it as our op (without a header) so nobody counts us as never having it.
+            op: self.log.op.max(self.faulty_above_op),
+            commit,
+            headers,
+            nack,
+            present,
+        }
+    }
+
+    fn maybe_send_do_view_change(&mut self) {
+        if self.status != Status::ViewChange
+            || self.dvc_sent
+            || (self.svc_from.count_ones() as usize) < self.config.quorum_view_change()
+        {
+            return;
+        }
+        self.dvc_sent = true;
+        self.send_do_view_change();
+    }
+
+    /// An op of our DVC window we cannot vouch for: no header to send, yet maybe
+    /// prepared (an unreadable entry) or held unverified. Leaving it out would claim we
+    /// never prepared it, so it holds our DVC back until repair or a StartView settles it.
+    pub(crate) fn dvc_blocked_by(&self) -> Option<u64> {
+        let (_, top, low) = self.dvc_bounds();
+        (low + 1..=top).rev().find(|op| {
+            self.log.header(*op).is_none()
+                && self
+                    .log
+                    .slot(*op)
+                    .is_some_and(|slot| slot.prepared || slot.frame.is_some())
+        })
+    }
+
+    fn send_do_view_change(&mut self) {
+        if self.dvc_blocked_by().is_some() {
+            self.dvc_sent = false;
+            return;
+        }
+        let dvc = self.own_do_view_change();
+        if self.is_primary() {
+            if !self.merged {
+                self.dvcs.insert(self.config.replica, dvc);
+                self.try_merge();
+            }
+            return;
+        }
+        let mut header = DoViewChangeHeader::new();
+        header.frame.cluster = self.config.cluster;
+        header.frame.view = self.view;
+        header.frame.replica = self.config.replica;
+        header.op = dvc.op;
+        header.commit = dvc.commit;
+        header.group = self.config.group;
+        header.log_view = dvc.log_view;
+        header.nack_bitset = dvc.nack;
+        header.present_bitset = dvc.present;
+        let frame = Frame::build(&header, &headers_body(&dvc.headers));
+        // Broadcast (spec "View changes"): the new primary merges it, the others learn
+        // that a quorum suspects the old primary and join the view.
+        self.actions.push_back(Action::Broadcast { frame });
+    }
+
+    pub(crate) fn on_do_view_change(
+        &mut self,
+        header: &DoViewChangeHeader,
+        headers: &[PrepareHeader],
+    ) {
+        let view = header.frame.view;
+        if view > self.view {
+            self.start_view_change(view);
+        }
+        if view != self.view {
+            return;
+        }
+        let from = header.frame.replica;
+        if self.status == Status::Normal && self.is_primary() {
+            // The sender missed our StartView.
+            self.send_start_view(Some(from), 0);
+            return;
+        }
+        if self.status != Status::ViewChange || !self.is_primary() || self.merged {
+            return;
+        }
+        if !suffix_well_formed(headers, header.op, false)
+            || header.op - header.commit > DVC_SPAN_MAX
+        {
+            self.counters.frames_rejected += 1;
+            return;
+        }
+        self.svc_from |= 1 << from;
+        self.dvcs.insert(
+            from,
+            Dvc {
+                log_view: header.log_view,
+                op: header.op,
+                commit: header.commit,
+                headers: headers.to_vec(),
+                nack: header.nack_bitset,
+                present: header.present_bitset,
+            },
+        );
+        self.maybe_send_do_view_change();
+        self.try_merge();
+    }
+
+    /// Merges a DVC quorum into this (forming) primary's log.
+    fn try_merge(&mut self) {
+        if self.merged || self.dvcs.len() < self.config.quorum_view_change() {
+            return;
+        }
+        if !self.dvcs.contains_key(&self.config.replica) {
+            return;
+        }
+        let log_view = self.dvcs.values().map(|d| d.log_view).max().unwrap_or(0);
+        let mut canonical: BTreeMap<u64, PrepareHeader> = BTreeMap::new();
+        let mut op_canonical = 0;
+        for dvc in self.dvcs.values().filter(|d| d.log_view == log_view) {
+            op_canonical = op_canonical.max(dvc.op);
+            for header in &dvc.headers {
+                if let Some(other) = canonical.get(&header.op) {
+                    if other.frame.checksum != header.frame.checksum {
+                        // Two replicas normal in one view disagree: not a state VSR allows.
+                        self.counters.frames_rejected += 1;
+                        return;
+                    }
+                }
+                canonical.insert(header.op, *header);
+            }
+        }
+        // A prepare's commit field was its primary's commit point: committed for good.
+        // It also bounds the new pipeline, since a primary prepares op k only while
+        // k - commit <= pipeline_max.
+        let commit_max = self
+            .dvcs
+            .values()
+            .map(|d| d.commit)
+            .chain(canonical.values().map(|h| h.commit))
+            .max()
+            .unwrap_or(0)
+            .max(self.commit_max.min(op_canonical));
+        // Truncation: an op nacked by enough replicas cannot have reached a replication
+        // quorum, so it and everything after it was never committed.
+        let mut op_new = op_canonical.max(commit_max);
+        for op in commit_max + 1..=op_canonical {
+            let header = canonical.get(&op);
+            let nacks = self
+                .dvcs
+                .values()
+                .filter(|d| nacks_op(d, op, header))
+                .count();
+            if nacks >= self.config.quorum_nack() {
+                op_new = op - 1;
+                break;
+            }
+        }
+        // The new head's header must be known (identities below follow by the chain),
+        // and every kept uncommitted op must be servable by someone (or ourselves); else
+        // wait for more DVCs.
+        if op_new > self.log.op_checkpoint && !canonical.contains_key(&op_new) {
+            return;
+        }
+        let own = self.config.replica;
+        for op in commit_max + 1..=op_new {
+            let Some(header) = canonical.get(&op) else {
+                continue;
+            };
+            let held_here = self.log.slot(op).is_some_and(|s| {
+                s.frame
+                    .as_ref()
+                    .is_some_and(|f| f.checksum() == header.frame.checksum)
+            });
+            let held_elsewhere = self
+                .dvcs
+                .iter()
+                .any(|(r, d)| *r != own && presents_op(d, header));
+            if !held_here && !held_elsewhere {
+                return;
+            }
+        }
+        // Install the merged log.
+        self.merged = true;
+        self.merge_commit = commit_max;
+        self.commit_max = self.commit_max.max(commit_max);
+        self.log.truncate_above(op_new.max(self.commit));
+        for header in canonical.range(..=op_new).map(|(_, h)| h) {
+            if header.op > self.log.op_checkpoint {
+                self.log.set_canonical(header);
+            }
+        }
+        self.log.op = op_new;
+        self.log.chain_floor = op_new;
+        self.walk_chain();
+        self.rebuild_positions();
+        self.on_repair_timeout();
+        self.forming_try_start_view();
+    }
+
+    /// A forming primary starts the view once every op after its commit is in hand.
+    pub(crate) fn forming_try_start_view(&mut self) {
+        if self.status != Status::ViewChange || !self.merged || !self.is_primary() {
+            return;
+        }
+        self.walk_chain();
+        if self.log.chain_floor > self.commit + 1 && self.log.op > self.commit {
+            return;
+        }
+        if self.log.missing(self.commit, self.log.op).next().is_some() {
+            return;
+        }
+        self.status = Status::Normal;
+        self.log_view = self.view;
+        self.persist_superblock();
+        self.actions.push_back(Action::JournalTruncate {
+            op_max: self.log.op,
+        });
+        self.pipeline.clear();
+        let own = 1u32 << self.config.replica;
+        for op in self.commit_max + 1..=self.log.op {
+            let durable = self.log.slot(op).is_some_and(|s| s.durable);
+            self.pipeline.insert(op, if durable { own } else { 0 });
+        }
+        self.progress_tick = self.now;
+        self.timestamp_last = self.timestamp_last.max(
+            self.log
+                .header(self.log.op)
+                .map(|h| h.timestamp)
+                .unwrap_or(0),
+        );
+        self.send_start_view(None, 0);
+        self.start_normal_timeouts();
+        self.commit_backup();
+        self.commit_pipeline();
+    }
+
+    /// StartView: broadcast when a view starts, unicast (echoing `incarnation`) when
+    /// answering a probe or a late DVC.
+    pub(crate) fn send_start_view(&mut self, to: Option<u8>, incarnation: u128) {
+        let headers = self.log.suffix(SUFFIX_MAX);
+        let mut header = StartViewHeader::new();
+        header.frame.cluster = self.config.cluster;
+        header.frame.view = self.view;
+        header.frame.replica = self.config.replica;
+        header.op = self.log.op;
+        header.commit = self.commit_max.min(self.log.op);
+        header.group = self.config.group;
+        header.incarnation = incarnation;
+        let frame = Frame::build(&header, &headers_body(&headers));
+        match to {
+            Some(to) => self.actions.push_back(Action::Send { to, frame }),
+            None => self.actions.push_back(Action::Broadcast { frame }),
+        }
+    }
+
+    pub(crate) fn on_start_view(&mut self, header: &StartViewHeader, headers: &[PrepareHeader]) {
+        let view = header.frame.view;
+        let from = header.frame.replica;
+        if from != self.config.primary_of(view) || from == self.config.replica {
+            return;
+        }
+        if view < self.view || (view == self.view && self.status == Status::Normal) {
+            return;
+        }
+        if header.incarnation != 0 && header.incarnation != self.incarnation {
+            return;
+        }
+        if !suffix_well_formed(headers, header.op, true) || (headers.is_empty() && header.op != 0) {
+            self.counters.frames_rejected += 1;
+            return;
+        }
+        if header.op < self.commit {
+            // Our commit is ahead of that view's log: not a log this view could hold.
+            self.counters.frames_rejected += 1;
+            return;
+        }
+        self.view = view;
+        self.status = Status::Normal;
+        self.log_view = view;
+        self.faulty_above_op = 0;
+        self.log.truncate_above(header.op);
+        for prepare in headers.iter().rev() {
+            if prepare.op > self.log.op_checkpoint {
+                self.log.set_canonical(prepare);
+            }
+        }
+        self.log.op = header.op;
+        self.log.chain_floor = header.op;
+        self.walk_chain();
+        self.persist_superblock();
+        self.actions
+            .push_back(Action::JournalTruncate { op_max: header.op });
+        self.commit_max = self.commit_max.max(header.commit);
+        self.pipeline.clear();
+        self.svc_from = 0;
+        self.dvcs.clear();
+        self.dvc_sent = false;
+        self.merged = false;
+        self.heartbeat_seen = 0;
+        self.rebuild_positions();
+        self.start_normal_timeouts();
+        for op in self.commit_max + 1..=self.log.op {
+            self.send_prepare_ok(op);
+        }
+        self.commit_backup();
+        self.on_repair_timeout();
+    }
+
+    pub(crate) fn on_view_change_retransmit_timeout(&mut self) {
+        if self.status != Status::ViewChange {
+            self.timeout_view_change_retransmit.stop();
+            return;
+        }
+        self.broadcast_start_view_change();
+        if self.dvc_sent && !self.is_primary() {
+            self.send_do_view_change();
+        } else if !self.dvc_sent {
+            self.maybe_send_do_view_change();
+        }
+    }
+
+    pub(crate) fn on_view_change_timeout(&mut self) {
+        if self.status != Status::ViewChange {
+            self.timeout_view_change.stop();
+            return;
+        }
+        self.start_view_change(self.view + 1);
+    }
+
+    /// Asks the primary of `view` (a newer view we heard of) for its StartView.
+    pub(crate) fn probe_view(&mut self, view: u32) {
+        if self.timeout_probe.ticking() {
+            return;
+        }
+        self.incarnation = self.prng.next_u128();
+        let to = self.config.primary_of(view);
+        let frame = self.request_start_view_frame(view);
+        if to != self.config.replica {
+            self.actions.push_back(Action::Send { to, frame });
+        }
+        self.timeout_probe.start(self.now, &mut self.prng);
+    }
+
+    pub(crate) fn request_start_view_frame(&self, view: u32) -> Frame {
+        let mut header = RequestStartViewHeader::new();
+        header.frame.cluster = self.config.cluster;
+        header.frame.view = view;
+        header.frame.replica = self.config.replica;
+        header.group = self.config.group;
+        header.incarnation = self.incarnation;
+        Frame::build(&header, &[])
+    }
+
+    pub(crate) fn on_request_start_view(&mut self, header: &RequestStartViewHeader) {
+        if self.status == Status::Normal
+            && self.is_primary()
+            && header.frame.view <= self.view
+            && header.frame.replica != self.config.replica
+        {
+            self.send_start_view(Some(header.frame.replica), header.incarnation);
+        }
+    }
+
+    pub(crate) fn on_probe_timeout(&mut self) {
+        match self.status {
+            Status::Recovering => {
+                self.probe_attempts += 1;
+                if self.probe_attempts > PROBE_ATTEMPTS_MAX {
+                    // Nobody answers: the cluster has no normal primary. Our superblock
+                    // and durable journal hold every promise we made, so we may take
+                    // part in electing one.
+                    self.start_view_change(self.view + 1);
+                } else {
+                    let frame = self.request_start_view_frame(self.view);
+                    self.actions.push_back(Action::Broadcast { frame });
+                }
+            }
+            _ => self.timeout_probe.stop(),
+        }
+    }
+}
+
+/// StartView suffixes: descending contiguous ops from `op`, chained by parent. DVC
+/// bodies (`start_view == false`) may skip ops (never prepared) and start below `op`
+/// (unreadable top entries); adjacent ops must still chain.
+fn suffix_well_formed(headers: &[PrepareHeader], op: u64, start_view: bool) -> bool {
+    if let Some(first) = headers.first() {
+        if first.op > op || (start_view && first.op != op) {
+            return false;
+        }
+    }
+    headers.windows(2).all(|w| {
+        if w[1].op + 1 == w[0].op {
+            w[0].parent == w[1].frame.checksum
+        } else {
+            !start_view && w[1].op < w[0].op
+        }
+    })
+}
+
+/// The exclusive low end of a DVC window whose body tops at `top`.
+fn dvc_window_low(commit: u64, top: u64) -> u64 {
+    commit.max(top.saturating_sub(SUFFIX_MAX as u64))
+}
+
+/// Whether a DVC proves its sender is in no replication quorum that could have committed
+/// the op `op` whose canonical header is `header` (if any replica of the quorum knows it).
+/// A replica that acknowledged a committed prepare keeps it at its op for good (journal
+/// entries are durable, an unreadable one still counts as held, and no later view
+/// truncates a committed op), so it nacks when:
+/// - it holds that header but never prepared it (nack bit);
+/// - it holds a different header there (a later view replaced it: never committed then);
+/// - its log (unreadable entries included) ends below the op;
+/// - the op lies in its DVC window but not in its body (the sender vouched for that).
+fn nacks_op(dvc: &Dvc, op: u64, header: Option<&PrepareHeader>) -> bool {
+    if op > dvc.op {
+        return true;
+    }
+    if let Some(i) = dvc.headers.iter().position(|h| h.op == op) {
+        return match header {
+            Some(header) if dvc.headers[i].frame.checksum == header.frame.checksum => {
+                dvc.nack & (1 << i) != 0
+            }
+            Some(_) => true,
+            None => false,
+        };
+    }
+    let Some(top) = dvc.headers.first().map(|h| h.op) else {
+        return false;
+    };
+    op <= top && op > dvc_window_low(dvc.commit, top)
+}
+
+/// Whether a DVC's sender can serve `header`'s body.
+fn presents_op(dvc: &Dvc, header: &PrepareHeader) -> bool {
+    dvc.headers
+        .iter()
+        .position(|h| h.op == header.op && h.frame.checksum == header.frame.checksum)
+        .is_some_and(|i| dvc.present & (1 << i) != 0)
+}

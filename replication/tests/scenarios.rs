@@ -1,0 +1,278 @@
+//! Scenario tests named after behaviour, driven through the simulator (real `vsr` code,
+//! real sealed frames through `wire::decode`) with scripted faults.
+
+use replication::sim::Cluster;
+use replication::vsr::Status;
+use replication::wire::{decode, Frame, Header, Limits, Message, RequestStartViewHeader};
+
+const CONVERGE_TICKS: u64 = 40_000;
+
+fn converge(cluster: &mut Cluster) {
+    if let Err(e) = cluster.heal_and_converge(CONVERGE_TICKS) {
+        panic!("{e}");
+    }
+}
+
+fn run_until(cluster: &mut Cluster, ticks: u64, what: &str, done: impl Fn(&Cluster) -> bool) {
+    match cluster.run_until(ticks, done) {
+        Ok(true) => {}
+        Ok(false) => panic!(
+            "{what}: not reached in {ticks} ticks: {}",
+            cluster.status_line()
+        ),
+        Err(e) => panic!("{what}: checker failed: {e}"),
+    }
+}
+
+#[test]
+fn primary_crash_during_normal_load() {
+    let mut cluster = Cluster::scripted(3, 11, 3);
+    run_until(&mut cluster, 5_000, "load", |c| c.replies() >= 30);
+    assert_eq!(cluster.primary(), Some(0));
+    cluster.crash(0);
+    let before = cluster.replies();
+    run_until(&mut cluster, 10_000, "failover", |c| {
+        c.primary().is_some_and(|p| p != 0) && c.replies() >= before + 30
+    });
+    converge(&mut cluster);
+}
+
+#[test]
+fn backup_crash_and_rejoin_via_repair() {
+    let mut cluster = Cluster::scripted(3, 12, 3);
+    run_until(&mut cluster, 5_000, "load", |c| c.replies() >= 20);
+    cluster.crash(2);
+    let before = cluster.replies();
+    run_until(&mut cluster, 10_000, "load without r2", |c| {
+        c.replies() >= before + 60
+    });
+    cluster.restart(2).expect("restart");
+    run_until(&mut cluster, 10_000, "r2 catches up", |c| {
+        let primary = c.replica(0).map(|r| r.commit()).unwrap_or(0);
+        c.replica(2)
+            .is_some_and(|r| r.status() == Status::Normal && r.commit() + 5 >= primary)
+    });
+    let r2 = cluster.replica(2).expect("up");
+    assert!(
+        r2.counters().repairs_accepted > 0,
+        "r2 rejoined without repair"
+    );
+    converge(&mut cluster);
+}
+
+#[test]
+fn primary_crash_mid_view_change() {
+    let mut cluster = Cluster::scripted(3, 13, 2);
+    run_until(&mut cluster, 5_000, "load", |c| c.replies() >= 20);
+    cluster.crash(0);
+    // r1 is the primary of view 1: crash it while it is still forming the view.
+    run_until(&mut cluster, 5_000, "view change starts", |c| {
+        c.replica(1)
+            .is_some_and(|r| r.status() == Status::ViewChange)
+    });
+    cluster.crash(1);
+    cluster.run_ticks(300).expect("checkers");
+    cluster.restart(0).expect("restart");
+    run_until(&mut cluster, 20_000, "a view forms without r1", |c| {
+        c.primary().is_some_and(|p| p != 1)
+            && c.replica(c.primary().unwrap_or(0))
+                .is_some_and(|r| r.view() >= 2)
+    });
+    let before = cluster.replies();
+    run_until(&mut cluster, 10_000, "progress", |c| {
+        c.replies() >= before + 10
+    });
+    converge(&mut cluster);
+}
+
+#[test]
+fn two_view_changes_in_a_row() {
+    let mut cluster = Cluster::scripted(5, 14, 3);
+    run_until(&mut cluster, 5_000, "load", |c| c.replies() >= 20);
+    cluster.crash(0);
+    run_until(&mut cluster, 10_000, "view 1", |c| c.primary() == Some(1));
+    cluster.crash(1);
+    run_until(&mut cluster, 10_000, "view 2", |c| c.primary() == Some(2));
+    let before = cluster.replies();
+    run_until(&mut cluster, 10_000, "progress in view 2", |c| {
+        c.replies() >= before + 20
+    });
+    converge(&mut cluster);
+}
+
+#[test]
+fn truncated_suffix_must_not_resurrect_an_uncommitted_op() {
+    let mut cluster = Cluster::scripted(3, 15, 3);
+    run_until(&mut cluster, 5_000, "load", |c| c.replies() >= 20);
+    // r0 is cut off from its backups (clients still reach it): what it prepares now is
+    // never committed.
+    cluster.network.partition_symmetric(1 << 0);
+    cluster.sync_links();
+    run_until(&mut cluster, 3_000, "uncommitted ops on r0", |c| {
+        c.replica(0).is_some_and(|r| r.op() >= r.commit_max() + 2)
+    });
+    // Let its journal writes become durable, then crash it.
+    cluster.run_ticks(20).expect("checkers");
+    let r0 = cluster.replica(0).expect("up");
+    let stale: Vec<(u64, u128)> = (r0.commit_max() + 1..=r0.op())
+        .filter_map(|op| r0.log().identity(op).map(|id| (op, id)))
+        .collect();
+    assert!(!stale.is_empty());
+    cluster.crash(0);
+    cluster.network.heal();
+    cluster.sync_links();
+    let before = cluster.replies();
+    run_until(
+        &mut cluster,
+        10_000,
+        "new view commits past the stale ops",
+        |c| c.replies() >= before + 30,
+    );
+    cluster.restart(0).expect("restart");
+    converge(&mut cluster);
+    for (op, identity) in stale {
+        let committed = cluster
+            .checker
+            .get(op)
+            .expect("op committed by the new view");
+        assert_ne!(committed.identity, identity, "stale op {op} resurrected");
+    }
+}
+
+#[test]
+fn restarted_replica_answered_by_stale_primary() {
+    let mut cluster = Cluster::scripted(3, 16, 3);
+    run_until(&mut cluster, 5_000, "load", |c| c.replies() >= 20);
+    // Isolate the primary; the others move on to view 1.
+    cluster.network.partition_symmetric(1 << 0);
+    cluster.sync_links();
+    run_until(&mut cluster, 10_000, "view 1", |c| {
+        c.replica(1)
+            .is_some_and(|r| r.status() == Status::Normal && r.view() >= 1)
+    });
+    let view = cluster.replica(1).expect("up").view();
+    assert_eq!(
+        cluster.replica(0).expect("up").view(),
+        0,
+        "r0 is the stale primary"
+    );
+    // r2 restarts where it can reach only the stale primary.
+    cluster.crash(2);
+    cluster.network.heal();
+    cluster.network.cut(0, 1);
+    cluster.network.cut(1, 0);
+    cluster.network.cut(1, 2);
+    cluster.network.cut(2, 1);
+    cluster.sync_links();
+    cluster.restart(2).expect("restart");
+    // The stale primary answers a probe of its own view with a StartView of view 0.
+    let mut probe = RequestStartViewHeader::new();
+    probe.frame.cluster = cluster.replica(0).expect("up").config().cluster;
+    probe.frame.replica = 2;
+    probe.group = cluster.replica(0).expect("up").config().group;
+    probe.incarnation = 7;
+    let probe = Frame::build(&probe, &[]);
+    let r0 = cluster.replicas[0].as_mut().expect("up");
+    r0.on_message(probe.as_bytes());
+    let stale_start_view = r0
+        .drain_actions()
+        .into_iter()
+        .find_map(|action| match action {
+            replication::vsr::Action::Send { to: 2, frame } => Some(frame),
+            _ => None,
+        })
+        .expect("the stale primary answers its own view");
+    match decode(stale_start_view.as_bytes(), &Limits::default()) {
+        Ok(Message::StartView(h, _)) => assert_eq!(h.frame.view, 0),
+        other => panic!("expected a StartView, got {other:?}"),
+    }
+    let r2 = cluster.replicas[2].as_mut().expect("up");
+    r2.on_message(stale_start_view.as_bytes());
+    assert_ne!(r2.status(), Status::Normal, "adopted a stale view");
+    assert!(r2.view() >= view);
+    for _ in 0..2_000 {
+        cluster.step().expect("checkers");
+        let r2 = cluster.replica(2).expect("up");
+        assert!(
+            !(r2.status() == Status::Normal && r2.view() < view),
+            "r2 went back to view {}",
+            r2.view()
+        );
+    }
+    converge(&mut cluster);
+    assert!(cluster.replica(2).expect("up").view() >= view);
+}
+
+#[test]
+fn asymmetric_partition_where_the_primary_can_send_but_not_receive() {
+    let mut cluster = Cluster::scripted(3, 17, 3);
+    run_until(&mut cluster, 5_000, "load", |c| c.replies() >= 20);
+    assert_eq!(cluster.primary(), Some(0));
+    cluster.network.cut(1, 0);
+    cluster.network.cut(2, 0);
+    cluster.sync_links();
+    let before = cluster.replies();
+    run_until(&mut cluster, 20_000, "a primary that hears a quorum", |c| {
+        c.replies() >= before + 30
+    });
+    assert!(
+        cluster
+            .replica(1)
+            .is_some_and(|r| r.view() > 0 && r.status() == Status::Normal),
+        "backups never left the deaf primary's view"
+    );
+    converge(&mut cluster);
+}
+
+#[test]
+fn replica_with_a_corrupt_journal_entry_is_repaired_not_trusted() {
+    let mut cluster = Cluster::scripted(3, 18, 3);
+    run_until(&mut cluster, 5_000, "load", |c| c.replies() >= 40);
+    cluster.crash(1);
+    let op = 7;
+    assert!(cluster.corrupt(1, op), "r1 held op {op}");
+    cluster.restart(1).expect("restart");
+    run_until(
+        &mut cluster,
+        10_000,
+        "r1 commits past the corrupt op",
+        |c| c.replica(1).is_some_and(|r| r.commit() > op + 10),
+    );
+    // The repaired prepare is rewritten to the journal (durable a few ticks later).
+    cluster.run_ticks(50).expect("checkers");
+    let identity = cluster.checker.get(op).expect("committed").identity;
+    let entry = cluster.storages[1]
+        .read_journal()
+        .into_iter()
+        .find(|e| e.op == op)
+        .and_then(|e| e.bytes)
+        .expect("journal slot rewritten");
+    match decode(entry.as_bytes(), &Limits::default()) {
+        Ok(Message::Prepare(h, _)) => assert_eq!(h.frame.checksum, identity),
+        other => panic!("op {op} still unreadable: {other:?}"),
+    }
+    assert!(cluster.replica(1).expect("up").counters().repairs_accepted > 0);
+    converge(&mut cluster);
+}
+
+#[test]
+fn retried_client_request_after_failover_is_not_applied_twice() {
+    let mut cluster = Cluster::scripted(3, 19, 1);
+    run_until(&mut cluster, 5_000, "load", |c| c.replies() >= 5);
+    // Replies are lost: the client keeps retrying a request that commits.
+    cluster.drop_replies = true;
+    let commit = cluster.checker.commit_max();
+    run_until(&mut cluster, 2_000, "the request commits", |c| {
+        c.checker.commit_max() > commit
+    });
+    cluster.run_ticks(400).expect("checkers");
+    cluster.crash(0);
+    cluster.drop_replies = false;
+    let before = cluster.replies();
+    // The retry reaches the new primary, which answers from its client table; a second
+    // application would fail the checker ("applied twice").
+    run_until(&mut cluster, 10_000, "the retry is answered", |c| {
+        c.replies() > before
+    });
+    converge(&mut cluster);
+}

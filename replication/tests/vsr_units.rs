@@ -1,0 +1,361 @@
+//! The `vsr` core driven by hand-built frames: merges, refusals and hand-offs that are
+//! easier to pin down without the simulator.
+
+use replication::vsr::{Action, Config, Replica, Status};
+use replication::wire::batch::{self, BatchBuilder, NewMessage};
+use replication::wire::{
+    cluster_id, decode, DoViewChangeHeader, Frame, Header, Limits, Message, Operation,
+    PartitionKey, PrepareChain, PrepareHeader, StartViewChangeHeader, METADATA_GROUP,
+};
+use zerocopy::IntoBytes;
+
+fn cluster() -> u128 {
+    cluster_id("units")
+}
+
+fn metadata_prepares(count: u64) -> Vec<Frame> {
+    let mut chain = PrepareChain::after(0);
+    (1..=count)
+        .map(|op| {
+            let mut h = PrepareHeader::new();
+            h.frame.cluster = cluster();
+            h.frame.replica = 0;
+            h.client = 0x42;
+            h.op = op;
+            h.timestamp = op;
+            h.request = op;
+            h.operation = Operation::CreateStream as u8;
+            h.group = METADATA_GROUP;
+            chain.append(&mut h, format!("op{op}").as_bytes())
+        })
+        .collect()
+}
+
+fn header_of(frame: &Frame) -> PrepareHeader {
+    match decode(frame.as_bytes(), &Limits::default()) {
+        Ok(Message::Prepare(h, _)) => *h,
+        other => panic!("not a prepare: {other:?}"),
+    }
+}
+
+fn do_view_change(from: u8, prepares: &[Frame], nack: u128, present: u128) -> Frame {
+    let mut h = DoViewChangeHeader::new();
+    h.frame.cluster = cluster();
+    h.frame.view = 1;
+    h.frame.replica = from;
+    h.op = prepares.len() as u64;
+    h.group = METADATA_GROUP;
+    h.log_view = 0;
+    h.nack_bitset = nack;
+    h.present_bitset = present;
+    let mut body = Vec::new();
+    for prepare in prepares.iter().rev() {
+        body.extend_from_slice(header_of(prepare).as_bytes());
+    }
+    Frame::build(&h, &body)
+}
+
+/// Drives a forming primary: journals complete at once, peers answer RequestPrepares
+/// with the ops they hold. Returns the StartView broadcast, if one was sent, and the
+/// (peer, from_op) of every repair request.
+fn pump(
+    replica: &mut Replica,
+    prepares: &[Frame],
+    holds: impl Fn(u8, u64) -> bool,
+    ticks: u64,
+) -> (Option<Frame>, Vec<(u8, u64)>) {
+    let mut requests = Vec::new();
+    for _ in 0..ticks {
+        replica.on_tick();
+        let mut inbound = Vec::new();
+        let mut durable = Vec::new();
+        for action in replica.drain_actions() {
+            match action {
+                Action::JournalAppend { op, frame } => durable.push((op, frame.checksum())),
+                Action::Broadcast { frame } => {
+                    if let Ok(Message::StartView(..)) = decode(frame.as_bytes(), &Limits::default())
+                    {
+                        return (Some(frame), requests);
+                    }
+                }
+                Action::Send { to, frame } => {
+                    if let Ok(Message::RequestPrepares(h)) =
+                        decode(frame.as_bytes(), &Limits::default())
+                    {
+                        requests.push((to, h.from_op));
+                        for op in h.from_op..=h.to_op {
+                            if holds(to, op) {
+                                inbound
+                                    .push(Frame::repair_of(prepares[op as usize - 1].as_bytes()));
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (op, checksum) in durable {
+            replica.on_journal_durable(op, checksum);
+        }
+        for frame in inbound {
+            replica.on_message(frame.as_bytes());
+        }
+    }
+    (None, requests)
+}
+
+#[test]
+fn dvcs_from_the_same_log_view_with_different_present_bits_are_merged_by_repair() {
+    let prepares = metadata_prepares(4);
+    // Replica 1 is the primary of view 1; it holds nothing itself.
+    let mut r1 = Replica::new(Config::new(cluster(), METADATA_GROUP, 1, 3));
+    let mut svc = StartViewChangeHeader::new();
+    svc.frame.cluster = cluster();
+    svc.frame.view = 1;
+    svc.frame.replica = 2;
+    svc.group = METADATA_GROUP;
+    r1.on_message(Frame::build(&svc, &[]).as_bytes());
+    assert_eq!(r1.status(), Status::ViewChange);
+    // r2 holds the bodies of ops 1 and 2 (suffix index 3 and 2), r0 those of 3 and 4.
+    r1.on_message(do_view_change(2, &prepares, 0, 0b1100).as_bytes());
+    let holds = |peer: u8, op: u64| match peer {
+        2 => op <= 2,
+        0 => op >= 3,
+        _ => false,
+    };
+    // Fewer ticks than the view-change timeout, which would move on to view 2.
+    let (start_view, _) = pump(&mut r1, &prepares, holds, 40);
+    assert!(
+        start_view.is_none(),
+        "started a view before anyone offered ops 3 and 4"
+    );
+    r1.on_message(do_view_change(0, &prepares, 0, 0b0011).as_bytes());
+    let (start_view, requests) = pump(&mut r1, &prepares, holds, 50);
+    let start_view = start_view.expect("the view starts once every body is repaired");
+    match decode(start_view.as_bytes(), &Limits::default()) {
+        Ok(Message::StartView(h, suffix)) => {
+            assert_eq!(h.op, 4);
+            assert_eq!(suffix.len(), 4);
+            assert_eq!(suffix[0].frame.checksum, prepares[3].checksum());
+        }
+        other => panic!("expected StartView, got {other:?}"),
+    }
+    assert_eq!(r1.status(), Status::Normal);
+    assert_eq!(r1.op(), 4);
+    for (peer, from_op) in requests {
+        assert!(
+            holds(peer, from_op),
+            "asked r{peer} for op {from_op} it never offered"
+        );
+    }
+}
+
+#[test]
+fn an_op_nacked_by_a_quorum_is_truncated_not_repaired() {
+    let prepares = metadata_prepares(4);
+    let mut r1 = Replica::new(Config::new(cluster(), METADATA_GROUP, 1, 3));
+    // r1 prepared ops 1..3 in view 0.
+    for prepare in &prepares[..3] {
+        r1.on_message(prepare.as_bytes());
+    }
+    let (_, _) = pump(&mut r1, &prepares, |_, _| false, 1);
+    assert_eq!(r1.op(), 3);
+    let mut svc = StartViewChangeHeader::new();
+    svc.frame.cluster = cluster();
+    svc.frame.view = 1;
+    svc.frame.replica = 2;
+    svc.group = METADATA_GROUP;
+    r1.on_message(Frame::build(&svc, &[]).as_bytes());
+    // r2 knows op 4's header but never prepared it (nack, not present); with r1 never
+    // having reached op 4 that is a nack quorum: op 4 cannot have committed.
+    r1.on_message(do_view_change(2, &prepares, 0b0001, 0b1110).as_bytes());
+    let (start_view, _) = pump(&mut r1, &prepares, |_, _| true, 500);
+    match decode(
+        start_view.expect("view starts").as_bytes(),
+        &Limits::default(),
+    ) {
+        Ok(Message::StartView(h, _)) => assert_eq!(h.op, 3, "op 4 was resurrected"),
+        other => panic!("expected StartView, got {other:?}"),
+    }
+}
+
+fn partition_group() -> u64 {
+    PartitionKey {
+        stream: 1,
+        topic: 1,
+        partition: 1,
+    }
+    .pack()
+    .expect("valid key")
+}
+
+fn stamped_batch(group: u64, base_offset: u64) -> Vec<u8> {
+    let mut builder = BatchBuilder::with_capacity(64);
+    builder.push(NewMessage {
+        id: 1,
+        timestamp_delta: 0,
+        payload: b"hello",
+        user_headers: &[],
+    });
+    let mut batch = builder.finish(5);
+    batch::stamp(&mut batch, group, base_offset, 10).expect("stamp");
+    batch
+}
+
+fn partition_prepare(group: u64, op: u64, parent: u128, base_offset: u64) -> Frame {
+    let mut h = PrepareHeader::new();
+    h.frame.cluster = cluster();
+    h.frame.replica = 0;
+    h.client = 0x42;
+    h.parent = parent;
+    h.op = op;
+    h.timestamp = 10;
+    h.request = op;
+    h.operation = Operation::SendMessages as u8;
+    h.group = group;
+    Frame::build(&h, &stamped_batch(group, base_offset))
+}
+
+fn journaled(replica: &mut Replica) -> Vec<u64> {
+    replica
+        .drain_actions()
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::JournalAppend { op, .. } => Some(op),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn backup_refuses_a_partition_prepare_whose_stamp_it_cannot_rederive() {
+    let group = partition_group();
+    let mut backup = Replica::new(Config::new(cluster(), group, 1, 3));
+    let first = partition_prepare(group, 1, 0, 0);
+    backup.on_message(first.as_bytes());
+    assert_eq!(journaled(&mut backup), vec![1]);
+    // The batch says base_offset 5; this backup's partition is at offset 1.
+    let wrong = partition_prepare(group, 2, first.checksum(), 5);
+    backup.on_message(wrong.as_bytes());
+    assert!(journaled(&mut backup).is_empty());
+    assert_eq!(backup.counters().batch_stamp_mismatch, 1);
+    let right = partition_prepare(group, 2, first.checksum(), 1);
+    backup.on_message(right.as_bytes());
+    assert_eq!(journaled(&mut backup), vec![2]);
+}
+
+#[test]
+fn backup_never_acks_before_the_journal_reports_durable() {
+    let prepares = metadata_prepares(1);
+    let mut backup = Replica::new(Config::new(cluster(), METADATA_GROUP, 1, 3));
+    backup.on_message(prepares[0].as_bytes());
+    let acked = |actions: &[Action]| {
+        actions.iter().any(|a| match a {
+            Action::Send { frame, .. } => matches!(
+                decode(frame.as_bytes(), &Limits::default()),
+                Ok(Message::PrepareOk(_))
+            ),
+            _ => false,
+        })
+    };
+    let actions = backup.drain_actions();
+    assert!(!acked(&actions), "PrepareOk before the append was durable");
+    backup.on_journal_durable(1, prepares[0].checksum());
+    assert!(acked(&backup.drain_actions()));
+}
+
+#[test]
+fn range_evicted_hands_off_to_state_transfer() {
+    use replication::wire::RepairResultHeader;
+    let mut backup = Replica::new(Config::new(cluster(), METADATA_GROUP, 1, 3));
+    let mut h = RepairResultHeader::new();
+    h.frame.cluster = cluster();
+    h.frame.command = replication::wire::Command::RangeEvicted as u8;
+    h.frame.replica = 0;
+    h.op = 500;
+    h.group = METADATA_GROUP;
+    backup.on_message(Frame::build(&h, &[]).as_bytes());
+    let handed_off = backup.drain_actions().into_iter().any(|a| {
+        matches!(
+            a,
+            Action::StateTransfer {
+                from: 0,
+                op_min: 500
+            }
+        )
+    });
+    assert!(handed_off);
+}
+
+fn request(client: u128, operation: Operation, session: u64, number: u64) -> Frame {
+    let mut h = replication::wire::RequestHeader::new();
+    h.client = client;
+    h.operation = operation as u8;
+    h.session = session;
+    h.request = number;
+    let body: &[u8] = if operation == Operation::Register {
+        &[]
+    } else {
+        b"stream"
+    };
+    Frame::build(&h, body)
+}
+
+/// Commits whatever the primary prepared: journals complete and replica 1 acknowledges.
+fn commit_all(primary: &mut Replica) -> Vec<Action> {
+    let mut out = Vec::new();
+    for _ in 0..4 {
+        let mut acks = Vec::new();
+        for action in primary.drain_actions() {
+            match &action {
+                Action::JournalAppend { op, frame } => {
+                    let header = header_of(frame);
+                    let mut ok = replication::wire::PrepareOkHeader::new();
+                    ok.frame.cluster = cluster();
+                    ok.frame.replica = 1;
+                    ok.parent = header.parent;
+                    ok.prepare_checksum = header.frame.checksum;
+                    ok.op = *op;
+                    ok.group = METADATA_GROUP;
+                    acks.push((*op, frame.checksum(), Frame::build(&ok, &[])));
+                }
+                _ => out.push(action),
+            }
+        }
+        for (op, checksum, ok) in acks {
+            primary.on_journal_durable(op, checksum);
+            primary.on_message(ok.as_bytes());
+        }
+    }
+    out
+}
+
+#[test]
+fn the_oldest_session_is_evicted_past_the_bound_and_told_so() {
+    use replication::vsr::RequestOutcome;
+    let mut config = Config::new(cluster(), METADATA_GROUP, 0, 3);
+    config.clients_max = 1;
+    let mut primary = Replica::new(config);
+    let outcome = primary.on_request(request(0xa, Operation::Register, 0, 0).as_bytes());
+    assert_eq!(outcome, RequestOutcome::Prepared { op: 1 });
+    let actions = commit_all(&mut primary);
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::Reply { client: 0xa, .. })));
+    assert_eq!(primary.commit(), 1);
+    // A second client takes the only slot: client 0xa is evicted and told so.
+    primary.on_request(request(0xb, Operation::Register, 0, 0).as_bytes());
+    let actions = commit_all(&mut primary);
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::Evict { client: 0xa, .. })));
+    let outcome = primary.on_request(request(0xa, Operation::CreateStream, 1, 1).as_bytes());
+    assert_eq!(outcome, RequestOutcome::Evicted);
+    // Client 0xb's request commits once; its retry is answered from the table.
+    let outcome = primary.on_request(request(0xb, Operation::CreateStream, 2, 1).as_bytes());
+    assert_eq!(outcome, RequestOutcome::Prepared { op: 3 });
+    commit_all(&mut primary);
+    let outcome = primary.on_request(request(0xb, Operation::CreateStream, 2, 1).as_bytes());
+    assert_eq!(outcome, RequestOutcome::Replied);
+    assert_eq!(primary.op(), 3);
+}

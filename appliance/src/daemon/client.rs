@@ -311,20 +311,28 @@ impl Node {
                 else {
                     return (Status::NotFound, Vec::new());
                 };
+                let end = stored.log.next_offset();
                 let batches = match strategy {
+                    // At or past the end: nothing committed yet (an empty Ok).
+                    PollStrategy::Offset(offset) if *offset >= end => Ok((*offset, Vec::new())),
                     PollStrategy::Offset(offset) => stored
                         .log
-                        .read_from_offset(*offset, POLL_BYTES_MAX)
+                        .read_from_offset((*offset).max(stored.log.start_offset()), POLL_BYTES_MAX)
                         .map(|b| (*offset, b)),
                     PollStrategy::Next => {
                         let next = stored
                             .offsets
                             .get(partitions::consumer_key(*consumer))
-                            .map_or(0, |o| o + 1);
-                        stored
-                            .log
-                            .read_from_offset(next, POLL_BYTES_MAX)
-                            .map(|b| (next, b))
+                            .map_or(0, |o| o + 1)
+                            .max(stored.log.start_offset());
+                        if next >= end {
+                            Ok((next, Vec::new()))
+                        } else {
+                            stored
+                                .log
+                                .read_from_offset(next, POLL_BYTES_MAX)
+                                .map(|b| (next, b))
+                        }
                     }
                     PollStrategy::Timestamp(timestamp) => stored
                         .log

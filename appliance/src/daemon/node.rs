@@ -6,7 +6,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use glommio::channels::local_channel::{LocalReceiver, LocalSender};
@@ -16,7 +15,8 @@ use journal::Durability;
 use replication::bus::{Bus, ClientId, Handler, VerifiedFrame};
 use replication::vsr::{self, Action, Groups, JournalEntry, Replica};
 use replication::wire::{
-    batch, Frame, FrameBuf, Operation, PartitionKey, PrepareHeader, ReplyHeader, METADATA_GROUP,
+    batch, Frame, FrameBuf, Header, Operation, PartitionKey, PrepareHeader, ReplyHeader,
+    METADATA_GROUP,
 };
 use zerocopy::FromBytes;
 
@@ -241,7 +241,15 @@ impl Node {
                 self.on_client_frame(connection, &frame);
                 self.bus.recycle(frame.into_buf());
             }
-            Event::ClientRejected(_, reason) => self.reject(reason),
+            Event::ClientRejected(connection, reason) => {
+                // The bus counted it; the client learns why (docs/client-protocol.md).
+                let mut header = ReplyHeader::new();
+                header.frame.cluster = self.settings.cluster;
+                header.frame.replica = self.settings.replica;
+                header.status = Status::InvalidRequest as u32;
+                let frame = Frame::build(&header, reason.as_bytes());
+                let _ = self.bus.send_to_client(connection, frame);
+            }
             Event::ClientClosed(connection) => {
                 self.connections.remove(&connection);
                 self.client_connections.retain(|_, c| *c != connection);
@@ -545,12 +553,14 @@ impl Node {
         let Ok((mut header, _)) = ReplyHeader::read_from_prefix(frame.as_bytes()) else {
             return frame;
         };
+        // The client asked with its own operation; the prepare may carry the internal one.
+        header.operation = client_operation(header.operation);
         match self.replies.get(&(group, client)) {
             Some(cached) if cached.op == header.op => {
                 header.status = cached.status as u32;
                 Frame::build(&header, &cached.body)
             }
-            _ => frame,
+            _ => Frame::build(&header, frame.as_bytes().get(256..).unwrap_or(&[])),
         }
     }
 
@@ -617,5 +627,13 @@ impl Node {
     }
 }
 
-/// Keeps the event sender alive for tasks that answer later (delayed login failures).
-pub type SharedBus = Rc<Bus>;
+/// The client-facing operation of a prepared one (replica-plane.md, "Prepare": the
+/// primary replaces some requests with internal operations).
+fn client_operation(operation: u8) -> u8 {
+    match Operation::from_u8(operation) {
+        Some(Operation::CreateTopicWithAssignments) => Operation::CreateTopic as u8,
+        Some(Operation::CreatePartitionsWithAssignments) => Operation::CreatePartitions as u8,
+        Some(Operation::TruncatePartition) => Operation::DeleteSegments as u8,
+        _ => operation,
+    }
+}

@@ -10,14 +10,16 @@ use replication::wire::{
     batch, Frame, Header, Operation, PartitionKey, ReplyHeader, RequestHeader, METADATA_GROUP,
 };
 
-use super::node::Node;
+use super::node::{Event, Node};
 use super::partitions::{self, POLL_BYTES_MAX};
 use crate::protocol::codec::Writer;
 use crate::protocol::{ClientRequest, PollStrategy, Status};
-use crate::state::{Caller, Right};
+use crate::state::{auth, Caller, Right};
 
 /// A failed login is answered after this delay (slows password guessing).
 pub const LOGIN_FAILURE_DELAY: Duration = Duration::from_millis(500);
+/// Password checks queued on the blocking pool at once; more are answered Unavailable.
+pub const LOGINS_IN_FLIGHT_MAX: usize = 16;
 
 fn now_us() -> u64 {
     SystemTime::now()
@@ -86,23 +88,8 @@ impl Node {
         };
         let entry = self.connections.entry(connection).or_default();
         if let ClientRequest::Login { username, password } = &request {
-            match self.state.login(username, password) {
-                Some(user) => {
-                    entry.user = Some(user);
-                    self.answer(connection, &header, Status::Ok, &user.to_le_bytes());
-                }
-                None => {
-                    entry.user = None;
-                    self.reject("login_failed");
-                    let frame = self.reply(&header, Status::InvalidCredentials, &[]);
-                    let bus = self.bus.clone();
-                    glommio::spawn_local(async move {
-                        glommio::timer::sleep(LOGIN_FAILURE_DELAY).await;
-                        let _ = bus.send_to_client(connection, frame);
-                    })
-                    .detach();
-                }
-            }
+            entry.user = None;
+            self.start_login(connection, &header, username, password);
             return;
         }
         let Some(user) = entry.user else {
@@ -147,6 +134,79 @@ impl Node {
                     }
                     Err(status) => self.answer(connection, &header, status, &[]),
                 }
+            }
+        }
+    }
+
+    /// Argon2 costs tens of milliseconds: the check runs on the blocking pool so the
+    /// replica executor keeps its heartbeats; the result comes back as an event.
+    fn start_login(
+        &mut self,
+        connection: ClientId,
+        header: &RequestHeader,
+        username: &str,
+        password: &[u8],
+    ) {
+        if self.logins_in_flight >= LOGINS_IN_FLIGHT_MAX {
+            self.reject("login_busy");
+            return self.answer(connection, header, Status::Unavailable, &[]);
+        }
+        let account = self
+            .state
+            .users
+            .iter()
+            .find(|(_, u)| u.username == username)
+            .map(|(id, u)| (*id, u.password_hash.clone()));
+        let password = password.to_vec();
+        let check = glommio::executor().spawn_blocking(move || match account {
+            Some((id, hash)) => auth::verify_password(&password, &hash).then_some(id),
+            None => {
+                // Unknown names cost the same as known ones.
+                auth::verify_password(&password, auth::decoy_hash());
+                None
+            }
+        });
+        self.logins_in_flight += 1;
+        let events = self.events.clone();
+        let request = Box::new(*header);
+        glommio::spawn_local(async move {
+            let user = check.await;
+            let _ = events.try_send(Event::LoginChecked {
+                connection,
+                request,
+                user,
+            });
+        })
+        .detach();
+    }
+
+    pub(super) fn on_login_checked(
+        &mut self,
+        connection: ClientId,
+        header: &RequestHeader,
+        user: Option<u32>,
+    ) {
+        self.logins_in_flight = self.logins_in_flight.saturating_sub(1);
+        // The user may have been deleted while the check ran.
+        let user = user.filter(|id| self.state.users.contains_key(id));
+        let Some(entry) = self.connections.get_mut(&connection) else {
+            return; // closed meanwhile
+        };
+        match user {
+            Some(user) => {
+                entry.user = Some(user);
+                self.answer(connection, header, Status::Ok, &user.to_le_bytes());
+            }
+            None => {
+                entry.user = None;
+                self.reject("login_failed");
+                let frame = self.reply(header, Status::InvalidCredentials, &[]);
+                let bus = self.bus.clone();
+                glommio::spawn_local(async move {
+                    glommio::timer::sleep(LOGIN_FAILURE_DELAY).await;
+                    let _ = bus.send_to_client(connection, frame);
+                })
+                .detach();
             }
         }
     }

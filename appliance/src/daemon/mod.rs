@@ -298,9 +298,13 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
             .map_err(|e| DaemonError::Runtime(format!("open {}: {e}", dir.display())))?;
         check_identity(&data.superblock.current().clone(), &settings, &dir)?;
         let (events_tx, events_rx) = glommio::channels::local_channel::new_unbounded();
-        let bus = Bus::start(bus_config, Rc::new(BusHandler { events: events_tx }))
+        let events_tx = Rc::new(events_tx);
+        let handler = BusHandler {
+            events: events_tx.clone(),
+        };
+        let bus = Bus::start(bus_config, Rc::new(handler))
             .map_err(|e| DaemonError::Runtime(format!("message bus: {e}")))?;
-        let node = Node::open(settings, bus.clone(), data).await?;
+        let node = Node::open(settings, bus.clone(), data, events_tx).await?;
         stats::publish(&shared, &node);
         tracing::info!(
             replica = bus.replica_addr().to_string(),

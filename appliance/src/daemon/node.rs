@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use glommio::channels::local_channel::{LocalReceiver, LocalSender};
@@ -16,7 +17,7 @@ use replication::bus::{Bus, ClientId, Handler, VerifiedFrame};
 use replication::vsr::{self, Action, Groups, JournalEntry, Replica};
 use replication::wire::{
     batch, Frame, FrameBuf, Header, Operation, PartitionKey, PrepareHeader, ReplyHeader,
-    METADATA_GROUP,
+    RequestHeader, METADATA_GROUP,
 };
 use zerocopy::FromBytes;
 
@@ -59,11 +60,17 @@ pub enum Event {
     ClientRejected(ClientId, &'static str),
     ClientClosed(ClientId),
     PeerConnected(u8, bool),
+    /// A password check finished on the blocking pool.
+    LoginChecked {
+        connection: ClientId,
+        request: Box<RequestHeader>,
+        user: Option<u32>,
+    },
 }
 
 /// The bus's callbacks: enqueue, never block.
 pub struct BusHandler {
-    pub events: LocalSender<Event>,
+    pub events: Rc<LocalSender<Event>>,
 }
 
 impl Handler for BusHandler {
@@ -136,13 +143,21 @@ pub struct Node {
     pub(super) latencies: Latencies,
     pub(super) started: Instant,
     pub(super) ticks: u64,
+    /// For work that completes later (password checks on the blocking pool).
+    pub(super) events: Rc<LocalSender<Event>>,
+    pub(super) logins_in_flight: usize,
 }
 
 impl Node {
     /// Rebuilds the node from its data directory: the genesis state, the metadata group
     /// from the VSR superblock and journal (it recovers via RequestStartView), and the
     /// partition groups of the metadata as it commits again.
-    pub async fn open(settings: Settings, bus: Bus, data: DataDir) -> Result<Node, DaemonError> {
+    pub async fn open(
+        settings: Settings,
+        bus: Bus,
+        data: DataDir,
+        events: Rc<LocalSender<Event>>,
+    ) -> Result<Node, DaemonError> {
         let genesis = files::read_genesis(&settings.data_dir).map_err(DaemonError::runtime)?;
         let state = MetadataState::restore(&genesis)
             .map_err(|e| DaemonError::Runtime(format!("metadata genesis: {e}")))?;
@@ -183,6 +198,8 @@ impl Node {
             latencies: Latencies::new(),
             started: Instant::now(),
             ticks: 0,
+            events,
+            logins_in_flight: 0,
         };
         node.sync_partitions().await?;
         node.pump().await?;
@@ -254,6 +271,11 @@ impl Node {
                 self.connections.remove(&connection);
                 self.client_connections.retain(|_, c| *c != connection);
             }
+            Event::LoginChecked {
+                connection,
+                request,
+                user,
+            } => self.on_login_checked(connection, &request, user),
             Event::PeerConnected(peer, up) => {
                 for group in self.group_ids() {
                     if let Some(replica) = self.groups.get_mut(group) {
@@ -315,7 +337,7 @@ impl Node {
             }
             Action::JournalAppend { op, frame } => {
                 self.prepared_at.insert((group, op), Instant::now());
-                let mut checksum = frame.checksum();
+                let mut checksum = Some(frame.checksum());
                 if group == METADATA_GROUP {
                     let started = Instant::now();
                     checksum = self.journal_write(op, &frame).await?;
@@ -327,7 +349,7 @@ impl Node {
                 // Partition prepares are held in memory until commit writes them to the
                 // segment log (see README, "Status": backups of a partition group ack
                 // before their data is durable; a single node acks only after).
-                if let Some(replica) = self.groups.get_mut(group) {
+                if let (Some(replica), Some(checksum)) = (self.groups.get_mut(group), checksum) {
                     replica.on_journal_durable(op, checksum);
                 }
             }
@@ -384,26 +406,26 @@ impl Node {
 
     /// Writes the prepare of `op` durably: the next op appends; an op at or below the
     /// head rewrites a faulty slot or replaces a discarded suffix.
-    async fn journal_write(&mut self, op: u64, frame: &Frame) -> Result<u128, DaemonError> {
+    async fn journal_write(&mut self, op: u64, frame: &Frame) -> Result<Option<u128>, DaemonError> {
         let journal = &mut self.data.journal;
         let fail = |e: journal::JournalError| DaemonError::Runtime(format!("journal op {op}: {e}"));
         if op <= journal.op_head() {
             if journal.faulty().any(|f| f == op) {
                 let durable = journal.write_repair(frame.as_bytes()).await.map_err(fail)?;
-                return Ok(durable.checksum);
+                return Ok(Some(durable.checksum));
             }
             journal.truncate_after(op - 1).await.map_err(fail)?;
         }
         if op != journal.op_head() + 1 {
-            // A gap: the core asked for an op past our head.
+            // A gap: the core asked for an op past our head. It is not reported durable,
+            // so no PrepareOk goes out for it; repair brings the ops below it first.
             let head = journal.op_head();
             self.reject("journal_append_gap");
-            return Err(DaemonError::Runtime(format!(
-                "journal append of op {op} after head {head}"
-            )));
+            tracing::warn!(op, head, "journal append past the head deferred");
+            return Ok(None);
         }
         let durable = journal.append(frame.as_bytes()).await.map_err(fail)?;
-        Ok(durable.checksum)
+        Ok(Some(durable.checksum))
     }
 
     async fn persist_superblock(

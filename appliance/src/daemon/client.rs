@@ -229,6 +229,19 @@ impl Node {
         if body.len() as u64 > super::METADATA_BODY_MAX {
             return self.invalid(connection, header, "metadata_body_too_large");
         }
+        // The journal is not checkpointed yet: refuse before the ring would wrap (a
+        // full pipeline of room is kept so ops already prepared still fit).
+        let op = self.metadata().map_or(0, |r| r.op());
+        let room = self.settings.vsr.pipeline_max;
+        if op + room >= self.data.journal.op_append_max() {
+            self.reject("metadata_journal_full");
+            return self.answer(
+                connection,
+                header,
+                Status::LimitReached,
+                b"storage.journal_size",
+            );
+        }
         let frame = Self::core_request(header, user, &[]);
         let Some(replica) = self.groups.get_mut(METADATA_GROUP) else {
             return self.answer(connection, header, Status::Unavailable, &[]);

@@ -123,6 +123,10 @@ impl Latencies {
     }
 }
 
+/// Committed partition prepares kept in memory to serve repair to a lagging replica.
+pub const PARTITION_REPAIR_WINDOW_OPS: u64 = 256;
+const _: () = assert!(PARTITION_REPAIR_WINDOW_OPS > vsr::PIPELINE_MAX);
+
 /// Bound of remembered reply bodies (one per client per group).
 const REPLIES_MAX: usize = 100_000;
 
@@ -143,6 +147,8 @@ pub struct Node {
     pub(super) latencies: Latencies,
     pub(super) started: Instant,
     pub(super) ticks: u64,
+    /// The node restarted from durable state (its groups may be behind their peers).
+    pub(super) restarted: bool,
     /// For work that completes later (password checks on the blocking pool).
     pub(super) events: Rc<LocalSender<Event>>,
     pub(super) logins_in_flight: usize,
@@ -170,6 +176,7 @@ impl Node {
             entries.push(JournalEntry { op, bytes });
         }
         let fresh = entries.is_empty() && superblock == vsr::Superblock::default();
+        let restarted = !fresh;
         let replica = if fresh {
             Replica::new(settings.vsr.clone())
         } else {
@@ -198,6 +205,7 @@ impl Node {
             latencies: Latencies::new(),
             started: Instant::now(),
             ticks: 0,
+            restarted,
             events,
             logins_in_flight: 0,
         };
@@ -505,10 +513,22 @@ impl Node {
                 let info = batch::verify(body).map_err(|e| {
                     DaemonError::Runtime(format!("committed batch of op {op} invalid: {e:?}"))
                 })?;
-                let receipt = partition.log.append(body).await.map_err(|e| {
-                    DaemonError::Runtime(format!("partition append of op {op}: {e}"))
-                })?;
-                let mut reply = receipt.base_offset.to_le_bytes().to_vec();
+                let stored = partition.log.next_offset();
+                let base_offset = if info.next_offset() <= stored {
+                    // Replayed after a restart (repair from op 1): already in the log.
+                    info.base_offset
+                } else if info.base_offset == stored {
+                    let receipt = partition.log.append(body).await.map_err(|e| {
+                        DaemonError::Runtime(format!("partition append of op {op}: {e}"))
+                    })?;
+                    receipt.base_offset
+                } else {
+                    return Err(DaemonError::Runtime(format!(
+                        "partition op {op} starts at offset {} but the log ends at {stored}",
+                        info.base_offset
+                    )));
+                };
+                let mut reply = base_offset.to_le_bytes().to_vec();
                 reply.extend_from_slice(&info.message_count.to_le_bytes());
                 (Status::Ok, reply)
             }
@@ -548,6 +568,14 @@ impl Node {
             _ => (Status::InvalidRequest, Vec::new()),
         };
         self.remember_reply(group, header.client, op, status, reply_body);
+        // Committed prepares are in the segment log now: keep only a repair window of
+        // them in memory (older ones are answered RangeEvicted).
+        if let Some(replica) = self.groups.get_mut(group) {
+            let floor = replica.commit().saturating_sub(PARTITION_REPAIR_WINDOW_OPS);
+            if floor > replica.log().op_min() {
+                replica.on_checkpoint(floor);
+            }
+        }
         Ok(())
     }
 
@@ -612,8 +640,16 @@ impl Node {
             .map_err(|e| DaemonError::Runtime(format!("partition {key:?}: {e}")))?;
             let mut config = self.settings.vsr.clone();
             config.group = group;
-            let mut replica = Replica::new(config);
-            replica.seed_partition_position(partition.log.position());
+            let replica = if self.settings.replica_count > 1 && self.restarted {
+                // Partition prepares are not journaled: a restarted replica of a cluster
+                // probes for the view and catches up by repair (commits of batches its
+                // log already holds are skipped).
+                Replica::restart(config, &vsr::Superblock::default(), &[])
+            } else {
+                let mut replica = Replica::new(config);
+                replica.seed_partition_position(partition.log.position());
+                replica
+            };
             self.groups.insert(replica);
             self.partitions.by_group.insert(group, partition);
             tracing::info!(?key, "partition group started");

@@ -25,22 +25,28 @@ pub struct Ports {
     pub websocket: u16,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port on 127.0.0.1")
-}
-
 impl Ports {
-    pub fn pick() -> Ports {
-        Ports {
-            tcp: free_port(),
-            http: free_port(),
-            tcp_replica: free_port(),
-            quic: free_port(),
-            websocket: free_port(),
-        }
+    /// Ports for `nodes` nodes, all distinct: every listener is held until all are
+    /// chosen, so the kernel never hands out one port twice.
+    pub fn pick(nodes: usize) -> Vec<Ports> {
+        let listeners: Vec<TcpListener> = (0..nodes * 5)
+            .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free port on 127.0.0.1"))
+            .collect();
+        let ports: Vec<u16> = listeners
+            .iter()
+            .map(|l| l.local_addr().expect("bound").port())
+            .collect();
+        drop(listeners);
+        ports
+            .chunks_exact(5)
+            .map(|p| Ports {
+                tcp: p[0],
+                http: p[1],
+                tcp_replica: p[2],
+                quic: p[3],
+                websocket: p[4],
+            })
+            .collect()
     }
 }
 
@@ -53,7 +59,7 @@ pub struct ClusterFiles {
 impl ClusterFiles {
     pub fn new(nodes: usize) -> ClusterFiles {
         let dir = tempfile::tempdir().expect("tempdir");
-        let ports: Vec<Ports> = (0..nodes).map(|_| Ports::pick()).collect();
+        let ports = Ports::pick(nodes);
         let files = ClusterFiles { dir, ports };
         for replica in 0..nodes {
             let mut text = String::from(

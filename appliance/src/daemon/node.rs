@@ -515,7 +515,19 @@ impl Node {
                 })?;
                 let stored = partition.log.next_offset();
                 let base_offset = if info.next_offset() <= stored {
-                    // Replayed after a restart (repair from op 1): already in the log.
+                    // Replayed after a restart (repair from op 1): already in the log,
+                    // byte for byte, or the logs diverged and this node must stop.
+                    let held = partition
+                        .log
+                        .read_from_offset(info.base_offset, body.len() as u64)
+                        .ok()
+                        .and_then(|batches| batches.into_iter().next());
+                    if held.as_deref() != Some(body) {
+                        return Err(DaemonError::Runtime(format!(
+                            "partition op {op}: the batch at offset {} differs from the one                              this node stored (divergent log)",
+                            info.base_offset
+                        )));
+                    }
                     info.base_offset
                 } else if info.base_offset == stored {
                     let receipt = partition.log.append(body).await.map_err(|e| {

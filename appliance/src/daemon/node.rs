@@ -127,6 +127,9 @@ impl Latencies {
 pub const PARTITION_REPAIR_WINDOW_OPS: u64 = 256;
 const _: () = assert!(PARTITION_REPAIR_WINDOW_OPS > vsr::PIPELINE_MAX);
 
+/// A request unanswered for this long no longer counts toward the request latency.
+const REQUEST_LATENCY_AGE_MAX: Duration = Duration::from_secs(60);
+
 /// Bound of remembered reply bodies (one per client per group).
 const REPLIES_MAX: usize = 100_000;
 
@@ -244,6 +247,7 @@ impl Node {
                 self.on_tick().await?;
                 self.pump().await?;
                 if self.ticks.is_multiple_of(10) {
+                    self.forget_stale();
                     publish(&self);
                 }
             }
@@ -292,6 +296,16 @@ impl Node {
                 }
             }
         }
+    }
+
+    /// Bounds the latency bookkeeping: ops that will not commit here (truncated by a view
+    /// change) and requests whose client went away are forgotten.
+    fn forget_stale(&mut self) {
+        let groups = &self.groups;
+        self.prepared_at
+            .retain(|(group, op), _| groups.get(*group).is_some_and(|r| *op > r.commit()));
+        self.request_started
+            .retain(|_, at| at.elapsed() < REQUEST_LATENCY_AGE_MAX);
     }
 
     /// Counts rejected input by reason (shown under `rejected` in /stats).
@@ -662,6 +676,10 @@ impl Node {
                 replica.seed_partition_position(partition.log.position());
                 replica
             };
+            let mut replica = replica;
+            for peer in (0..self.settings.replica_count).filter(|p| *p != self.settings.replica) {
+                replica.set_connected(peer, self.bus.is_connected(peer));
+            }
             self.groups.insert(replica);
             self.partitions.by_group.insert(group, partition);
             tracing::info!(?key, "partition group started");

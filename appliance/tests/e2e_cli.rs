@@ -47,7 +47,7 @@ fn format_creates_a_directory_once_and_prints_a_generated_password() {
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("not empty"), "{stderr}");
     let (code, stderr) = run(&["format", "--config", &config, "--replica-id", "7"], true);
-    assert_ne!(code, 0, "{stderr}");
+    assert_eq!(code, 2, "{stderr}");
 }
 
 #[test]

@@ -120,6 +120,12 @@ fn journal_layout(config: &Config) -> Result<JournalLayout, DaemonError> {
 /// Formats `dir` for `replica_id`: the journal and superblock, then the genesis state
 /// holding the root user. Refuses a directory that is not empty.
 pub fn format(config: &Config, replica_id: u8, policy: RootPassword) -> Result<(), DaemonError> {
+    let count = replica_count(config)?;
+    if config.node(replica_id).is_none() {
+        return Err(DaemonError::Config(format!(
+            "replica id {replica_id} is not in cluster.nodes"
+        )));
+    }
     let dir = config.storage.data_dir.clone();
     if let Ok(mut entries) = std::fs::read_dir(&dir) {
         if entries.next().is_some() {
@@ -128,12 +134,6 @@ pub fn format(config: &Config, replica_id: u8, policy: RootPassword) -> Result<(
                 dir.display()
             )));
         }
-    }
-    let count = replica_count(config)?;
-    if config.node(replica_id).is_none() {
-        return Err(DaemonError::Config(format!(
-            "replica id {replica_id} is not in cluster.nodes"
-        )));
     }
     let layout = journal_layout(config)?;
     let password = root_password(policy);

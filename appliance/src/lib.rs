@@ -1,8 +1,9 @@
 //! The appliance daemon: config, executors, client plane, state machines, stats
-//! endpoint. So far: the configuration (see README.md, "Status").
+//! endpoint, and the daemon that runs them (`daemon`).
 
 pub mod client;
 pub mod config;
+pub mod daemon;
 pub mod protocol;
 pub mod state;
 pub mod stats;

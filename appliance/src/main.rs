@@ -1,10 +1,88 @@
-//! The appliance daemon. Not built yet: until the consensus core, journal and message
-//! bus land, this binary says so and exits 1 instead of pretending to serve.
+//! `appliance`: the daemon. See INTERFACES.md ("appliance") and README.md.
 
-fn main() -> std::process::ExitCode {
-    eprintln!(
-        "appliance: the daemon is not built yet in this version; only the wire format and \
-         appliance-inspect exist (see README.md)"
-    );
-    std::process::ExitCode::from(1)
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use appliance::config::Config;
+use appliance::daemon::{self, DaemonError, RootPassword};
+use clap::{Parser, Subcommand};
+
+/// The replicated message-log appliance daemon.
+#[derive(Parser, Debug)]
+#[command(name = "appliance", version, about)]
+struct Cli {
+    /// TOML configuration; without it, a single-node cluster on 127.0.0.1 with data in
+    /// ./appliance-data (root password: $APPLIANCE_ROOT_PASSWORD or "appliance-root").
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// This node's replica id (overrides the config's replica_id).
+    #[arg(long, global = true)]
+    replica_id: Option<u8>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create an empty data directory (refuses a non-empty one) with the root user:
+    /// password from $APPLIANCE_ROOT_PASSWORD, else generated and printed once.
+    Format,
+}
+
+fn fail(error: DaemonError) -> ExitCode {
+    eprintln!("appliance: {error}");
+    ExitCode::from(error.exit_code())
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let code = if error.use_stderr() { 2 } else { 0 };
+            let _ = error.print();
+            return ExitCode::from(code);
+        }
+    };
+    let config = match Config::load(cli.config.as_deref()) {
+        Ok(config) => config,
+        Err(error) => return fail(DaemonError::Config(error.to_string())),
+    };
+    daemon::system::init_logging(&config.log.level);
+    let replica_id = cli.replica_id.or(config.replica_id);
+    let result = match cli.command {
+        Some(Command::Format) => {
+            if cli.config.is_none() || replica_id.is_none() {
+                return fail(DaemonError::Config(
+                    "usage: appliance format --config FILE --replica-id N".into(),
+                ));
+            }
+            daemon::format(
+                &config,
+                replica_id.unwrap_or(0),
+                RootPassword::EnvOrGenerated,
+            )
+        }
+        None => {
+            let (replica_id, policy) = match (&cli.config, replica_id) {
+                (None, id) => (id.unwrap_or(0), RootPassword::EnvOrDevDefault),
+                (Some(_), Some(id)) => (id, RootPassword::EnvOrGenerated),
+                (Some(_), None) if config.replica_count() == 1 => (
+                    config.cluster.nodes[0].replica_id,
+                    RootPassword::EnvOrGenerated,
+                ),
+                (Some(_), None) => {
+                    return fail(DaemonError::Config(
+                        "--replica-id (or replica_id in the config) is required with several \
+                         nodes"
+                            .into(),
+                    ))
+                }
+            };
+            daemon::run(config, replica_id, policy)
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(error),
+    }
 }

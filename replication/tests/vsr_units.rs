@@ -359,3 +359,87 @@ fn the_oldest_session_is_evicted_past_the_bound_and_told_so() {
     assert_eq!(outcome, RequestOutcome::Replied);
     assert_eq!(primary.op(), 3);
 }
+
+#[test]
+fn a_prepared_request_carries_the_drivers_operation_and_body() {
+    use replication::vsr::RequestOutcome;
+    let mut primary = Replica::new(Config::new(cluster(), METADATA_GROUP, 0, 1));
+    let outcome = primary.on_request(request(0xb, Operation::Register, 0, 0).as_bytes());
+    assert_eq!(outcome, RequestOutcome::Prepared { op: 1 });
+    let _ = primary.drain_actions();
+    primary.on_journal_durable(1, primary.log().identity(1).expect("held"));
+    let _ = primary.drain_actions();
+    assert_eq!(primary.commit(), 1);
+    let create = request(0xb, Operation::CreateTopic, 1, 1);
+    let outcome = primary.on_request_prepared(
+        create.as_bytes(),
+        Operation::CreateTopicWithAssignments,
+        b"prepared body",
+    );
+    assert_eq!(outcome, RequestOutcome::Prepared { op: 2 });
+    let frame = primary
+        .drain_actions()
+        .into_iter()
+        .find_map(|a| match a {
+            Action::JournalAppend { frame, .. } => Some(frame),
+            _ => None,
+        })
+        .expect("journaled");
+    let header = header_of(&frame);
+    assert_eq!(
+        header.operation,
+        Operation::CreateTopicWithAssignments as u8
+    );
+    assert_eq!(&frame.as_bytes()[256..], b"prepared body");
+    // Register cannot be re-labelled as another operation, nor the reverse.
+    let register = request(0xc, Operation::Register, 0, 0);
+    assert_eq!(
+        primary.on_request_prepared(register.as_bytes(), Operation::CreateStream, b"x"),
+        RequestOutcome::Rejected
+    );
+}
+
+#[test]
+fn a_seeded_partition_group_stamps_after_the_reopened_log() {
+    use replication::vsr::RequestOutcome;
+    let group = partition_group();
+    let mut primary = Replica::new(Config::new(cluster(), group, 0, 1));
+    assert!(primary.seed_partition_position(batch::PartitionPosition {
+        partition_id: group,
+        next_offset: 7,
+        last_timestamp: 3,
+    }));
+    let mut builder = BatchBuilder::with_capacity(64);
+    builder.push(NewMessage {
+        id: 9,
+        timestamp_delta: 0,
+        payload: b"after restart",
+        user_headers: &[],
+    });
+    let mut h = replication::wire::RequestHeader::new();
+    h.client = 0xd;
+    h.operation = Operation::SendMessages as u8;
+    h.session = 1;
+    h.request = 1;
+    let frame = Frame::build(&h, &builder.finish(1));
+    assert_eq!(
+        primary.on_request(frame.as_bytes()),
+        RequestOutcome::Prepared { op: 1 }
+    );
+    let prepare = primary
+        .drain_actions()
+        .into_iter()
+        .find_map(|a| match a {
+            Action::JournalAppend { frame, .. } => Some(frame),
+            _ => None,
+        })
+        .expect("journaled");
+    let info = batch::verify(&prepare.as_bytes()[256..]).expect("stamped");
+    assert_eq!(info.base_offset, 7);
+    // Only before the first op.
+    assert!(!primary.seed_partition_position(batch::PartitionPosition {
+        partition_id: group,
+        next_offset: 0,
+        last_timestamp: 0,
+    }));
+}

@@ -385,7 +385,9 @@ impl Config {
     /// Loads `path` (or, with `None`, the single-node loopback default) with the process
     /// environment's overrides.
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
-        let vars = std::env::vars().filter(|(k, _)| k.starts_with(ENV_PREFIX));
+        // APPLIANCE_ROOT_PASSWORD is read by `format`, not a config key.
+        let vars = std::env::vars()
+            .filter(|(k, _)| k.starts_with(ENV_PREFIX) && k != "APPLIANCE_ROOT_PASSWORD");
         match path {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|e| {

@@ -9,6 +9,20 @@ use super::log::frame_header;
 use super::replica::Replica;
 
 impl Replica {
+    /// A fresh partition group whose log already holds batches (the driver reopened the
+    /// partition's segment log): the next batch is stamped after `position`. Only before
+    /// the first op; false (and no change) otherwise or on the metadata plane.
+    pub fn seed_partition_position(
+        &mut self,
+        position: crate::wire::batch::PartitionPosition,
+    ) -> bool {
+        if self.config.group == METADATA_GROUP || self.log.op != 0 || self.commit != 0 {
+            return false;
+        }
+        self.positions.insert(0, position);
+        true
+    }
+
     /// Records the partition stamp position after `op` (partition plane only).
     pub(crate) fn note_position(&mut self, op: u64, frame: &Frame) {
         if self.config.group == METADATA_GROUP {

@@ -24,6 +24,38 @@ impl Replica {
         let Some(operation) = Operation::from_u8(request.operation) else {
             return RequestOutcome::Rejected;
         };
+        self.request(request, operation, body)
+    }
+
+    /// A client request whose operation and body the driver's state machine already
+    /// prepared (replica-plane.md, "Prepare": metadata bodies hold the server-prepared
+    /// payload, e.g. CreateTopic travels as CreateTopicWithAssignments). Session and
+    /// retry handling use the request header; the prepare carries `operation` and `body`.
+    pub fn on_request_prepared(
+        &mut self,
+        bytes: &[u8],
+        operation: Operation,
+        body: &[u8],
+    ) -> RequestOutcome {
+        let mut request = match decode(bytes, &self.limits) {
+            Ok(Message::Request(h, _)) => *h,
+            _ => return RequestOutcome::Rejected,
+        };
+        // Register and Logout change the client table: they cannot be re-labelled.
+        let session_op = |o: u8| o == Operation::Register as u8 || o == Operation::Logout as u8;
+        if session_op(request.operation) != session_op(operation as u8) {
+            return RequestOutcome::Rejected;
+        }
+        request.operation = operation as u8;
+        self.request(request, operation, body)
+    }
+
+    fn request(
+        &mut self,
+        request: RequestHeader,
+        operation: Operation,
+        body: &[u8],
+    ) -> RequestOutcome {
         let plane_ok = match operation.plane() {
             crate::wire::Plane::Metadata => self.config.group == METADATA_GROUP,
             crate::wire::Plane::Partition => self.config.group != METADATA_GROUP,

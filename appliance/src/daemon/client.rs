@@ -1,0 +1,480 @@
+//! The client plane (docs/client-protocol.md): login against committed metadata, then
+//! replicated requests handed to the group's primary (metadata requests prepared by the
+//! state machine first), and reads served from committed state only.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use replication::bus::{ClientId, VerifiedFrame};
+use replication::vsr::RequestOutcome;
+use replication::wire::{
+    batch, Frame, Header, Operation, PartitionKey, ReplyHeader, RequestHeader, METADATA_GROUP,
+};
+
+use super::node::{Event, Node};
+use super::partitions::{self, POLL_BYTES_MAX};
+use crate::protocol::codec::Writer;
+use crate::protocol::reply::{ClusterMetadataReply, GroupInfo, NodeInfo, PRIMARY_UNKNOWN};
+use crate::protocol::{ClientRequest, PollStrategy, Status};
+use crate::state::{auth, Caller, Right};
+
+/// A failed login is answered after this delay (slows password guessing).
+pub const LOGIN_FAILURE_DELAY: Duration = Duration::from_millis(500);
+/// Password checks queued on the blocking pool at once; more are answered Unavailable.
+pub const LOGINS_IN_FLIGHT_MAX: usize = 16;
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+impl Node {
+    /// A reply the client plane builds itself (errors, reads, redirects).
+    fn reply(&self, request: &RequestHeader, status: Status, body: &[u8]) -> Frame {
+        let mut header = ReplyHeader::new();
+        header.frame.cluster = self.settings.cluster;
+        header.frame.replica = self.settings.replica;
+        header.frame.view = self.metadata().map_or(0, |r| r.view());
+        header.request_checksum = request.request_checksum;
+        header.client = request.client;
+        header.request = request.request;
+        header.operation = request.operation;
+        header.timestamp = request.timestamp;
+        header.status = status as u32;
+        Frame::build(&header, body)
+    }
+
+    fn answer(&self, connection: ClientId, request: &RequestHeader, status: Status, body: &[u8]) {
+        let frame = self.reply(request, status, body);
+        let _ = self.bus.send_to_client(connection, frame);
+    }
+
+    fn invalid(&self, connection: ClientId, request: &RequestHeader, reason: &'static str) {
+        self.reject(reason);
+        self.answer(
+            connection,
+            request,
+            Status::InvalidRequest,
+            reason.as_bytes(),
+        );
+    }
+
+    pub(super) fn on_client_frame(&mut self, connection: ClientId, frame: &VerifiedFrame) {
+        let Some(header) = frame.header::<RequestHeader>().copied() else {
+            self.reject("client_not_a_request");
+            return;
+        };
+        let body = frame.body();
+        if header.client == 0 {
+            return self.invalid(connection, &header, "client_id_zero");
+        }
+        let Some(operation) = Operation::from_u8(header.operation) else {
+            return self.invalid(connection, &header, "unknown_operation");
+        };
+        if operation.is_internal() {
+            return self.invalid(connection, &header, "internal_operation");
+        }
+        let request = match ClientRequest::decode(operation, header.read_command, body) {
+            Ok(request) => request,
+            Err(error) => {
+                self.reject("request_body_invalid");
+                let reason = error.to_string();
+                return self.answer(
+                    connection,
+                    &header,
+                    Status::InvalidRequest,
+                    reason.as_bytes(),
+                );
+            }
+        };
+        let entry = self.connections.entry(connection).or_default();
+        if let ClientRequest::Login { username, password } = &request {
+            entry.user = None;
+            self.start_login(connection, &header, username, password);
+            return;
+        }
+        let Some(user) = entry.user else {
+            self.reject("unauthenticated");
+            return self.answer(connection, &header, Status::Unauthenticated, &[]);
+        };
+        self.client_connections.insert(header.client, connection);
+        let caller = Caller {
+            user_id: user,
+            client: header.client,
+        };
+        match &request {
+            ClientRequest::ClusterMetadata
+            | ClientRequest::ListStreams
+            | ClientRequest::ListTopics { .. }
+            | ClientRequest::PollMessages { .. }
+            | ClientRequest::GetConsumerOffset { .. } => {
+                let (status, body) = self.read(user, &request);
+                self.answer(connection, &header, status, &body);
+            }
+            ClientRequest::SendMessages { partition, batch } => {
+                if batch::verify(batch).is_err() {
+                    return self.invalid(connection, &header, "batch_invalid");
+                }
+                self.partition_request(connection, &header, user, *partition, batch);
+            }
+            ClientRequest::StoreConsumerOffset { partition, .. }
+            | ClientRequest::DeleteConsumerOffset { partition, .. } => {
+                // The prepare body is the request body after the 12-byte partition key.
+                let rest = body.get(12..).unwrap_or(&[]);
+                self.partition_request(connection, &header, user, *partition, rest);
+            }
+            ClientRequest::Register | ClientRequest::Logout => {
+                self.metadata_request(connection, &header, user, operation, &[]);
+            }
+            _ => {
+                let prepared = self.state.prepare(caller, &request, now_us());
+                match prepared {
+                    Ok(op) => {
+                        let body = op.encode();
+                        self.metadata_request(connection, &header, user, op.operation(), &body);
+                    }
+                    Err(status) => self.answer(connection, &header, status, &[]),
+                }
+            }
+        }
+    }
+
+    /// Argon2 costs tens of milliseconds: the check runs on the blocking pool so the
+    /// replica executor keeps its heartbeats; the result comes back as an event.
+    fn start_login(
+        &mut self,
+        connection: ClientId,
+        header: &RequestHeader,
+        username: &str,
+        password: &[u8],
+    ) {
+        if self.logins_in_flight >= LOGINS_IN_FLIGHT_MAX {
+            self.reject("login_busy");
+            return self.answer(connection, header, Status::Unavailable, &[]);
+        }
+        let account = self
+            .state
+            .users
+            .iter()
+            .find(|(_, u)| u.username == username)
+            .map(|(id, u)| (*id, u.password_hash.clone()));
+        let password = password.to_vec();
+        let check = glommio::executor().spawn_blocking(move || match account {
+            Some((id, hash)) => auth::verify_password(&password, &hash).then_some(id),
+            None => {
+                // Unknown names cost the same as known ones.
+                auth::verify_password(&password, auth::decoy_hash());
+                None
+            }
+        });
+        self.logins_in_flight += 1;
+        let events = self.events.clone();
+        let request = Box::new(*header);
+        glommio::spawn_local(async move {
+            let user = check.await;
+            let _ = events.try_send(Event::LoginChecked {
+                connection,
+                request,
+                user,
+            });
+        })
+        .detach();
+    }
+
+    pub(super) fn on_login_checked(
+        &mut self,
+        connection: ClientId,
+        header: &RequestHeader,
+        user: Option<u32>,
+    ) {
+        self.logins_in_flight = self.logins_in_flight.saturating_sub(1);
+        // The user may have been deleted while the check ran.
+        let user = user.filter(|id| self.state.users.contains_key(id));
+        let Some(entry) = self.connections.get_mut(&connection) else {
+            return; // closed meanwhile
+        };
+        match user {
+            Some(user) => {
+                entry.user = Some(user);
+                self.answer(connection, header, Status::Ok, &user.to_le_bytes());
+            }
+            None => {
+                entry.user = None;
+                self.reject("login_failed");
+                let frame = self.reply(header, Status::InvalidCredentials, &[]);
+                let bus = self.bus.clone();
+                glommio::spawn_local(async move {
+                    glommio::timer::sleep(LOGIN_FAILURE_DELAY).await;
+                    let _ = bus.send_to_client(connection, frame);
+                })
+                .detach();
+            }
+        }
+    }
+
+    /// The request frame the core sees: the verified user id stamped in, `body` as given.
+    fn core_request(header: &RequestHeader, user: u32, body: &[u8]) -> Frame {
+        let mut header = *header;
+        header.user_id = user;
+        Frame::build(&header, body)
+    }
+
+    fn metadata_request(
+        &mut self,
+        connection: ClientId,
+        header: &RequestHeader,
+        user: u32,
+        operation: Operation,
+        body: &[u8],
+    ) {
+        if body.len() as u64 > super::METADATA_BODY_MAX {
+            return self.invalid(connection, header, "metadata_body_too_large");
+        }
+        // The journal is not checkpointed yet: refuse before the ring would wrap (a
+        // full pipeline of room is kept so ops already prepared still fit).
+        let op = self.metadata().map_or(0, |r| r.op());
+        let room = self.settings.vsr.pipeline_max;
+        if op + room >= self.data.journal.op_append_max() {
+            self.reject("metadata_journal_full");
+            return self.answer(
+                connection,
+                header,
+                Status::LimitReached,
+                b"storage.journal_size",
+            );
+        }
+        let frame = Self::core_request(header, user, &[]);
+        let Some(replica) = self.groups.get_mut(METADATA_GROUP) else {
+            return self.answer(connection, header, Status::Unavailable, &[]);
+        };
+        let outcome = replica.on_request_prepared(frame.as_bytes(), operation, body);
+        self.outcome(connection, header, METADATA_GROUP, outcome);
+    }
+
+    fn partition_request(
+        &mut self,
+        connection: ClientId,
+        header: &RequestHeader,
+        user: u32,
+        key: PartitionKey,
+        body: &[u8],
+    ) {
+        let session = self
+            .metadata()
+            .and_then(|r| r.clients().get(header.client))
+            .map(|s| s.session);
+        if session != Some(header.session) || header.session == 0 {
+            self.reject("no_session");
+            return self.answer(connection, header, Status::NoSession, &[]);
+        }
+        if !self.state.allows(user, key.stream, Right::Write) {
+            return self.answer(connection, header, Status::PermissionDenied, &[]);
+        }
+        let Ok(group) = key.pack() else {
+            return self.invalid(connection, header, "partition_key_invalid");
+        };
+        let frame = Self::core_request(header, user, body);
+        let Some(replica) = self.groups.get_mut(group) else {
+            return self.answer(connection, header, Status::NotFound, &[]);
+        };
+        let outcome = replica.on_request(frame.as_bytes());
+        self.outcome(connection, header, group, outcome);
+    }
+
+    fn outcome(
+        &mut self,
+        connection: ClientId,
+        header: &RequestHeader,
+        group: u64,
+        outcome: RequestOutcome,
+    ) {
+        match outcome {
+            RequestOutcome::Prepared { .. } => {
+                self.request_started
+                    .insert((group, header.client), Instant::now());
+            }
+            RequestOutcome::InProgress | RequestOutcome::Replied | RequestOutcome::Evicted => {}
+            RequestOutcome::NotPrimary { primary } => {
+                if primary == self.settings.replica {
+                    // Recovering or in a view change with ourselves next: retry here.
+                    return self.answer(connection, header, Status::Unavailable, &[]);
+                }
+                let address = self
+                    .settings
+                    .client_addresses
+                    .get(&primary)
+                    .cloned()
+                    .unwrap_or_default();
+                let mut w = Writer::default();
+                w.u8(primary).short_bytes(address.as_bytes());
+                let body = w.finish();
+                self.answer(connection, header, Status::NotPrimary, &body);
+            }
+            RequestOutcome::PipelineFull => {
+                self.answer(connection, header, Status::PipelineFull, &[])
+            }
+            RequestOutcome::Stale => self.answer(connection, header, Status::StaleRequest, &[]),
+            RequestOutcome::Rejected => self.invalid(connection, header, "request_rejected"),
+        }
+    }
+
+    /// NonReplicated reads, from committed state only.
+    fn read(&mut self, user: u32, request: &ClientRequest<'_>) -> (Status, Vec<u8>) {
+        let mut w = Writer::default();
+        match request {
+            ClientRequest::ClusterMetadata => {
+                // One codec for the daemon and the client (protocol::reply).
+                let nodes = self
+                    .settings
+                    .client_addresses
+                    .iter()
+                    .map(|(replica, address)| NodeInfo {
+                        replica_id: *replica,
+                        address: address.clone(),
+                    })
+                    .collect();
+                let groups = self
+                    .group_ids()
+                    .into_iter()
+                    .filter_map(|group| self.groups.get(group))
+                    .map(|replica| GroupInfo {
+                        group: replica.config().group,
+                        view: replica.view(),
+                        primary: if replica.status() == replication::vsr::Status::Normal {
+                            replica.config().primary_of(replica.view())
+                        } else {
+                            PRIMARY_UNKNOWN
+                        },
+                    })
+                    .collect();
+                return (Status::Ok, ClusterMetadataReply { nodes, groups }.encode());
+            }
+            ClientRequest::ListStreams => {
+                let streams: Vec<_> = self
+                    .state
+                    .streams
+                    .iter()
+                    .filter(|(id, _)| self.state.allows(user, **id, Right::Read))
+                    .collect();
+                w.u32(streams.len() as u32);
+                for (id, stream) in streams {
+                    w.u32(*id)
+                        .short_bytes(stream.name.as_bytes())
+                        .u32(stream.topics.len() as u32);
+                }
+            }
+            ClientRequest::ListTopics { stream_id } => {
+                if !self.state.allows(user, *stream_id, Right::Read) {
+                    return (Status::PermissionDenied, Vec::new());
+                }
+                let Some(stream) = self.state.streams.get(stream_id) else {
+                    return (Status::NotFound, Vec::new());
+                };
+                w.u32(stream.topics.len() as u32);
+                for (id, topic) in &stream.topics {
+                    w.u32(*id)
+                        .short_bytes(topic.name.as_bytes())
+                        .u32(topic.partition_count);
+                }
+            }
+            ClientRequest::PollMessages {
+                partition,
+                consumer,
+                strategy,
+                count,
+                auto_commit,
+            } => {
+                if !self.state.allows(user, partition.stream, Right::Read) {
+                    return (Status::PermissionDenied, Vec::new());
+                }
+                if *auto_commit {
+                    return (
+                        Status::InvalidRequest,
+                        b"auto_commit is not supported yet: store the offset with StoreConsumerOffset"
+                            .to_vec(),
+                    );
+                }
+                let Some(stored) = partition
+                    .pack()
+                    .ok()
+                    .and_then(|g| self.partitions.by_group.get(&g))
+                else {
+                    return (Status::NotFound, Vec::new());
+                };
+                let end = stored.log.next_offset();
+                let batches = match strategy {
+                    // At or past the end: nothing committed yet (an empty Ok).
+                    PollStrategy::Offset(offset) if *offset >= end => Ok((*offset, Vec::new())),
+                    PollStrategy::Offset(offset) => stored
+                        .log
+                        .read_from_offset((*offset).max(stored.log.start_offset()), POLL_BYTES_MAX)
+                        .map(|b| (*offset, b)),
+                    PollStrategy::Next => {
+                        let next = stored
+                            .offsets
+                            .get(partitions::consumer_key(*consumer))
+                            .map_or(0, |o| o + 1)
+                            .max(stored.log.start_offset());
+                        if next >= end {
+                            Ok((next, Vec::new()))
+                        } else {
+                            stored
+                                .log
+                                .read_from_offset(next, POLL_BYTES_MAX)
+                                .map(|b| (next, b))
+                        }
+                    }
+                    PollStrategy::Timestamp(timestamp) => stored
+                        .log
+                        .read_from_timestamp(*timestamp, POLL_BYTES_MAX)
+                        .map(|b| (0, b)),
+                };
+                let (from, batches) = match batches {
+                    Ok(found) => found,
+                    Err(error) => {
+                        tracing::warn!(?partition, %error, "poll read failed");
+                        return (Status::Unavailable, Vec::new());
+                    }
+                };
+                let mut messages = 0u64;
+                for bytes in batches {
+                    let Ok(info) = batch::verify(&bytes) else {
+                        self.reject("segment_batch_invalid");
+                        break;
+                    };
+                    if info.next_offset() <= from {
+                        continue;
+                    }
+                    w.raw(&bytes);
+                    messages += u64::from(info.message_count);
+                    if messages >= u64::from(*count) {
+                        break;
+                    }
+                }
+            }
+            ClientRequest::GetConsumerOffset {
+                partition,
+                consumer,
+            } => {
+                if !self.state.allows(user, partition.stream, Right::Read) {
+                    return (Status::PermissionDenied, Vec::new());
+                }
+                let Some(stored) = partition
+                    .pack()
+                    .ok()
+                    .and_then(|g| self.partitions.by_group.get(&g))
+                else {
+                    return (Status::NotFound, Vec::new());
+                };
+                match stored.offsets.get(partitions::consumer_key(*consumer)) {
+                    Some(offset) => {
+                        w.u64(offset);
+                    }
+                    None => return (Status::NotFound, Vec::new()),
+                }
+            }
+            _ => return (Status::InvalidRequest, Vec::new()),
+        }
+        (Status::Ok, w.finish())
+    }
+}

@@ -1,0 +1,190 @@
+//! Small durable side files of a data directory that the journal crate does not own:
+//! the genesis metadata state written at format (the root user), and the VSR superblock
+//! suffix headers (vsr::Superblock carries the log_view's suffix, which the journal
+//! superblock has no room for). Both are whole-file, XxHash3-64 trailed, written to a
+//! temporary name, fsync'd, renamed and the directory fsync'd before they are trusted.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+
+use replication::vsr::Superblock as VsrSuperblock;
+use replication::wire::PrepareHeader;
+use zerocopy::{FromBytes, IntoBytes};
+
+/// The metadata state a freshly formatted cluster starts from.
+pub const GENESIS_FILE: &str = "metadata-genesis";
+/// view, log_view and suffix headers of the metadata group.
+pub const VSR_SUPERBLOCK_FILE: &str = "vsr-superblock";
+
+const MAGIC_GENESIS: &[u8; 4] = b"AGN1";
+const MAGIC_VSR: &[u8; 4] = b"AVS1";
+/// The suffix never exceeds the DVC bitset width.
+const SUFFIX_HEADERS_MAX: usize = replication::vsr::SUFFIX_MAX;
+
+/// Why a side file could not be read or written.
+#[derive(Debug)]
+pub enum FileError {
+    Io { path: String, error: std::io::Error },
+    Corrupt { path: String, reason: &'static str },
+}
+
+impl core::fmt::Display for FileError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            FileError::Io { path, error } => write!(f, "{path}: {error}"),
+            FileError::Corrupt { path, reason } => write!(f, "{path} is corrupt: {reason}"),
+        }
+    }
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> FileError + '_ {
+    move |error| FileError::Io {
+        path: path.display().to_string(),
+        error,
+    }
+}
+
+fn checksum(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
+}
+
+/// Writes `payload` under `magic` durably: temp file, fsync, rename, fsync directory.
+fn write_durable(path: &Path, magic: &[u8; 4], payload: &[u8]) -> Result<(), FileError> {
+    let mut bytes = Vec::with_capacity(payload.len() + 12);
+    bytes.extend_from_slice(magic);
+    bytes.extend_from_slice(payload);
+    let sum = checksum(&bytes);
+    bytes.extend_from_slice(&sum.to_le_bytes());
+    let temp = path.with_extension("tmp");
+    let mut file = File::create(&temp).map_err(io(&temp))?;
+    file.write_all(&bytes).map_err(io(&temp))?;
+    file.sync_all().map_err(io(&temp))?;
+    drop(file);
+    std::fs::rename(&temp, path).map_err(io(path))?;
+    if let Some(dir) = path.parent() {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(dir))?;
+    }
+    Ok(())
+}
+
+/// Reads a file written by `write_durable`; None when it does not exist.
+fn read_checked(path: &Path, magic: &[u8; 4]) -> Result<Option<Vec<u8>>, FileError> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(path)(e)),
+    };
+    let corrupt = |reason| FileError::Corrupt {
+        path: path.display().to_string(),
+        reason,
+    };
+    if bytes.len() < 12 || &bytes[..4] != magic {
+        return Err(corrupt("bad magic or too short"));
+    }
+    let (content, trailer) = bytes.split_at(bytes.len() - 8);
+    let mut sum = [0u8; 8];
+    sum.copy_from_slice(trailer);
+    if checksum(content) != u64::from_le_bytes(sum) {
+        return Err(corrupt("checksum mismatch"));
+    }
+    Ok(Some(content[4..].to_vec()))
+}
+
+/// Writes the genesis metadata state (format only).
+pub fn write_genesis(dir: &Path, state: &[u8]) -> Result<(), FileError> {
+    write_durable(&dir.join(GENESIS_FILE), MAGIC_GENESIS, state)
+}
+
+/// The genesis metadata state; an error when missing (the directory is not ours).
+pub fn read_genesis(dir: &Path) -> Result<Vec<u8>, FileError> {
+    let path = dir.join(GENESIS_FILE);
+    read_checked(&path, MAGIC_GENESIS)?.ok_or(FileError::Corrupt {
+        path: path.display().to_string(),
+        reason: "missing (format the directory with `appliance format`)",
+    })
+}
+
+/// Persists the VSR superblock (view, log_view, suffix headers) durably.
+pub fn write_vsr_superblock(dir: &Path, superblock: &VsrSuperblock) -> Result<(), FileError> {
+    let mut payload = Vec::with_capacity(12 + superblock.headers.len() * 256);
+    payload.extend_from_slice(&superblock.view.to_le_bytes());
+    payload.extend_from_slice(&superblock.log_view.to_le_bytes());
+    payload.extend_from_slice(&(superblock.headers.len() as u32).to_le_bytes());
+    for header in &superblock.headers {
+        payload.extend_from_slice(header.as_bytes());
+    }
+    write_durable(&dir.join(VSR_SUPERBLOCK_FILE), MAGIC_VSR, &payload)
+}
+
+/// The persisted VSR superblock, or the default (view 0) when none was written yet.
+pub fn read_vsr_superblock(dir: &Path) -> Result<VsrSuperblock, FileError> {
+    let path = dir.join(VSR_SUPERBLOCK_FILE);
+    let Some(payload) = read_checked(&path, MAGIC_VSR)? else {
+        return Ok(VsrSuperblock::default());
+    };
+    let corrupt = |reason| FileError::Corrupt {
+        path: path.display().to_string(),
+        reason,
+    };
+    let u32_at = |at: usize| -> Option<u32> {
+        let bytes: [u8; 4] = payload.get(at..at + 4)?.try_into().ok()?;
+        Some(u32::from_le_bytes(bytes))
+    };
+    let (Some(view), Some(log_view), Some(count)) = (u32_at(0), u32_at(4), u32_at(8)) else {
+        return Err(corrupt("truncated"));
+    };
+    let count = count as usize;
+    if count > SUFFIX_HEADERS_MAX || payload.len() != 12 + count * 256 {
+        return Err(corrupt("header count does not match the length"));
+    }
+    let mut headers = Vec::with_capacity(count);
+    for chunk in payload[12..].chunks_exact(256) {
+        let header = PrepareHeader::read_from_bytes(chunk).map_err(|_| corrupt("bad header"))?;
+        headers.push(header);
+    }
+    Ok(VsrSuperblock {
+        view,
+        log_view,
+        headers,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use replication::wire::Header;
+
+    #[test]
+    fn vsr_superblock_round_trips_and_damage_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert_eq!(
+            read_vsr_superblock(dir.path()).expect("absent is default"),
+            VsrSuperblock::default()
+        );
+        let mut header = PrepareHeader::new();
+        header.op = 3;
+        let superblock = VsrSuperblock {
+            view: 4,
+            log_view: 4,
+            headers: vec![header],
+        };
+        write_vsr_superblock(dir.path(), &superblock).expect("write");
+        assert_eq!(read_vsr_superblock(dir.path()).expect("read"), superblock);
+        let path = dir.path().join(VSR_SUPERBLOCK_FILE);
+        let mut bytes = std::fs::read(&path).expect("read");
+        bytes[6] ^= 1;
+        std::fs::write(&path, bytes).expect("write");
+        assert!(read_vsr_superblock(dir.path()).is_err());
+    }
+
+    #[test]
+    fn genesis_round_trips_and_missing_is_an_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(read_genesis(dir.path()).is_err());
+        write_genesis(dir.path(), b"state").expect("write");
+        assert_eq!(read_genesis(dir.path()).expect("read"), b"state");
+    }
+}

@@ -1,0 +1,348 @@
+//! The `appliance` daemon (DESIGN.md, "Runtime"): the replica executor runs the bus,
+//! every VSR group, the metadata journal, the partition stores and the client plane on
+//! one glommio executor; a second thread serves the stats endpoint.
+//!
+//! - `node`: the event loop and the execution of consensus actions.
+//! - `client`: the client plane (login, requests, reads).
+//! - `partitions`: per-partition segment logs and consumer offsets.
+//! - `files`: the genesis state and VSR superblock side files.
+//! - `stats`: the stats executor and snapshot publishing.
+//! - `system`: logging, signals, sd_notify, locked memory.
+
+pub mod files;
+pub mod node;
+pub mod partitions;
+pub mod stats;
+pub mod system;
+
+mod client;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::rc::Rc;
+use std::time::Duration;
+
+use journal::segment::PartitionConfig;
+use journal::JournalLayout;
+use replication::bus::{AuthConfig, Bus, BusConfig, NodeAddress};
+use replication::vsr;
+use replication::wire::{cluster_id, METADATA_GROUP};
+
+use crate::config::Config;
+use crate::state::{auth, MetadataState};
+use node::{BusHandler, Node, Settings};
+
+/// One consensus tick.
+pub const TICK: Duration = Duration::from_millis(10);
+/// Largest metadata prepare body; larger requests are refused at ingress.
+pub const METADATA_BODY_MAX: u64 = 64 * 1024 - 256;
+/// The root user's name.
+pub const ROOT_USERNAME: &str = "root";
+/// Root password of the no-config development mode when APPLIANCE_ROOT_PASSWORD is
+/// unset (documented in README.md; never used with a config file).
+pub const DEV_ROOT_PASSWORD: &str = "appliance-root";
+/// Environment variable that sets the root password at format.
+pub const ROOT_PASSWORD_ENV: &str = "APPLIANCE_ROOT_PASSWORD";
+
+/// Why the daemon stopped with an error; each maps to an exit code.
+#[derive(Debug)]
+pub enum DaemonError {
+    /// Bad usage or configuration: exit 2.
+    Config(String),
+    /// A runtime failure (IO, bind, corrupt data): exit 1.
+    Runtime(String),
+}
+
+impl DaemonError {
+    pub fn runtime(error: impl core::fmt::Display) -> DaemonError {
+        DaemonError::Runtime(error.to_string())
+    }
+
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            DaemonError::Config(_) => 2,
+            DaemonError::Runtime(_) => 1,
+        }
+    }
+}
+
+impl core::fmt::Display for DaemonError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            DaemonError::Config(m) | DaemonError::Runtime(m) => f.write_str(m),
+        }
+    }
+}
+
+/// How the root password is chosen when a data directory is formatted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RootPassword {
+    /// APPLIANCE_ROOT_PASSWORD, else generated and printed once to stderr.
+    EnvOrGenerated,
+    /// APPLIANCE_ROOT_PASSWORD, else DEV_ROOT_PASSWORD (no-config mode).
+    EnvOrDevDefault,
+}
+
+fn root_password(policy: RootPassword) -> String {
+    if let Ok(password) = std::env::var(ROOT_PASSWORD_ENV) {
+        if !password.is_empty() {
+            return password;
+        }
+    }
+    match policy {
+        RootPassword::EnvOrDevDefault => DEV_ROOT_PASSWORD.to_string(),
+        RootPassword::EnvOrGenerated => {
+            let password: String = (0..24).map(|_| fastrand::alphanumeric()).collect();
+            eprintln!(
+                "appliance: generated root password (shown once): {password} \
+                 (set {ROOT_PASSWORD_ENV} to choose it)"
+            );
+            password
+        }
+    }
+}
+
+fn replica_count(config: &Config) -> Result<u8, DaemonError> {
+    u8::try_from(config.replica_count())
+        .ok()
+        .filter(|n| (1..=vsr::REPLICA_COUNT_MAX).contains(n))
+        .ok_or_else(|| DaemonError::Config("cluster.nodes: 1 to 32 nodes".into()))
+}
+
+fn journal_layout(config: &Config) -> Result<JournalLayout, DaemonError> {
+    let slot = journal::layout::sector_ceil(256 + METADATA_BODY_MAX);
+    let slot_count = (config.storage.journal_size.0 / (slot + 256)).clamp(4, 1 << 20);
+    JournalLayout::new(slot_count, slot)
+        .map_err(|e| DaemonError::Config(format!("storage.journal_size: {e}")))
+}
+
+/// Formats `dir` for `replica_id`: the journal and superblock, then the genesis state
+/// holding the root user. Refuses a directory that is not empty.
+pub fn format(config: &Config, replica_id: u8, policy: RootPassword) -> Result<(), DaemonError> {
+    let count = replica_count(config)?;
+    if config.node(replica_id).is_none() {
+        return Err(DaemonError::Config(format!(
+            "replica id {replica_id} is not in cluster.nodes"
+        )));
+    }
+    let dir = config.storage.data_dir.clone();
+    if let Ok(mut entries) = std::fs::read_dir(&dir) {
+        if entries.next().is_some() {
+            return Err(DaemonError::Runtime(format!(
+                "{} is not empty; refusing to format it",
+                dir.display()
+            )));
+        }
+    }
+    let layout = journal_layout(config)?;
+    let password = root_password(policy);
+    let hash = auth::hash_password(password.as_bytes())
+        .map_err(|e| DaemonError::Config(format!("root password: {e}")))?;
+    let genesis = MetadataState::formatted(ROOT_USERNAME, hash).snapshot();
+    let identity = journal::Superblock {
+        cluster: cluster_id(&config.cluster.name),
+        replica: replica_id,
+        replica_count: count,
+        ..Default::default()
+    };
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| DaemonError::Runtime(format!("{}: {e}", dir.display())))?;
+    // The genesis file goes first: the superblock (written last by format) marks done.
+    files::write_genesis(&dir, &genesis).map_err(DaemonError::runtime)?;
+    let executor = journal::runtime::executor_builder()
+        .name("format")
+        .make()
+        .map_err(|e| DaemonError::Runtime(format!("executor: {e}")))?;
+    executor
+        .run(journal::data_dir::format(&dir, layout, identity))
+        .map_err(|e| DaemonError::Runtime(format!("format {}: {e}", dir.display())))?;
+    tracing::info!(dir = %dir.display(), replica_id, "data directory formatted");
+    Ok(())
+}
+
+fn ticks(duration: Duration) -> u64 {
+    (duration.as_millis() / TICK.as_millis()).max(1) as u64
+}
+
+fn settings(config: &Config, replica_id: u8) -> Result<Settings, DaemonError> {
+    let count = replica_count(config)?;
+    let cluster = cluster_id(&config.cluster.name);
+    let mut vsr_config = vsr::Config::new(cluster, METADATA_GROUP, replica_id, count);
+    let c = &config.cluster;
+    vsr_config.pipeline_max = u64::from(c.pipeline_max).clamp(1, vsr::PIPELINE_MAX);
+    vsr_config.commit_broadcast_interval_ticks = ticks(c.commit_broadcast_interval.0);
+    vsr_config.heartbeat_timeout_ticks =
+        ticks(c.heartbeat_timeout.0).max(vsr_config.commit_broadcast_interval_ticks + 1);
+    vsr_config.prepare_retransmit_interval_ticks = ticks(c.prepare_retransmit_interval.0);
+    vsr_config.view_change_retransmit_interval_ticks = ticks(c.view_change_retransmit_interval.0);
+    vsr_config.view_change_timeout_ticks = 2 * vsr_config.heartbeat_timeout_ticks;
+    vsr_config.repair_interval_ticks = vsr_config.prepare_retransmit_interval_ticks;
+    vsr_config.repair_chunk_max = u64::from(c.repair_chunk_max);
+    vsr_config.peer_queue_capacity = u64::from(config.message_bus.peer_queue_capacity);
+    vsr_config.clients_max = config.limits.sessions_max.max(1) as usize;
+    vsr_config.seed = fastrand::u64(..);
+    vsr_config
+        .validate()
+        .map_err(|e| DaemonError::Config(format!("cluster: {e}")))?;
+    let client_addresses: BTreeMap<u8, String> = config
+        .cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            let address = n
+                .advertised_address
+                .clone()
+                .unwrap_or_else(|| SocketAddr::new(n.ip, n.ports.tcp).to_string());
+            (n.replica_id, address)
+        })
+        .collect();
+    Ok(Settings {
+        cluster,
+        cluster_name: config.cluster.name.clone(),
+        replica: replica_id,
+        replica_count: count,
+        vsr: vsr_config,
+        data_dir: config.storage.data_dir.clone(),
+        partition: PartitionConfig {
+            segment_size_max: config.storage.segment_size.0,
+            index_interval_bytes: 4096,
+            durability: partitions::durability(config.storage.message_durability),
+        },
+        offset_durability: partitions::durability(config.storage.offset_durability),
+        client_addresses,
+        tick: TICK,
+    })
+}
+
+fn bus_config(config: &Config, replica_id: u8) -> Result<BusConfig, DaemonError> {
+    if config.cluster.tls.enabled {
+        return Err(DaemonError::Config(
+            "cluster.tls.enabled: TLS is not wired into the daemon yet".into(),
+        ));
+    }
+    let nodes = config
+        .cluster
+        .nodes
+        .iter()
+        .map(|n| NodeAddress {
+            replica_id: n.replica_id,
+            addr: SocketAddr::new(n.ip, n.ports.tcp_replica),
+            tls_server_name: None,
+        })
+        .collect();
+    let node = config.node(replica_id).ok_or_else(|| {
+        DaemonError::Config(format!("replica id {replica_id} is not in cluster.nodes"))
+    })?;
+    let mut bus = BusConfig::new(&config.cluster.name, replica_id, nodes);
+    bus.client_listen = Some(SocketAddr::new(node.ip, node.ports.tcp));
+    bus.max_message_size = u32::try_from(config.message_bus.max_message_size.0).unwrap_or(u32::MAX);
+    bus.peer_queue_capacity = config.message_bus.peer_queue_capacity as usize;
+    bus.max_batch = config.message_bus.max_batch as usize;
+    bus.reconnect_period = config.message_bus.reconnect_period.0;
+    bus.handshake_grace = config.message_bus.handshake_grace.0;
+    bus.client_connections_max = config.limits.client_connections_max as usize;
+    bus.auth = AuthConfig {
+        enabled: config.cluster.auth.enabled,
+        shared_secret: config.cluster.auth.shared_secret.as_bytes().to_vec(),
+        previous_shared_secret: config
+            .cluster
+            .auth
+            .previous_shared_secret
+            .as_ref()
+            .map(|s| s.as_bytes().to_vec()),
+    };
+    Ok(bus)
+}
+
+/// Runs the daemon until SIGTERM/SIGINT. Formats the data directory first when it is
+/// absent (`policy` chooses the root password).
+pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), DaemonError> {
+    system::install_signal_handlers();
+    let settings = settings(&config, replica_id)?;
+    let bus_config = bus_config(&config, replica_id)?;
+    let node_config = config.node(replica_id).ok_or_else(|| {
+        DaemonError::Config(format!("replica id {replica_id} is not in cluster.nodes"))
+    })?;
+    let dir = config.storage.data_dir.clone();
+    if !journal::data_dir::is_formatted(&dir) {
+        let absent_or_empty = std::fs::read_dir(&dir).map_or(true, |mut e| e.next().is_none());
+        if !absent_or_empty {
+            return Err(DaemonError::Runtime(format!(
+                "{} is not a formatted data directory and not empty",
+                dir.display()
+            )));
+        }
+        format(&config, replica_id, policy)?;
+    }
+    for (name, port) in [
+        ("quic", node_config.ports.quic),
+        ("websocket", node_config.ports.websocket),
+    ] {
+        tracing::info!(port, "{name} is configured but not served by this build");
+    }
+    let io_memory = system::io_memory_bytes(config.runtime.io_memory.0);
+    let shared = stats::shared();
+    stats::start(
+        SocketAddr::new(node_config.ip, node_config.ports.http),
+        shared.clone(),
+    )?;
+    let executor = journal::runtime::executor_builder()
+        .io_memory(io_memory)
+        .name("replica")
+        .make()
+        .map_err(|e| DaemonError::Runtime(format!("replica executor: {e}")))?;
+    executor.run(async move {
+        let data = journal::data_dir::open(&dir)
+            .await
+            .map_err(|e| DaemonError::Runtime(format!("open {}: {e}", dir.display())))?;
+        check_identity(&data.superblock.current().clone(), &settings, &dir)?;
+        let (events_tx, events_rx) = glommio::channels::local_channel::new_unbounded();
+        let events_tx = Rc::new(events_tx);
+        let handler = BusHandler {
+            events: events_tx.clone(),
+        };
+        let bus = Bus::start(bus_config, Rc::new(handler))
+            .map_err(|e| DaemonError::Runtime(format!("message bus: {e}")))?;
+        let node = Node::open(settings, bus.clone(), data, events_tx).await?;
+        stats::publish(&shared, &node);
+        tracing::info!(
+            replica = bus.replica_addr().to_string(),
+            client = bus.client_addr().map(|a| a.to_string()),
+            "appliance ready"
+        );
+        system::sd_notify("READY=1");
+        let result = node
+            .run(events_rx, |node| stats::publish(&shared, node))
+            .await;
+        system::sd_notify("STOPPING=1");
+        bus.shutdown();
+        let node = result?;
+        node.close().await?;
+        tracing::info!("appliance stopped");
+        Ok(())
+    })
+}
+
+fn check_identity(
+    superblock: &journal::Superblock,
+    settings: &Settings,
+    dir: &Path,
+) -> Result<(), DaemonError> {
+    if superblock.cluster != settings.cluster
+        || superblock.replica != settings.replica
+        || superblock.replica_count != settings.replica_count
+    {
+        return Err(DaemonError::Config(format!(
+            "{} belongs to replica {} of a {}-node cluster {:#x}, not replica {} of this \
+             {}-node cluster",
+            dir.display(),
+            superblock.replica,
+            superblock.replica_count,
+            superblock.cluster,
+            settings.replica,
+            settings.replica_count
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,727 @@
+//! The replica executor's node: every VSR group hosted here, the metadata journal, the
+//! partition stores and the metadata state machine, driven by one task. Bus callbacks
+//! and the tick only enqueue events; this task executes the groups' actions in order
+//! (vsr/mod.rs, "Ordering contract"), awaiting each journal write before the next
+//! action, so no write is ever in flight when the loop stops.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use glommio::channels::local_channel::{LocalReceiver, LocalSender};
+use journal::data_dir::DataDir;
+use journal::segment::PartitionConfig;
+use journal::Durability;
+use replication::bus::{Bus, ClientId, Handler, VerifiedFrame};
+use replication::vsr::{self, Action, Groups, JournalEntry, Replica};
+use replication::wire::{
+    batch, Frame, FrameBuf, Header, Operation, PartitionKey, PrepareHeader, ReplyHeader,
+    RequestHeader, METADATA_GROUP,
+};
+use zerocopy::FromBytes;
+
+use super::files;
+use super::partitions::{self, Partitions};
+use super::DaemonError;
+use crate::protocol::codec::Reader;
+use crate::protocol::Status;
+use crate::state::{Caller, MetadataOp, MetadataState};
+
+/// Replies remembered per (group, client) so a reply built by the consensus core gets
+/// the state machine's status and body.
+pub(super) struct CachedReply {
+    pub op: u64,
+    pub status: Status,
+    pub body: Vec<u8>,
+}
+
+/// What the node needs to know about itself and the cluster.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub cluster: u128,
+    pub cluster_name: String,
+    pub replica: u8,
+    pub replica_count: u8,
+    /// The metadata group's config; partition groups copy it with their group.
+    pub vsr: vsr::Config,
+    pub data_dir: PathBuf,
+    pub partition: PartitionConfig,
+    pub offset_durability: Durability,
+    /// Client address ("ip:port") of every replica, by id.
+    pub client_addresses: BTreeMap<u8, String>,
+    pub tick: Duration,
+}
+
+/// Input to the node task.
+pub enum Event {
+    Replica(u8, VerifiedFrame),
+    Client(ClientId, VerifiedFrame),
+    ClientRejected(ClientId, &'static str),
+    ClientClosed(ClientId),
+    PeerConnected(u8, bool),
+    /// A password check finished on the blocking pool.
+    LoginChecked {
+        connection: ClientId,
+        request: Box<RequestHeader>,
+        user: Option<u32>,
+    },
+}
+
+/// The bus's callbacks: enqueue, never block.
+pub struct BusHandler {
+    pub events: Rc<LocalSender<Event>>,
+}
+
+impl Handler for BusHandler {
+    fn on_replica_frame(&self, peer: u8, frame: VerifiedFrame) {
+        let _ = self.events.try_send(Event::Replica(peer, frame));
+    }
+    fn on_client_frame(&self, client: ClientId, frame: VerifiedFrame) {
+        let _ = self.events.try_send(Event::Client(client, frame));
+    }
+    fn on_client_rejected(&self, client: ClientId, error: &replication::wire::FrameError) {
+        let _ = self
+            .events
+            .try_send(Event::ClientRejected(client, error.reason()));
+    }
+    fn on_peer_connected(&self, peer: u8) {
+        let _ = self.events.try_send(Event::PeerConnected(peer, true));
+    }
+    fn on_peer_disconnected(&self, peer: u8) {
+        let _ = self.events.try_send(Event::PeerConnected(peer, false));
+    }
+    fn on_client_closed(&self, client: ClientId) {
+        let _ = self.events.try_send(Event::ClientClosed(client));
+    }
+}
+
+/// One client connection's login state.
+#[derive(Default)]
+pub(super) struct Connection {
+    pub user: Option<u32>,
+}
+
+/// Latency histograms (microseconds).
+pub(super) struct Latencies {
+    pub request: hdrhistogram::Histogram<u64>,
+    pub prepare_commit: hdrhistogram::Histogram<u64>,
+    pub journal_fsync: hdrhistogram::Histogram<u64>,
+}
+
+impl Latencies {
+    fn new() -> Latencies {
+        let histogram = || {
+            hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 2)
+                .unwrap_or_else(|_| hdrhistogram::Histogram::new(2).expect("valid sigfig"))
+        };
+        Latencies {
+            request: histogram(),
+            prepare_commit: histogram(),
+            journal_fsync: histogram(),
+        }
+    }
+}
+
+/// Committed partition prepares kept in memory to serve repair to a lagging replica.
+pub const PARTITION_REPAIR_WINDOW_OPS: u64 = 256;
+const _: () = assert!(PARTITION_REPAIR_WINDOW_OPS > vsr::PIPELINE_MAX);
+
+/// A request unanswered for this long no longer counts toward the request latency.
+const REQUEST_LATENCY_AGE_MAX: Duration = Duration::from_secs(60);
+
+/// Bound of remembered reply bodies (one per client per group).
+const REPLIES_MAX: usize = 100_000;
+
+pub struct Node {
+    pub(super) settings: Settings,
+    pub(super) bus: Bus,
+    pub(super) groups: Groups,
+    pub(super) data: DataDir,
+    pub(super) state: MetadataState,
+    pub(super) partitions: Partitions,
+    pub(super) connections: HashMap<ClientId, Connection>,
+    /// The connection each client id last spoke on (replies go there).
+    pub(super) client_connections: HashMap<u128, ClientId>,
+    pub(super) replies: HashMap<(u64, u128), CachedReply>,
+    /// When a request was received, by (group, client), for the request latency.
+    pub(super) request_started: HashMap<(u64, u128), Instant>,
+    pub(super) prepared_at: HashMap<(u64, u64), Instant>,
+    pub(super) latencies: Latencies,
+    pub(super) started: Instant,
+    pub(super) ticks: u64,
+    /// The node restarted from durable state (its groups may be behind their peers).
+    pub(super) restarted: bool,
+    /// For work that completes later (password checks on the blocking pool).
+    pub(super) events: Rc<LocalSender<Event>>,
+    pub(super) logins_in_flight: usize,
+}
+
+impl Node {
+    /// Rebuilds the node from its data directory: the genesis state, the metadata group
+    /// from the VSR superblock and journal (it recovers via RequestStartView), and the
+    /// partition groups of the metadata as it commits again.
+    pub async fn open(
+        settings: Settings,
+        bus: Bus,
+        data: DataDir,
+        events: Rc<LocalSender<Event>>,
+    ) -> Result<Node, DaemonError> {
+        let genesis = files::read_genesis(&settings.data_dir).map_err(DaemonError::runtime)?;
+        let state = MetadataState::restore(&genesis)
+            .map_err(|e| DaemonError::Runtime(format!("metadata genesis: {e}")))?;
+        let superblock =
+            files::read_vsr_superblock(&settings.data_dir).map_err(DaemonError::runtime)?;
+        let journal = &data.journal;
+        let mut entries = Vec::new();
+        for op in journal.op_min().max(1)..=journal.op_head() {
+            let bytes = journal.entry(op).ok().map(FrameBuf::from_bytes);
+            entries.push(JournalEntry { op, bytes });
+        }
+        let fresh = entries.is_empty() && superblock == vsr::Superblock::default();
+        let restarted = !fresh;
+        let replica = if fresh {
+            Replica::new(settings.vsr.clone())
+        } else {
+            Replica::restart(settings.vsr.clone(), &superblock, &entries)
+        };
+        tracing::info!(
+            ops = entries.len(),
+            view = superblock.view,
+            fresh,
+            "metadata group opened from the journal"
+        );
+        let mut groups = Groups::new();
+        groups.insert(replica);
+        let mut node = Node {
+            settings,
+            bus,
+            groups,
+            data,
+            state,
+            partitions: Partitions::default(),
+            connections: HashMap::new(),
+            client_connections: HashMap::new(),
+            replies: HashMap::new(),
+            request_started: HashMap::new(),
+            prepared_at: HashMap::new(),
+            latencies: Latencies::new(),
+            started: Instant::now(),
+            ticks: 0,
+            restarted,
+            events,
+            logins_in_flight: 0,
+        };
+        node.sync_partitions().await?;
+        node.pump().await?;
+        Ok(node)
+    }
+
+    /// The node task: events and ticks until shutdown is requested.
+    pub async fn run(
+        mut self,
+        events: LocalReceiver<Event>,
+        publish: impl Fn(&Node),
+    ) -> Result<Node, DaemonError> {
+        let tick = self.settings.tick;
+        let mut next_tick = Instant::now() + tick;
+        loop {
+            if super::system::shutdown_requested() {
+                return Ok(self);
+            }
+            let wait = next_tick.saturating_duration_since(Instant::now());
+            let event = futures_lite::future::or(async { events.recv().await }, async {
+                glommio::timer::sleep(wait).await;
+                None
+            })
+            .await;
+            if let Some(event) = event {
+                self.on_event(event);
+                self.pump().await?;
+            }
+            if Instant::now() >= next_tick {
+                next_tick += tick;
+                if next_tick < Instant::now() {
+                    next_tick = Instant::now() + tick;
+                }
+                self.on_tick().await?;
+                self.pump().await?;
+                if self.ticks.is_multiple_of(10) {
+                    self.forget_stale();
+                    publish(&self);
+                }
+            }
+        }
+    }
+
+    fn on_event(&mut self, event: Event) {
+        match event {
+            Event::Replica(_peer, frame) => {
+                if let Err(error) = self.groups.on_message(frame.as_bytes()) {
+                    self.reject(match error {
+                        vsr::RouteError::Invalid => "replica_frame_invalid",
+                        vsr::RouteError::NoGroup => "replica_frame_no_group",
+                        vsr::RouteError::UnknownGroup { .. } => "replica_frame_unknown_group",
+                    });
+                }
+                self.bus.recycle(frame.into_buf());
+            }
+            Event::Client(connection, frame) => {
+                self.on_client_frame(connection, &frame);
+                self.bus.recycle(frame.into_buf());
+            }
+            Event::ClientRejected(connection, reason) => {
+                // The bus counted it; the client learns why (docs/client-protocol.md).
+                let mut header = ReplyHeader::new();
+                header.frame.cluster = self.settings.cluster;
+                header.frame.replica = self.settings.replica;
+                header.status = Status::InvalidRequest as u32;
+                let frame = Frame::build(&header, reason.as_bytes());
+                let _ = self.bus.send_to_client(connection, frame);
+            }
+            Event::ClientClosed(connection) => {
+                self.connections.remove(&connection);
+                self.client_connections.retain(|_, c| *c != connection);
+            }
+            Event::LoginChecked {
+                connection,
+                request,
+                user,
+            } => self.on_login_checked(connection, &request, user),
+            Event::PeerConnected(peer, up) => {
+                for group in self.group_ids() {
+                    if let Some(replica) = self.groups.get_mut(group) {
+                        replica.set_connected(peer, up);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Bounds the latency bookkeeping: ops that will not commit here (truncated by a view
+    /// change) and requests whose client went away are forgotten.
+    fn forget_stale(&mut self) {
+        let groups = &self.groups;
+        self.prepared_at
+            .retain(|(group, op), _| groups.get(*group).is_some_and(|r| *op > r.commit()));
+        self.request_started
+            .retain(|_, at| at.elapsed() < REQUEST_LATENCY_AGE_MAX);
+    }
+
+    /// Counts rejected input by reason (shown under `rejected` in /stats).
+    pub(super) fn reject(&self, reason: &'static str) {
+        self.bus.stats().reject(reason);
+    }
+
+    pub(super) fn group_ids(&self) -> Vec<u64> {
+        let mut ids = vec![METADATA_GROUP];
+        ids.extend(self.partitions.by_group.keys().copied());
+        ids
+    }
+
+    async fn on_tick(&mut self) -> Result<(), DaemonError> {
+        self.ticks += 1;
+        self.groups.on_tick();
+        for partition in self.partitions.by_group.values_mut() {
+            partition
+                .log
+                .tick()
+                .await
+                .map_err(|e| DaemonError::Runtime(format!("partition sync: {e}")))?;
+            partition
+                .offsets
+                .tick()
+                .map_err(|e| DaemonError::Runtime(format!("consumer offsets sync: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Executes queued actions until every group is quiet.
+    pub(super) async fn pump(&mut self) -> Result<(), DaemonError> {
+        loop {
+            let actions = self.groups.drain_actions();
+            if actions.is_empty() {
+                return Ok(());
+            }
+            for (group, action) in actions {
+                self.execute(group, action).await?;
+            }
+        }
+    }
+
+    async fn execute(&mut self, group: u64, action: Action) -> Result<(), DaemonError> {
+        match action {
+            Action::Send { to, frame } => {
+                let _ = self.bus.send(to, frame);
+            }
+            Action::Broadcast { frame } => {
+                self.bus.broadcast(frame);
+            }
+            Action::JournalAppend { op, frame } => {
+                self.prepared_at.insert((group, op), Instant::now());
+                let mut checksum = Some(frame.checksum());
+                if group == METADATA_GROUP {
+                    let started = Instant::now();
+                    checksum = self.journal_write(op, &frame).await?;
+                    let _ = self
+                        .latencies
+                        .journal_fsync
+                        .record(started.elapsed().as_micros() as u64);
+                }
+                // Partition prepares are held in memory until commit writes them to the
+                // segment log (see README, "Status": backups of a partition group ack
+                // before their data is durable; a single node acks only after).
+                if let (Some(replica), Some(checksum)) = (self.groups.get_mut(group), checksum) {
+                    replica.on_journal_durable(op, checksum);
+                }
+            }
+            Action::JournalTruncate { op_max } => {
+                if group == METADATA_GROUP {
+                    self.data
+                        .journal
+                        .truncate_after(op_max)
+                        .await
+                        .map_err(|e| DaemonError::Runtime(format!("journal truncate: {e}")))?;
+                }
+            }
+            Action::PersistSuperblock(superblock) => {
+                if group == METADATA_GROUP {
+                    self.persist_superblock(&superblock).await?;
+                }
+            }
+            Action::Commit { op, prepare } => {
+                if let Some(at) = self.prepared_at.remove(&(group, op)) {
+                    let _ = self
+                        .latencies
+                        .prepare_commit
+                        .record(at.elapsed().as_micros() as u64);
+                }
+                if group == METADATA_GROUP {
+                    self.commit_metadata(op, &prepare).await?;
+                } else {
+                    self.commit_partition(group, op, &prepare).await?;
+                }
+            }
+            Action::Reply { client, frame } => {
+                let frame = self.complete_reply(group, client, frame);
+                if let Some(at) = self.request_started.remove(&(group, client)) {
+                    let _ = self
+                        .latencies
+                        .request
+                        .record(at.elapsed().as_micros() as u64);
+                }
+                self.send_to_client(client, frame);
+            }
+            Action::Evict { client, frame } => self.send_to_client(client, frame),
+            Action::StateTransfer { from, op_min } => {
+                self.reject("state_transfer_needed");
+                tracing::warn!(
+                    group,
+                    from,
+                    op_min,
+                    "group needs state transfer, which this build does not run yet"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the prepare of `op` durably: the next op appends; an op at or below the
+    /// head rewrites a faulty slot or replaces a discarded suffix.
+    async fn journal_write(&mut self, op: u64, frame: &Frame) -> Result<Option<u128>, DaemonError> {
+        let journal = &mut self.data.journal;
+        let fail = |e: journal::JournalError| DaemonError::Runtime(format!("journal op {op}: {e}"));
+        if op <= journal.op_head() {
+            if journal.faulty().any(|f| f == op) {
+                let durable = journal.write_repair(frame.as_bytes()).await.map_err(fail)?;
+                return Ok(Some(durable.checksum));
+            }
+            journal.truncate_after(op - 1).await.map_err(fail)?;
+        }
+        if op != journal.op_head() + 1 {
+            // A gap: the core asked for an op past our head. It is not reported durable,
+            // so no PrepareOk goes out for it; repair brings the ops below it first.
+            let head = journal.op_head();
+            self.reject("journal_append_gap");
+            tracing::warn!(op, head, "journal append past the head deferred");
+            return Ok(None);
+        }
+        let durable = journal.append(frame.as_bytes()).await.map_err(fail)?;
+        Ok(Some(durable.checksum))
+    }
+
+    async fn persist_superblock(
+        &mut self,
+        superblock: &vsr::Superblock,
+    ) -> Result<(), DaemonError> {
+        files::write_vsr_superblock(&self.settings.data_dir, superblock)
+            .map_err(DaemonError::runtime)?;
+        let commit = self
+            .groups
+            .get(METADATA_GROUP)
+            .map_or(0, |replica| replica.commit());
+        let current = *self.data.superblock.current();
+        let next = journal::Superblock {
+            view: superblock.view,
+            log_view: superblock.log_view,
+            commit: commit.max(current.commit),
+            ..current
+        };
+        self.data
+            .superblock
+            .write(next)
+            .await
+            .map_err(|e| DaemonError::Runtime(format!("superblock write: {e}")))
+    }
+
+    async fn commit_metadata(&mut self, op: u64, prepare: &Frame) -> Result<(), DaemonError> {
+        let Ok((header, _)) = PrepareHeader::read_from_prefix(prepare.as_bytes()) else {
+            return Err(DaemonError::Runtime(format!(
+                "metadata op {op} committed a frame that is not a prepare"
+            )));
+        };
+        let body = prepare.as_bytes().get(256..).unwrap_or(&[]);
+        let (status, reply_body) = match Operation::from_u8(header.operation) {
+            Some(Operation::Register) => (Status::Ok, op.to_le_bytes().to_vec()),
+            Some(Operation::Logout) => (Status::Ok, Vec::new()),
+            Some(operation) => match MetadataOp::decode(operation, body) {
+                Ok(metadata_op) => {
+                    let caller = Caller {
+                        user_id: header.user_id,
+                        client: header.client,
+                    };
+                    let applied = self.state.apply(caller, &metadata_op);
+                    (applied.status, applied.body)
+                }
+                Err(error) => {
+                    // Every replica decodes the same bytes the same way: a refusal here
+                    // is deterministic and leaves the state unchanged everywhere.
+                    tracing::error!(op, %error, "committed metadata op does not decode");
+                    (Status::InvalidRequest, Vec::new())
+                }
+            },
+            None => (Status::InvalidRequest, Vec::new()),
+        };
+        self.remember_reply(METADATA_GROUP, header.client, op, status, reply_body);
+        self.sync_partitions().await
+    }
+
+    async fn commit_partition(
+        &mut self,
+        group: u64,
+        op: u64,
+        prepare: &Frame,
+    ) -> Result<(), DaemonError> {
+        let Ok((header, _)) = PrepareHeader::read_from_prefix(prepare.as_bytes()) else {
+            return Err(DaemonError::Runtime(format!(
+                "partition op {op} committed a frame that is not a prepare"
+            )));
+        };
+        let body = prepare.as_bytes().get(256..).unwrap_or(&[]);
+        let Some(partition) = self.partitions.by_group.get_mut(&group) else {
+            self.remember_reply(group, header.client, op, Status::NotFound, Vec::new());
+            return Ok(());
+        };
+        let (status, reply_body) = match Operation::from_u8(header.operation) {
+            Some(Operation::SendMessages) => {
+                let info = batch::verify(body).map_err(|e| {
+                    DaemonError::Runtime(format!("committed batch of op {op} invalid: {e:?}"))
+                })?;
+                let stored = partition.log.next_offset();
+                let base_offset = if info.next_offset() <= stored {
+                    // Replayed after a restart (repair from op 1): already in the log,
+                    // byte for byte, or the logs diverged and this node must stop.
+                    let held = partition
+                        .log
+                        .read_from_offset(info.base_offset, body.len() as u64)
+                        .ok()
+                        .and_then(|batches| batches.into_iter().next());
+                    if held.as_deref() != Some(body) {
+                        return Err(DaemonError::Runtime(format!(
+                            "partition op {op}: the batch at offset {} differs from the one                              this node stored (divergent log)",
+                            info.base_offset
+                        )));
+                    }
+                    info.base_offset
+                } else if info.base_offset == stored {
+                    let receipt = partition.log.append(body).await.map_err(|e| {
+                        DaemonError::Runtime(format!("partition append of op {op}: {e}"))
+                    })?;
+                    receipt.base_offset
+                } else {
+                    return Err(DaemonError::Runtime(format!(
+                        "partition op {op} starts at offset {} but the log ends at {stored}",
+                        info.base_offset
+                    )));
+                };
+                let mut reply = base_offset.to_le_bytes().to_vec();
+                reply.extend_from_slice(&info.message_count.to_le_bytes());
+                (Status::Ok, reply)
+            }
+            Some(Operation::StoreConsumerOffset) | Some(Operation::DeleteConsumerOffset) => {
+                let mut r = Reader::new(body);
+                let kind = r.u8("consumer_kind");
+                let id = r.u32("consumer_id");
+                let consumer = match (kind, id) {
+                    (Ok(0), Ok(id)) => Some(crate::protocol::Consumer::Single(id)),
+                    (Ok(1), Ok(id)) => Some(crate::protocol::Consumer::Group(id)),
+                    _ => None,
+                };
+                match consumer {
+                    None => (Status::InvalidRequest, Vec::new()),
+                    Some(consumer) => {
+                        let key = partitions::consumer_key(consumer);
+                        let result = if header.operation == Operation::StoreConsumerOffset as u8 {
+                            match r.u64("offset") {
+                                Ok(offset) => partition.offsets.store(key, offset).map(|_| true),
+                                Err(_) => Ok(false),
+                            }
+                        } else {
+                            partition.offsets.delete(key)
+                        };
+                        match result {
+                            Ok(true) => (Status::Ok, Vec::new()),
+                            Ok(false) => (Status::NotFound, Vec::new()),
+                            Err(e) => {
+                                return Err(DaemonError::Runtime(format!(
+                                    "consumer offsets of op {op}: {e}"
+                                )))
+                            }
+                        }
+                    }
+                }
+            }
+            _ => (Status::InvalidRequest, Vec::new()),
+        };
+        self.remember_reply(group, header.client, op, status, reply_body);
+        // Committed prepares are in the segment log now: keep only a repair window of
+        // them in memory (older ones are answered RangeEvicted).
+        if let Some(replica) = self.groups.get_mut(group) {
+            let floor = replica.commit().saturating_sub(PARTITION_REPAIR_WINDOW_OPS);
+            if floor > replica.log().op_min() {
+                replica.on_checkpoint(floor);
+            }
+        }
+        Ok(())
+    }
+
+    fn remember_reply(&mut self, group: u64, client: u128, op: u64, status: Status, body: Vec<u8>) {
+        if client == 0 {
+            return;
+        }
+        if self.replies.len() >= REPLIES_MAX && !self.replies.contains_key(&(group, client)) {
+            // Bounded: the oldest op goes (its client gets an empty-bodied retry reply).
+            if let Some(oldest) = self
+                .replies
+                .iter()
+                .min_by_key(|(_, r)| r.op)
+                .map(|(key, _)| *key)
+            {
+                self.replies.remove(&oldest);
+            }
+        }
+        self.replies
+            .insert((group, client), CachedReply { op, status, body });
+    }
+
+    /// The core builds replies without a body; the state machine's result is added here.
+    fn complete_reply(&self, group: u64, client: u128, frame: Frame) -> Frame {
+        let Ok((mut header, _)) = ReplyHeader::read_from_prefix(frame.as_bytes()) else {
+            return frame;
+        };
+        // The client asked with its own operation; the prepare may carry the internal one.
+        header.operation = client_operation(header.operation);
+        match self.replies.get(&(group, client)) {
+            Some(cached) if cached.op == header.op => {
+                header.status = cached.status as u32;
+                Frame::build(&header, &cached.body)
+            }
+            _ => Frame::build(&header, frame.as_bytes().get(256..).unwrap_or(&[])),
+        }
+    }
+
+    pub(super) fn send_to_client(&self, client: u128, frame: Frame) {
+        if let Some(connection) = self.client_connections.get(&client) {
+            let _ = self.bus.send_to_client(*connection, frame);
+        }
+    }
+
+    /// Opens storage and a VSR group for every partition the committed metadata holds.
+    pub(super) async fn sync_partitions(&mut self) -> Result<(), DaemonError> {
+        for key in self.state.partitions() {
+            let Ok(group) = key.pack() else {
+                continue;
+            };
+            if self.partitions.by_group.contains_key(&group) {
+                continue;
+            }
+            let partition = partitions::open(
+                &self.settings.data_dir,
+                key,
+                group,
+                self.settings.partition,
+                self.settings.offset_durability,
+            )
+            .await
+            .map_err(|e| DaemonError::Runtime(format!("partition {key:?}: {e}")))?;
+            let mut config = self.settings.vsr.clone();
+            config.group = group;
+            let replica = if self.settings.replica_count > 1 && self.restarted {
+                // Partition prepares are not journaled: a restarted replica of a cluster
+                // probes for the view and catches up by repair (commits of batches its
+                // log already holds are skipped).
+                Replica::restart(config, &vsr::Superblock::default(), &[])
+            } else {
+                let mut replica = Replica::new(config);
+                replica.seed_partition_position(partition.log.position());
+                replica
+            };
+            let mut replica = replica;
+            for peer in (0..self.settings.replica_count).filter(|p| *p != self.settings.replica) {
+                replica.set_connected(peer, self.bus.is_connected(peer));
+            }
+            self.groups.insert(replica);
+            self.partitions.by_group.insert(group, partition);
+            tracing::info!(?key, "partition group started");
+        }
+        Ok(())
+    }
+
+    /// Flushes and closes storage (shutdown).
+    pub async fn close(self) -> Result<(), DaemonError> {
+        for (_, mut partition) in self.partitions.by_group {
+            let _ = partition.offsets.flush();
+            partition
+                .log
+                .close()
+                .await
+                .map_err(|e| DaemonError::Runtime(format!("partition close: {e}")))?;
+        }
+        self.data
+            .close()
+            .await
+            .map_err(|e| DaemonError::Runtime(format!("journal close: {e}")))
+    }
+
+    pub(super) fn metadata(&self) -> Option<&Replica> {
+        self.groups.get(METADATA_GROUP)
+    }
+
+    pub(super) fn partition_key(group: u64) -> Option<PartitionKey> {
+        match replication::wire::group_kind(group) {
+            Ok(replication::wire::GroupKind::Partition(key)) => Some(key),
+            _ => None,
+        }
+    }
+}
+
+/// The client-facing operation of a prepared one (replica-plane.md, "Prepare": the
+/// primary replaces some requests with internal operations).
+fn client_operation(operation: u8) -> u8 {
+    match Operation::from_u8(operation) {
+        Some(Operation::CreateTopicWithAssignments) => Operation::CreateTopic as u8,
+        Some(Operation::CreatePartitionsWithAssignments) => Operation::CreatePartitions as u8,
+        Some(Operation::TruncatePartition) => Operation::DeleteSegments as u8,
+        _ => operation,
+    }
+}

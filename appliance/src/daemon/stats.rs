@@ -1,0 +1,133 @@
+//! The stats executor: a second thread serving `GET /stats`, `/health` and `/metrics`
+//! from the snapshot the replica executor publishes (every ~10 ticks), so a slow HTTP
+//! client never touches the consensus path.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use replication::vsr::Status as VsrStatus;
+use replication::wire::METADATA_GROUP;
+
+use super::node::Node;
+use super::DaemonError;
+use crate::stats::http::{self, HttpLimits, HttpStats, SharedSnapshot};
+use crate::stats::{GroupStats, GroupStatus, Latencies, Latency, PeerStats, Snapshot};
+
+/// Starts the stats thread listening on `addr`; the listener is bound before this
+/// returns, so a port conflict is reported at start.
+pub fn start(addr: SocketAddr, shared: SharedSnapshot) -> Result<(), DaemonError> {
+    let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+    let builder = journal::runtime::executor_builder().name("stats");
+    builder
+        .spawn(move || async move {
+            let listener = match glommio::net::TcpListener::bind(addr) {
+                Ok(listener) => {
+                    let _ = bound_tx.send(Ok(()));
+                    listener
+                }
+                Err(error) => {
+                    let _ = bound_tx.send(Err(error.to_string()));
+                    return;
+                }
+            };
+            http::serve(
+                listener,
+                shared,
+                HttpLimits::default(),
+                Arc::new(HttpStats::default()),
+            )
+            .await;
+        })
+        .map_err(|e| DaemonError::Runtime(format!("stats executor: {e}")))?;
+    match bound_rx.recv() {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) => Err(DaemonError::Runtime(format!(
+            "cannot listen on {addr} (http): {error}"
+        ))),
+        Err(_) => Err(DaemonError::Runtime("stats executor exited".into())),
+    }
+}
+
+/// A fresh shared snapshot.
+pub fn shared() -> SharedSnapshot {
+    Arc::new(Mutex::new(Snapshot::default()))
+}
+
+/// Builds the snapshot from the node's current state.
+pub fn snapshot(node: &Node) -> Snapshot {
+    let bus = node.bus.stats().snapshot();
+    let mut groups = Vec::new();
+    for group in node.group_ids() {
+        let Some(replica) = node.groups.get(group) else {
+            continue;
+        };
+        let status = match replica.status() {
+            VsrStatus::Normal => GroupStatus::Normal,
+            VsrStatus::ViewChange => GroupStatus::ViewChange,
+            VsrStatus::Recovering => GroupStatus::Recovering,
+        };
+        let connected = bus.peers.iter().filter(|p| p.connected).count() + 1;
+        let name = if group == METADATA_GROUP {
+            "metadata".to_string()
+        } else {
+            match Node::partition_key(group) {
+                Some(key) => format!("{}/{}/{}", key.stream, key.topic, key.partition),
+                None => group.to_string(),
+            }
+        };
+        groups.push(GroupStats {
+            group: group.to_string(),
+            name,
+            status,
+            view: replica.view(),
+            log_view: replica.log_view(),
+            primary: replica.config().primary_of(replica.view()),
+            is_primary: replica.is_primary(),
+            op: replica.op(),
+            commit: replica.commit(),
+            quorum: connected >= replica.config().quorum_replication(),
+        });
+    }
+    let peers = bus
+        .peers
+        .iter()
+        .map(|p| PeerStats {
+            replica: p.replica,
+            connected: p.connected,
+            queue_depth: p.queue_depth,
+            dropped: p.dropped,
+            bytes_sent: p.bytes_sent,
+            bytes_received: p.bytes_received,
+        })
+        .collect();
+    let rejected = bus
+        .rejected
+        .iter()
+        .map(|(k, v)| (k.to_string(), *v))
+        .collect();
+    Snapshot {
+        replica_id: node.settings.replica,
+        cluster: node.settings.cluster_name.clone(),
+        uptime_s: node.started.elapsed().as_secs(),
+        groups,
+        peers,
+        rejected,
+        latency_us: Latencies {
+            request: Latency::of(&node.latencies.request),
+            prepare_commit: Latency::of(&node.latencies.prepare_commit),
+            journal_fsync: Latency::of(&node.latencies.journal_fsync),
+        },
+        client_connections: node.connections.len() as u64,
+        sessions: node.metadata().map_or(0, |r| r.clients().len() as u64),
+        ..Snapshot::default()
+    }
+}
+
+/// Publishes the node's snapshot for the stats thread.
+pub fn publish(shared: &SharedSnapshot, node: &Node) {
+    let next = snapshot(node);
+    match shared.lock() {
+        Ok(mut guard) => *guard = next,
+        Err(poisoned) => *poisoned.into_inner() = next,
+    }
+}

@@ -1,0 +1,88 @@
+//! Process plumbing: logging, the shutdown signal flag, systemd readiness, and the
+//! locked-memory limit glommio needs.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static SHUTDOWN: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    // Async-signal-safe: one atomic store.
+    SHUTDOWN.store(true, Ordering::SeqCst);
+}
+
+/// Installs SIGTERM and SIGINT handlers that only raise the shutdown flag.
+pub fn install_signal_handlers() {
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: the handler only stores to an atomic; the sigaction struct is ours.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_signal as *const () as usize;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Whether SIGTERM or SIGINT arrived.
+pub fn shutdown_requested() -> bool {
+    SHUTDOWN.load(Ordering::SeqCst)
+}
+
+/// Logs to stderr, human-readable. RUST_LOG wins over the config's `log.level`.
+pub fn init_logging(level: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
+/// Sends `state` (e.g. "READY=1") to systemd when NOTIFY_SOCKET is set. Errors are
+/// logged, never fatal: readiness is a courtesy to the supervisor.
+pub fn sd_notify(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let socket = match std::os::unix::net::UnixDatagram::unbound() {
+        Ok(socket) => socket,
+        Err(error) => {
+            tracing::warn!(%error, "sd_notify: cannot create a socket");
+            return;
+        }
+    };
+    let bytes = path.as_encoded_bytes();
+    let result = if let Some(name) = bytes.strip_prefix(b"@") {
+        use std::os::linux::net::SocketAddrExt;
+        std::os::unix::net::SocketAddr::from_abstract_name(name)
+            .and_then(|addr| socket.send_to_addr(state.as_bytes(), &addr))
+    } else {
+        socket.send_to(state.as_bytes(), &path)
+    };
+    if let Err(error) = result {
+        tracing::warn!(%error, state, "sd_notify failed");
+    }
+}
+
+/// Raises RLIMIT_MEMLOCK for glommio's io memory when allowed; returns the io memory to
+/// configure: the configured amount if the limit allows it, else the journal crate's
+/// small default that fits the usual 8 MiB limit.
+pub fn io_memory_bytes(configured: u64) -> usize {
+    // Two executors (replica, stats) lock their pools.
+    let want = configured.saturating_mul(2) + (1 << 20);
+    journal::runtime::raise_memlock(want);
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes a plain struct we own.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } == 0;
+    if ok && limit.rlim_cur >= want {
+        configured as usize
+    } else {
+        journal::runtime::IO_MEMORY_BYTES
+    }
+}

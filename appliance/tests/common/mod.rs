@@ -1,0 +1,361 @@
+//! End-to-end harness: real `appliance` processes on 127.0.0.1 with distinct ports and
+//! temporary data directories, killed by PID when the guard drops (even on failure), and
+//! a small blocking client speaking docs/client-protocol.md over std::net.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use replication::wire::{Frame, Header, Operation, ReplyHeader, RequestHeader};
+use zerocopy::FromBytes;
+
+pub const ROOT_PASSWORD: &str = "e2e-root-password";
+
+/// Ports of one node.
+#[derive(Clone, Copy, Debug)]
+pub struct Ports {
+    pub tcp: u16,
+    pub http: u16,
+    pub tcp_replica: u16,
+    pub quic: u16,
+    pub websocket: u16,
+}
+
+impl Ports {
+    /// Ports for `nodes` nodes, all distinct: every listener is held until all are
+    /// chosen, so the kernel never hands out one port twice.
+    pub fn pick(nodes: usize) -> Vec<Ports> {
+        let listeners: Vec<TcpListener> = (0..nodes * 5)
+            .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free port on 127.0.0.1"))
+            .collect();
+        let ports: Vec<u16> = listeners
+            .iter()
+            .map(|l| l.local_addr().expect("bound").port())
+            .collect();
+        drop(listeners);
+        ports
+            .chunks_exact(5)
+            .map(|p| Ports {
+                tcp: p[0],
+                http: p[1],
+                tcp_replica: p[2],
+                quic: p[3],
+                websocket: p[4],
+            })
+            .collect()
+    }
+}
+
+/// A cluster's configuration files and data directories.
+pub struct ClusterFiles {
+    pub dir: tempfile::TempDir,
+    pub ports: Vec<Ports>,
+}
+
+impl ClusterFiles {
+    pub fn new(nodes: usize) -> ClusterFiles {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ports = Ports::pick(nodes);
+        let files = ClusterFiles { dir, ports };
+        for replica in 0..nodes {
+            let mut text = String::from(
+                "[cluster]\nname = \"e2e\"\ncommit_broadcast_interval = \"50ms\"\n\
+                 heartbeat_timeout = \"500ms\"\npipeline_max = 8\n\n",
+            );
+            for (id, p) in files.ports.iter().enumerate() {
+                text.push_str(&format!(
+                    "[[cluster.nodes]]\nname = \"n{id}\"\nip = \"127.0.0.1\"\nreplica_id = {id}\n\
+                     ports = {{ tcp = {}, quic = {}, http = {}, websocket = {}, tcp_replica = {} }}\n\n",
+                    p.tcp, p.quic, p.http, p.websocket, p.tcp_replica
+                ));
+            }
+            text.push_str("[message_bus]\nmax_message_size = \"1 MiB\"\n\n[limits]\nrequest_body_max = \"512 KiB\"\n\n");
+            text.push_str(&format!(
+                "[storage]\ndata_dir = \"{}\"\njournal_size = \"16 MiB\"\nsegment_size = \"1 MiB\"\n",
+                files.data_dir(replica).display()
+            ));
+            std::fs::write(files.config(replica), text).expect("write config");
+        }
+        files
+    }
+
+    pub fn config(&self, replica: usize) -> PathBuf {
+        self.dir.path().join(format!("node{replica}.toml"))
+    }
+
+    pub fn data_dir(&self, replica: usize) -> PathBuf {
+        self.dir.path().join(format!("data{replica}"))
+    }
+
+    pub fn log(&self, replica: usize) -> PathBuf {
+        self.dir.path().join(format!("node{replica}.log"))
+    }
+
+    pub fn client_addr(&self, replica: usize) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.ports[replica].tcp))
+    }
+
+    pub fn http_addr(&self, replica: usize) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.ports[replica].http))
+    }
+}
+
+/// A running daemon; killed (SIGKILL) and reaped on drop, its log printed when the test
+/// is failing.
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub replica: usize,
+    pub log: PathBuf,
+}
+
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_appliance")
+}
+
+impl Daemon {
+    pub fn start(files: &ClusterFiles, replica: usize) -> Daemon {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(files.log(replica))
+            .expect("log file");
+        let child = Command::new(binary())
+            .arg("--config")
+            .arg(files.config(replica))
+            .arg("--replica-id")
+            .arg(replica.to_string())
+            .env("APPLIANCE_ROOT_PASSWORD", ROOT_PASSWORD)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("spawn appliance");
+        Daemon {
+            child: Some(child),
+            replica,
+            log: files.log(replica),
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    /// SIGKILL now.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM and the exit status code (None if it had to be killed).
+    pub fn terminate(&mut self, within: Duration) -> Option<i32> {
+        let mut child = self.child.take()?;
+        // SAFETY: kill(2) on the PID of our own child.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- log of node {} ---\n{}",
+                self.replica,
+                log_of(&self.log)
+            );
+        }
+    }
+}
+
+/// Waits until `GET /health` answers 200; fails at once if the process exited.
+pub fn wait_healthy(files: &ClusterFiles, daemon: &mut Daemon, within: Duration) {
+    let replica = daemon.replica;
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(child) = daemon.child.as_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                let log = std::fs::read_to_string(files.log(replica)).unwrap_or_default();
+                panic!("node {replica} exited ({status}); log:\n{log}");
+            }
+        }
+        if http_get(files.http_addr(replica), "/health").is_some_and(|(code, _)| code == 200) {
+            return;
+        }
+        if Instant::now() > deadline {
+            let log = std::fs::read_to_string(files.log(replica)).unwrap_or_default();
+            panic!("node {replica} not healthy within {within:?}; log:\n{log}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A minimal HTTP GET: status code and body.
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let code = text.split(' ').nth(1)?.parse().ok()?;
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    Some((code, body))
+}
+
+/// A reply: header and body.
+#[derive(Debug)]
+pub struct Reply {
+    pub header: ReplyHeader,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn status(&self) -> u32 {
+        self.header.status
+    }
+}
+
+/// A blocking client on one connection.
+pub struct Client {
+    pub stream: TcpStream,
+    pub id: u128,
+    pub session: u64,
+    pub request: u64,
+}
+
+pub const NON_REPLICATED: u8 = 2;
+
+impl Client {
+    pub fn connect(addr: SocketAddr, id: u128) -> std::io::Result<Client> {
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        stream.set_nodelay(true)?;
+        Ok(Client {
+            stream,
+            id,
+            session: 0,
+            request: 0,
+        })
+    }
+
+    pub fn send_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.stream.write_all(bytes)
+    }
+
+    pub fn frame(&self, operation: u8, read_command: u32, request: u64, body: &[u8]) -> Frame {
+        let mut header = RequestHeader::new();
+        header.client = self.id;
+        header.operation = operation;
+        header.read_command = read_command;
+        header.request = request;
+        header.session = self.session;
+        Frame::build(&header, body)
+    }
+
+    pub fn read_reply(&mut self) -> std::io::Result<Reply> {
+        let mut head = [0u8; 256];
+        self.stream.read_exact(&mut head)?;
+        let header = ReplyHeader::read_from_bytes(&head[..])
+            .map_err(|_| std::io::Error::other("short header"))?;
+        let size = header.frame.size as usize;
+        if !(256..=64 << 20).contains(&size) {
+            return Err(std::io::Error::other(format!("bad size {size}")));
+        }
+        let mut body = vec![0u8; size - 256];
+        self.stream.read_exact(&mut body)?;
+        Ok(Reply { header, body })
+    }
+
+    /// Sends and reads the reply for that request (skipping replies to other requests).
+    pub fn call(
+        &mut self,
+        operation: u8,
+        read_command: u32,
+        request: u64,
+        body: &[u8],
+    ) -> std::io::Result<Reply> {
+        let frame = self.frame(operation, read_command, request, body);
+        self.send_raw(frame.as_bytes())?;
+        loop {
+            let reply = self.read_reply()?;
+            if reply.header.request == request && reply.header.operation == operation {
+                return Ok(reply);
+            }
+        }
+    }
+
+    pub fn read(&mut self, read_command: u32, body: &[u8]) -> std::io::Result<Reply> {
+        self.call(NON_REPLICATED, read_command, 0, body)
+    }
+
+    pub fn login(&mut self, username: &str, password: &str) -> std::io::Result<Reply> {
+        let mut body = vec![username.len() as u8];
+        body.extend_from_slice(username.as_bytes());
+        body.push(password.len() as u8);
+        body.extend_from_slice(password.as_bytes());
+        self.read(1, &body)
+    }
+
+    pub fn register(&mut self) -> std::io::Result<Reply> {
+        self.session = 0;
+        let reply = self.call(Operation::Register as u8, 0, 0, &[])?;
+        if reply.status() == 0 && reply.body.len() == 8 {
+            self.session = u64::from_le_bytes(reply.body[..8].try_into().unwrap_or_default());
+        }
+        Ok(reply)
+    }
+
+    /// A replicated request with the next request number.
+    pub fn write(&mut self, operation: Operation, body: &[u8]) -> std::io::Result<Reply> {
+        self.request += 1;
+        self.call(operation as u8, 0, self.request, body)
+    }
+}
+
+pub fn short(text: &str) -> Vec<u8> {
+    let mut v = vec![text.len() as u8];
+    v.extend_from_slice(text.as_bytes());
+    v
+}
+
+pub fn partition_key(stream: u32, topic: u32, partition: u32) -> Vec<u8> {
+    let mut v = stream.to_le_bytes().to_vec();
+    v.extend_from_slice(&topic.to_le_bytes());
+    v.extend_from_slice(&partition.to_le_bytes());
+    v
+}
+
+pub fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"))
+}
+
+pub fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
+}
+
+pub fn log_of(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}

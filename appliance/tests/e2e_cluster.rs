@@ -1,0 +1,410 @@
+//! Three real `appliance` processes on 127.0.0.1: the metadata plane. Backups redirect
+//! writes to the primary, committed metadata reaches every node, a SIGKILLed primary is
+//! replaced by a view change, a write retried with the same request number is applied
+//! exactly once, and the old primary restarts and catches up.
+
+mod common;
+
+use appliance::protocol::reply::{ClusterMetadataReply, PRIMARY_UNKNOWN};
+use std::time::{Duration, Instant};
+
+use common::*;
+use replication::wire::Operation;
+
+const NODES: usize = 3;
+
+/// Stream names a node lists (empty on any error).
+fn streams(files: &ClusterFiles, replica: usize, id: u128) -> Vec<String> {
+    let Ok(mut client) = Client::connect(files.client_addr(replica), id) else {
+        return Vec::new();
+    };
+    if !client
+        .login("root", ROOT_PASSWORD)
+        .is_ok_and(|r| r.status() == 0)
+    {
+        return Vec::new();
+    }
+    let Ok(reply) = client.read(3, &[]) else {
+        return Vec::new();
+    };
+    if reply.status() != 0 || reply.body.len() < 4 {
+        return Vec::new();
+    }
+    let count = u32_at(&reply.body, 0) as usize;
+    let mut names = Vec::new();
+    let mut at = 4;
+    for _ in 0..count {
+        let len = reply.body[at + 4] as usize;
+        names.push(String::from_utf8_lossy(&reply.body[at + 5..at + 5 + len]).to_string());
+        at += 5 + len + 4;
+    }
+    names
+}
+
+fn wait_streams(files: &ClusterFiles, replica: usize, want: &[&str], within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let names = streams(files, replica, 0x5000 + replica as u128);
+        if names == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {replica} lists {names:?}, want {want:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Sends the write (fixed request number) to each live node in turn until one answers
+/// Ok; follows NotPrimary, retries Unavailable, PipelineFull and connection failures.
+/// One client write: who sends it, under which session and request number.
+struct Write<'a> {
+    id: u128,
+    session: u64,
+    request: u64,
+    operation: Operation,
+    body: &'a [u8],
+}
+
+fn write_somewhere(
+    files: &ClusterFiles,
+    live: &[usize],
+    write: Write<'_>,
+    within: Duration,
+) -> Reply {
+    let Write {
+        id,
+        session,
+        request,
+        operation,
+        body,
+    } = write;
+    let deadline = Instant::now() + within;
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        for &replica in live {
+            let Ok(mut client) = Client::connect(files.client_addr(replica), id) else {
+                continue;
+            };
+            let _ = client.stream.set_read_timeout(Some(Duration::from_secs(3)));
+            if !client
+                .login("root", ROOT_PASSWORD)
+                .is_ok_and(|r| r.status() == 0)
+            {
+                continue;
+            }
+            client.session = session;
+            match client.call(operation as u8, 0, request, body) {
+                Ok(reply) if reply.status() == 0 => return reply,
+                Ok(reply) => last = format!("node {replica}: status {}", reply.status()),
+                Err(e) => last = format!("node {replica}: {e}"),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("no node accepted the write within {within:?}; last: {last}");
+}
+
+/// The metadata primary every node reports (ClusterMetadata), once they agree.
+fn agreed_primary(files: &ClusterFiles, within: Duration) -> usize {
+    let deadline = Instant::now() + within;
+    loop {
+        let mut seen = Vec::new();
+        for replica in 0..NODES {
+            let Ok(mut client) = Client::connect(files.client_addr(replica), 0x9000) else {
+                continue;
+            };
+            if !client
+                .login("root", ROOT_PASSWORD)
+                .is_ok_and(|r| r.status() == 0)
+            {
+                continue;
+            }
+            if let Ok(reply) = client.read(2, &[]) {
+                let metadata = ClusterMetadataReply::decode(&reply.body)
+                    .ok()
+                    .and_then(|m| m.groups.into_iter().find(|g| g.group == 1 << 63));
+                if let Some(group) = metadata.filter(|g| g.primary != PRIMARY_UNKNOWN) {
+                    seen.push(usize::from(group.primary));
+                }
+            }
+        }
+        if seen.len() == NODES && seen.iter().all(|p| *p == seen[0]) {
+            return seen[0];
+        }
+        assert!(Instant::now() < deadline, "no agreed primary: {seen:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn three_nodes_redirect_replicate_survive_a_primary_kill_and_catch_up() {
+    let files = ClusterFiles::new(NODES);
+    let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
+    for daemon in &mut daemons {
+        wait_healthy(&files, daemon, Duration::from_secs(60));
+    }
+
+    // The nodes may have changed views while their links came up: ask who leads.
+    let primary = agreed_primary(&files, Duration::from_secs(30));
+    let others: Vec<usize> = (0..NODES).filter(|r| *r != primary).collect();
+
+    // A backup redirects a write to the primary with its address.
+    let mut backup = Client::connect(files.client_addr(others[0]), 0x77).expect("connect");
+    assert_eq!(
+        backup.login("root", ROOT_PASSWORD).expect("login").status(),
+        0
+    );
+    let reply = backup.register().expect("register");
+    assert_eq!(reply.status(), 1, "NotPrimary");
+    assert_eq!(usize::from(reply.body[0]), primary, "primary id");
+    let address = String::from_utf8_lossy(&reply.body[2..]).to_string();
+    assert_eq!(address, files.client_addr(primary).to_string());
+
+    // Register and write (a client retries on any node when the primary moves).
+    let id = 0x1234;
+    let all: Vec<usize> = (0..NODES).collect();
+    let registered = write_somewhere(
+        &files,
+        &all,
+        Write {
+            id,
+            session: 0,
+            request: 0,
+            operation: Operation::Register,
+            body: &[],
+        },
+        Duration::from_secs(60),
+    );
+    let session = u64_at(&registered.body, 0);
+    write_somewhere(
+        &files,
+        &all,
+        Write {
+            id,
+            session,
+            request: 1,
+            operation: Operation::CreateStream,
+            body: &short("a"),
+        },
+        Duration::from_secs(60),
+    );
+    for replica in 0..NODES {
+        wait_streams(&files, replica, &["a"], Duration::from_secs(20));
+    }
+
+    // The primary dies with a write in flight; the client retries the same request
+    // number against the others until the new primary answers.
+    let primary = agreed_primary(&files, Duration::from_secs(30));
+    let others: Vec<usize> = (0..NODES).filter(|r| *r != primary).collect();
+    let mut client = Client::connect(files.client_addr(primary), id).expect("connect");
+    assert_eq!(
+        client.login("root", ROOT_PASSWORD).expect("login").status(),
+        0
+    );
+    client.session = session;
+    let frame = client.frame(Operation::CreateStream as u8, 0, 2, &short("b"));
+    let _ = client.send_raw(frame.as_bytes());
+    daemons[primary].kill();
+    let reply = write_somewhere(
+        &files,
+        &others,
+        Write {
+            id,
+            session,
+            request: 2,
+            operation: Operation::CreateStream,
+            body: &short("b"),
+        },
+        Duration::from_secs(60),
+    );
+    assert_eq!(reply.header.request, 2);
+    for &replica in &others {
+        wait_streams(&files, replica, &["a", "b"], Duration::from_secs(20));
+    }
+
+    // The old primary restarts from its journal and catches up; a new write reaches all.
+    daemons[primary] = Daemon::start(&files, primary);
+    wait_streams(&files, primary, &["a", "b"], Duration::from_secs(60));
+    write_somewhere(
+        &files,
+        &[0, 1, 2],
+        Write {
+            id,
+            session,
+            request: 3,
+            operation: Operation::CreateStream,
+            body: &short("c"),
+        },
+        Duration::from_secs(60),
+    );
+    for replica in 0..NODES {
+        wait_streams(&files, replica, &["a", "b", "c"], Duration::from_secs(30));
+    }
+}
+
+/// Messages of partition 0 of (stream, topic) a node serves from offset 0, in order.
+fn poll_all(files: &ClusterFiles, replica: usize, stream: u32, topic: u32) -> Vec<Vec<u8>> {
+    let Ok(mut client) = Client::connect(files.client_addr(replica), 0x6000) else {
+        return Vec::new();
+    };
+    if !client
+        .login("root", ROOT_PASSWORD)
+        .is_ok_and(|r| r.status() == 0)
+    {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    loop {
+        let mut body = partition_key(stream, topic, 0);
+        body.push(0);
+        body.extend_from_slice(&1u32.to_le_bytes());
+        body.push(0);
+        body.extend_from_slice(&(out.len() as u64).to_le_bytes());
+        body.extend_from_slice(&1000u32.to_le_bytes());
+        body.push(0);
+        let Ok(reply) = client.read(5, &body) else {
+            return out;
+        };
+        if reply.status() != 0 || reply.body.is_empty() {
+            return out;
+        }
+        let mut at = 0;
+        while at + 256 <= reply.body.len() {
+            let length = u64_at(&reply.body, at + 32) as usize;
+            let Some(one) = reply.body.get(at..at + length) else {
+                return out;
+            };
+            for message in replication::wire::batch::messages(one) {
+                if message.offset == out.len() as u64 {
+                    out.push(message.payload.to_vec());
+                }
+            }
+            at += length;
+        }
+    }
+}
+
+#[test]
+fn three_nodes_replicate_a_partition_and_every_node_serves_it() {
+    use replication::wire::batch::{BatchBuilder, NewMessage};
+    let files = ClusterFiles::new(NODES);
+    let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
+    for daemon in &mut daemons {
+        wait_healthy(&files, daemon, Duration::from_secs(60));
+    }
+    let all: Vec<usize> = (0..NODES).collect();
+    let id = 0x4321;
+    let write = |request: u64, operation: Operation, body: &[u8], session: u64| {
+        write_somewhere(
+            &files,
+            &all,
+            Write {
+                id,
+                session,
+                request,
+                operation,
+                body,
+            },
+            Duration::from_secs(60),
+        )
+    };
+    let session = u64_at(&write(0, Operation::Register, &[], 0).body, 0);
+    let stream = u32_at(
+        &write(1, Operation::CreateStream, &short("s"), session).body,
+        0,
+    );
+    let mut body = stream.to_le_bytes().to_vec();
+    body.extend_from_slice(&short("t"));
+    body.extend_from_slice(&1u32.to_le_bytes());
+    let topic = u32_at(&write(2, Operation::CreateTopic, &body, session).body, 0);
+
+    let batch = |b: u64| {
+        let mut builder = BatchBuilder::with_capacity(256);
+        let payloads: Vec<Vec<u8>> = (0..4).map(|i| format!("b{b}m{i}").into_bytes()).collect();
+        for (i, p) in payloads.iter().enumerate() {
+            builder.push(NewMessage {
+                id: u128::from(b * 4 + i as u64 + 1),
+                timestamp_delta: 0,
+                payload: p,
+                user_headers: &[],
+            });
+        }
+        let mut body = partition_key(stream, topic, 0);
+        body.extend_from_slice(&builder.finish(1));
+        (payloads, body)
+    };
+    let mut expected = Vec::new();
+    let mut partition_primary = 0;
+    for b in 0..10u64 {
+        let (payloads, body) = batch(b);
+        expected.extend(payloads);
+        let reply = write(3 + b, Operation::SendMessages, &body, session);
+        assert_eq!(u64_at(&reply.body, 0), b * 4, "base offset of batch {b}");
+        partition_primary = usize::from(reply.header.frame.replica);
+    }
+
+    // The partition's primary dies with a batch in flight; the retry (same request
+    // number) on the others is applied exactly once.
+    let others: Vec<usize> = (0..NODES).filter(|r| *r != partition_primary).collect();
+    let (payloads, body) = batch(10);
+    expected.extend(payloads);
+    let mut client = Client::connect(files.client_addr(partition_primary), id).expect("connect");
+    assert_eq!(
+        client.login("root", ROOT_PASSWORD).expect("login").status(),
+        0
+    );
+    client.session = session;
+    let frame = client.frame(Operation::SendMessages as u8, 0, 13, &body);
+    let _ = client.send_raw(frame.as_bytes());
+    daemons[partition_primary].kill();
+    let reply = write_somewhere(
+        &files,
+        &others,
+        Write {
+            id,
+            session,
+            request: 13,
+            operation: Operation::SendMessages,
+            body: &body,
+        },
+        Duration::from_secs(60),
+    );
+    assert_eq!(u64_at(&reply.body, 0), 40);
+    for b in 11..14u64 {
+        let (payloads, body) = batch(b);
+        expected.extend(payloads);
+        let reply = write_somewhere(
+            &files,
+            &others,
+            Write {
+                id,
+                session,
+                request: 3 + b,
+                operation: Operation::SendMessages,
+                body: &body,
+            },
+            Duration::from_secs(60),
+        );
+        assert_eq!(u64_at(&reply.body, 0), b * 4, "base offset of batch {b}");
+    }
+    // The old primary restarts and catches up from its peers.
+    daemons[partition_primary] = Daemon::start(&files, partition_primary);
+    for replica in 0..NODES {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let got = poll_all(&files, replica, stream, topic);
+            if got == expected {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "node {replica} serves {} of {} messages",
+                got.len(),
+                expected.len()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

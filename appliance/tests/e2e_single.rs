@@ -1,0 +1,283 @@
+//! One real `appliance` process: create a stream and a topic with 3 partitions, produce,
+//! consume back in order, restart, and the data and metadata are still there. Bad client
+//! input is answered or the connection closed, and the node keeps serving.
+
+mod common;
+
+use std::io::Read;
+use std::time::Duration;
+
+use common::*;
+use replication::wire::batch::{self, BatchBuilder, NewMessage};
+use replication::wire::Operation;
+
+const PARTITIONS: u32 = 3;
+const BATCHES: u64 = 20;
+const PER_BATCH: u64 = 5;
+
+fn payload(partition: u32, index: u64) -> Vec<u8> {
+    format!("p{partition}-m{index}").into_bytes()
+}
+
+fn batch_for(partition: u32, first: u64) -> Vec<u8> {
+    let mut builder = BatchBuilder::with_capacity(1024);
+    let payloads: Vec<Vec<u8>> = (first..first + PER_BATCH)
+        .map(|i| payload(partition, i))
+        .collect();
+    for (i, p) in payloads.iter().enumerate() {
+        builder.push(NewMessage {
+            id: u128::from(first + i as u64 + 1),
+            timestamp_delta: 0,
+            payload: p,
+            user_headers: &[],
+        });
+    }
+    builder.finish(1)
+}
+
+fn send(client: &mut Client, stream: u32, topic: u32, partition: u32, first: u64) -> Reply {
+    let mut body = partition_key(stream, topic, partition);
+    body.extend_from_slice(&batch_for(partition, first));
+    client
+        .write(Operation::SendMessages, &body)
+        .expect("send messages")
+}
+
+/// Polls a partition from offset 0 and returns every message payload in order.
+fn consume(client: &mut Client, stream: u32, topic: u32, partition: u32) -> Vec<(u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut next = 0u64;
+    loop {
+        let mut body = partition_key(stream, topic, partition);
+        body.push(0); // consumer kind single
+        body.extend_from_slice(&1u32.to_le_bytes());
+        body.push(0); // strategy offset
+        body.extend_from_slice(&next.to_le_bytes());
+        body.extend_from_slice(&1000u32.to_le_bytes());
+        body.push(0); // no auto commit
+        let reply = client.read(5, &body).expect("poll");
+        assert_eq!(reply.status(), 0, "poll status");
+        if reply.body.is_empty() {
+            return out;
+        }
+        let mut at = 0;
+        while at < reply.body.len() {
+            let length = u64_at(&reply.body, at + 32) as usize;
+            let one = &reply.body[at..at + length];
+            batch::verify(one).expect("a verified batch");
+            for message in batch::messages(one) {
+                if message.offset >= next {
+                    out.push((message.offset, message.payload.to_vec()));
+                    next = message.offset + 1;
+                }
+            }
+            at += length;
+        }
+    }
+}
+
+fn logged_in(files: &ClusterFiles, id: u128) -> Client {
+    let mut client = Client::connect(files.client_addr(0), id).expect("connect");
+    let login = client.login("root", ROOT_PASSWORD).expect("login");
+    assert_eq!(login.status(), 0, "login");
+    let register = client.register().expect("register");
+    assert_eq!(register.status(), 0, "register");
+    assert_ne!(client.session, 0);
+    client
+}
+
+#[test]
+fn single_node_produces_consumes_and_keeps_data_across_a_restart() {
+    let files = ClusterFiles::new(1);
+    let mut daemon = Daemon::start(&files, 0);
+    wait_healthy(&files, &mut daemon, Duration::from_secs(30));
+
+    let mut client = logged_in(&files, 0xc1);
+    let reply = client
+        .write(Operation::CreateStream, &short("orders"))
+        .expect("create stream");
+    assert_eq!(reply.status(), 0, "create stream: {:?}", reply.body);
+    let stream = u32_at(&reply.body, 0);
+    let mut body = stream.to_le_bytes().to_vec();
+    body.extend_from_slice(&short("events"));
+    body.extend_from_slice(&PARTITIONS.to_le_bytes());
+    let reply = client.write(Operation::CreateTopic, &body).expect("topic");
+    assert_eq!(reply.status(), 0, "create topic: {:?}", reply.body);
+    let topic = u32_at(&reply.body, 0);
+
+    for partition in 0..PARTITIONS {
+        for b in 0..BATCHES {
+            let reply = send(&mut client, stream, topic, partition, b * PER_BATCH);
+            assert_eq!(
+                reply.status(),
+                0,
+                "send: {:?}",
+                String::from_utf8_lossy(&reply.body)
+            );
+            assert_eq!(u64_at(&reply.body, 0), b * PER_BATCH, "base offset");
+            assert_eq!(u32_at(&reply.body, 8), PER_BATCH as u32, "count");
+        }
+    }
+    // A retry with the same request number is answered, not applied twice.
+    let last = client.request;
+    let mut body = partition_key(stream, topic, PARTITIONS - 1);
+    body.extend_from_slice(&batch_for(PARTITIONS - 1, 999));
+    let retry = client
+        .call(Operation::SendMessages as u8, 0, last, &body)
+        .expect("retry");
+    assert_eq!(retry.status(), 0);
+    assert_eq!(
+        u64_at(&retry.body, 0),
+        (BATCHES - 1) * PER_BATCH,
+        "the first reply"
+    );
+
+    let check = |client: &mut Client| {
+        for partition in 0..PARTITIONS {
+            let messages = consume(client, stream, topic, partition);
+            assert_eq!(
+                messages.len() as u64,
+                BATCHES * PER_BATCH,
+                "partition {partition}"
+            );
+            for (i, (offset, bytes)) in messages.iter().enumerate() {
+                assert_eq!(*offset, i as u64);
+                assert_eq!(bytes, &payload(partition, i as u64));
+            }
+        }
+    };
+    check(&mut client);
+
+    // Consumer offsets round-trip.
+    let mut body = partition_key(stream, topic, 1);
+    body.push(0);
+    body.extend_from_slice(&7u32.to_le_bytes());
+    body.extend_from_slice(&41u64.to_le_bytes());
+    let reply = client
+        .write(Operation::StoreConsumerOffset, &body)
+        .expect("store offset");
+    assert_eq!(reply.status(), 0);
+
+    // Graceful stop: SIGTERM exits 0.
+    assert_eq!(daemon.terminate(Duration::from_secs(20)), Some(0));
+    let mut daemon = Daemon::start(&files, 0);
+    wait_healthy(&files, &mut daemon, Duration::from_secs(30));
+    let mut client = logged_in(&files, 0xc2);
+    let list = client.read(3, &[]).expect("list streams");
+    assert_eq!(list.status(), 0);
+    assert_eq!(u32_at(&list.body, 0), 1, "one stream after restart");
+    check(&mut client);
+    let mut body = partition_key(stream, topic, 1);
+    body.push(0);
+    body.extend_from_slice(&7u32.to_le_bytes());
+    let offset = client.read(6, &body).expect("get offset");
+    assert_eq!(offset.status(), 0);
+    assert_eq!(u64_at(&offset.body, 0), 41);
+    // Appends continue after the restored offsets.
+    let reply = send(&mut client, stream, topic, 2, BATCHES * PER_BATCH);
+    assert_eq!(reply.status(), 0);
+    assert_eq!(u64_at(&reply.body, 0), BATCHES * PER_BATCH);
+
+    // SIGKILL, restart: acknowledged data survives.
+    daemon.kill();
+    let mut daemon = Daemon::start(&files, 0);
+    wait_healthy(&files, &mut daemon, Duration::from_secs(30));
+    let mut client = logged_in(&files, 0xc3);
+    let messages = consume(&mut client, stream, topic, 2);
+    assert_eq!(messages.len() as u64, (BATCHES + 1) * PER_BATCH);
+}
+
+#[test]
+fn bad_client_input_is_answered_or_closed_and_the_node_keeps_serving() {
+    let files = ClusterFiles::new(1);
+    let mut daemon = Daemon::start(&files, 0);
+    wait_healthy(&files, &mut daemon, Duration::from_secs(30));
+
+    // Not logged in.
+    let mut anonymous = Client::connect(files.client_addr(0), 0xa1).expect("connect");
+    let reply = anonymous.read(3, &[]).expect("reply");
+    assert_eq!(reply.status(), 6, "unauthenticated");
+    // Wrong password.
+    let reply = anonymous.login("root", "wrong").expect("reply");
+    assert_eq!(reply.status(), 7, "invalid credentials");
+
+    let mut client = logged_in(&files, 0xa2);
+    // Unknown operation, internal operation: InvalidRequest with the reason.
+    for operation in [250u8, 64] {
+        let frame = client.frame(operation, 0, 0, &[]);
+        client.send_raw(frame.as_bytes()).expect("send");
+        let reply = client.read_reply().expect("reply");
+        assert_eq!(reply.status(), 2, "operation {operation}");
+        assert!(!reply.body.is_empty(), "a reason");
+    }
+    // A body that does not parse.
+    let reply = client
+        .write(Operation::CreateStream, &[200, 1])
+        .expect("reply");
+    assert_eq!(reply.status(), 2);
+    // A batch that fails its checksum.
+    let mut body = partition_key(1, 1, 0);
+    let mut bad = BatchBuilder::with_capacity(64);
+    bad.push(NewMessage {
+        id: 1,
+        timestamp_delta: 0,
+        payload: b"x",
+        user_headers: &[],
+    });
+    let mut bad = bad.finish(1);
+    let end = bad.len() - 1;
+    bad[end] ^= 0xff;
+    body.extend_from_slice(&bad);
+    let reply = client.write(Operation::SendMessages, &body).expect("reply");
+    assert_eq!(reply.status(), 2);
+
+    // Garbage bytes, a replica command, an oversize frame: each connection is refused.
+    let garbage = |bytes: Vec<u8>| {
+        let mut bad = Client::connect(files.client_addr(0), 0xbad).expect("connect");
+        bad.stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let _ = bad.send_raw(&bytes);
+        let mut sink = Vec::new();
+        // Closed (EOF or reset) rather than answered with a Reply.
+        let result = bad.stream.read_to_end(&mut sink);
+        let timed_out = matches!(
+            &result,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+        );
+        assert!(!timed_out, "the connection is closed, not left open");
+    };
+    garbage(vec![0xab; 4096]);
+    let mut commit = [0u8; 256];
+    commit[48..52].copy_from_slice(&256u32.to_le_bytes());
+    commit[52] = 9; // wherever the command byte lives, this is not a Request
+    commit[56] = 9;
+    garbage(commit.to_vec());
+    let mut huge = client
+        .frame(Operation::CreateStream as u8, 0, 9, b"x")
+        .as_bytes()
+        .to_vec();
+    huge[48..52].copy_from_slice(&(512u32 << 20).to_le_bytes());
+    garbage(huge);
+
+    // The node still serves the good client.
+    let reply = client
+        .write(Operation::CreateStream, &short("still-here"))
+        .expect("create");
+    assert_eq!(reply.status(), 0);
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, stats) = http_get(files.http_addr(0), "/stats").expect("stats");
+    assert_eq!(code, 200);
+    eprintln!("{stats}");
+    for reason in [
+        "request_body_invalid",
+        "login_failed",
+        "unauthenticated",
+        "batch_invalid",
+        "operation_invalid",
+        "command_invalid",
+        "size_too_large",
+    ] {
+        assert!(stats.contains(reason), "{reason} counted in {stats}");
+    }
+}

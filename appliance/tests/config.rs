@@ -322,3 +322,14 @@ fn replica_id_from_the_environment_must_name_a_node() {
     let e = error_of(THREE_NODES, env(&[("APPLIANCE_REPLICA_ID", "3")]));
     assert_eq!((e.key.as_str(), e.value.as_str()), ("replica_id", "3"));
 }
+
+#[test]
+fn the_tools_password_variables_are_not_config_keys() {
+    // Regression: a shell with APPLIANCE_PASSWORD set for appliance-cli stopped the
+    // daemon from starting ("unknown field `password`").
+    let vars = env(&[
+        ("APPLIANCE_PASSWORD", "x"),
+        ("APPLIANCE_ROOT_PASSWORD", "y"),
+    ]);
+    assert!(load(THREE_NODES, vars).is_ok());
+}

@@ -8,6 +8,11 @@ use super::ConfigError;
 /// Prefix of every override variable.
 pub const ENV_PREFIX: &str = "APPLIANCE_";
 
+/// Variables under the prefix that are not config keys: the root password `format`
+/// reads, and the password appliance-cli reads. A shell that sets them for one tool must
+/// not stop the daemon from starting.
+pub const NOT_CONFIG: [&str; 2] = ["APPLIANCE_ROOT_PASSWORD", "APPLIANCE_PASSWORD"];
+
 fn typed(raw: &str) -> toml::Value {
     let parsed: Result<toml::Table, _> = toml::from_str(&format!("v = {raw}"));
     match parsed.ok().and_then(|mut t| t.remove("v")) {
@@ -23,7 +28,7 @@ pub fn apply_overrides(
 ) -> Result<(), ConfigError> {
     let mut vars: Vec<(String, String)> = vars
         .into_iter()
-        .filter(|(k, _)| k.starts_with(ENV_PREFIX))
+        .filter(|(k, _)| k.starts_with(ENV_PREFIX) && !NOT_CONFIG.contains(&k.as_str()))
         .collect();
     // Sorted, so array entries are created in index order.
     vars.sort();

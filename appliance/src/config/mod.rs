@@ -385,9 +385,7 @@ impl Config {
     /// Loads `path` (or, with `None`, the single-node loopback default) with the process
     /// environment's overrides.
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
-        // APPLIANCE_ROOT_PASSWORD is read by `format`, not a config key.
-        let vars = std::env::vars()
-            .filter(|(k, _)| k.starts_with(ENV_PREFIX) && k != "APPLIANCE_ROOT_PASSWORD");
+        let vars = std::env::vars().filter(|(k, _)| k.starts_with(ENV_PREFIX));
         match path {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|e| {

@@ -1,10 +1,10 @@
 //! The `vsr` core driven by hand-built frames: merges, refusals and hand-offs that are
 //! easier to pin down without the simulator.
 
-use replication::vsr::{Action, Config, Replica, Status};
+use replication::vsr::{Action, Config, JournalEntry, Replica, Status, Superblock};
 use replication::wire::batch::{self, BatchBuilder, NewMessage};
 use replication::wire::{
-    cluster_id, decode, DoViewChangeHeader, Frame, Header, Limits, Message, Operation,
+    cluster_id, decode, DoViewChangeHeader, Frame, FrameBuf, Header, Limits, Message, Operation,
     PartitionKey, PrepareChain, PrepareHeader, StartViewChangeHeader, METADATA_GROUP,
 };
 use zerocopy::IntoBytes;
@@ -442,4 +442,50 @@ fn a_seeded_partition_group_stamps_after_the_reopened_log() {
         next_offset: 0,
         last_timestamp: 0,
     }));
+}
+
+/// Runs a replica's actions as a driver would: appends are durable at once.
+fn drive(replica: &mut Replica, journal: &mut Vec<JournalEntry>) {
+    loop {
+        let actions = replica.drain_actions();
+        if actions.is_empty() {
+            return;
+        }
+        for action in actions {
+            if let Action::JournalAppend { op, frame } = action {
+                journal.retain(|e| e.op != op);
+                journal.push(JournalEntry {
+                    op,
+                    bytes: Some(FrameBuf::from_bytes(frame.as_bytes())),
+                });
+                replica.on_journal_durable(op, frame.checksum());
+            }
+        }
+    }
+}
+
+#[test]
+fn a_restarted_single_replica_elects_itself_without_waiting_for_probes() {
+    let config = Config::new(cluster(), METADATA_GROUP, 0, 1);
+    let mut primary = Replica::new(config.clone());
+    let mut journal = Vec::new();
+    for client in 1..=3u128 {
+        let frame = request(client, Operation::Register, 0, 0);
+        primary.on_request(frame.as_bytes());
+        drive(&mut primary, &mut journal);
+    }
+    assert_eq!((primary.op(), primary.commit()), (3, 3));
+    let superblock = Superblock {
+        view: primary.view(),
+        log_view: primary.log_view(),
+        headers: Vec::new(),
+    };
+    let mut restarted = Replica::restart(config, &superblock, &journal);
+    drive(&mut restarted, &mut journal);
+    // Well inside one probe interval: it did not wait for anyone to answer.
+    restarted.on_tick();
+    drive(&mut restarted, &mut journal);
+    assert_eq!(restarted.status(), Status::Normal);
+    assert_eq!(restarted.op(), 3);
+    assert!(restarted.view() > primary.view());
 }

@@ -101,6 +101,14 @@ impl Replica {
         replica.commit_max = commit_known.min(replica.log.op);
         replica.rebuild_positions();
         replica.incarnation = replica.prng.next_u128();
+        if replica.config.replica_count == 1 {
+            // A one-replica cluster has nobody to probe: its superblock and durable
+            // journal are the whole cluster's state, so it elects itself at once rather
+            // than waiting out the probe attempts.
+            let view = replica.view + 1;
+            replica.start_view_change(view);
+            return replica;
+        }
         let frame = replica.request_start_view_frame(replica.view);
         replica.actions.push_back(Action::Broadcast { frame });
         let now = replica.now;

@@ -199,7 +199,9 @@ fn consumer(r: &mut Reader<'_>) -> Result<Consumer, BodyError> {
     }
 }
 
-fn permissions(r: &mut Reader<'_>) -> Result<Vec<StreamPermission>, BodyError> {
+/// Reads a permission list (`count u32`, then `stream_id u32, bits u8` per entry): the
+/// layout of client requests and of prepared metadata ops alike.
+pub(crate) fn permissions(r: &mut Reader<'_>) -> Result<Vec<StreamPermission>, BodyError> {
     let count = r.u32("permission_count")?;
     if count as usize > PERMISSIONS_MAX {
         return Err(BodyError::TooMany {
@@ -226,6 +228,14 @@ fn permissions(r: &mut Reader<'_>) -> Result<Vec<StreamPermission>, BodyError> {
             })
         })
         .collect()
+}
+
+/// Writes a permission list in the layout `permissions` reads.
+pub(crate) fn write_permissions(w: &mut Writer, permissions: &[StreamPermission]) {
+    w.u32(permissions.len() as u32);
+    for p in permissions {
+        w.u32(p.stream_id).u8(p.bits());
+    }
 }
 
 fn ids(r: &mut Reader<'_>, names: [&'static str; 3]) -> Result<(u32, u32, u32), BodyError> {
@@ -458,12 +468,6 @@ impl<'a> ClientRequest<'a> {
                 w.u8(1).u32(*id);
             }
         };
-        let perms = |w: &mut Writer, p: &[StreamPermission]| {
-            w.u32(p.len() as u32);
-            for e in p {
-                w.u32(e.stream_id).u8(e.bits());
-            }
-        };
         match self {
             R::Register | R::Logout | R::ClusterMetadata | R::ListStreams => {}
             R::CreateStream { name } => {
@@ -505,7 +509,7 @@ impl<'a> ClientRequest<'a> {
                 permissions,
             } => {
                 w.short_bytes(username.as_bytes()).short_bytes(password);
-                perms(&mut w, permissions);
+                write_permissions(&mut w, permissions);
             }
             R::DeleteUser { user_id } => {
                 w.u32(*user_id);
@@ -521,7 +525,7 @@ impl<'a> ClientRequest<'a> {
                 permissions,
             } => {
                 w.u32(*user_id);
-                perms(&mut w, permissions);
+                write_permissions(&mut w, permissions);
             }
             R::CreateConsumerGroup {
                 stream_id,

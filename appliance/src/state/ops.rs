@@ -6,6 +6,7 @@
 use replication::wire::{Operation, PartitionKey};
 
 use crate::protocol::codec::{BodyError, Reader, Writer};
+use crate::protocol::request::{permissions, write_permissions};
 use crate::protocol::StreamPermission;
 
 /// A metadata-plane operation as prepared and applied on every replica.
@@ -97,38 +98,6 @@ fn long_string(r: &mut Reader<'_>, field: &'static str) -> Result<String, BodyEr
         bytes.push(r.u8(field)?);
     }
     String::from_utf8(bytes).map_err(|_| BodyError::NotUtf8 { field })
-}
-
-fn permissions(r: &mut Reader<'_>) -> Result<Vec<StreamPermission>, BodyError> {
-    // Same layout as the client's (docs/client-protocol.md).
-    let count = r.u32("permission_count")?;
-    if count as usize > crate::protocol::request::PERMISSIONS_MAX {
-        return Err(BodyError::TooMany {
-            field: "permissions",
-            count: count.into(),
-            max: 1024,
-        });
-    }
-    (0..count)
-        .map(|_| {
-            let stream_id = r.u32("permission.stream_id")?;
-            let bits = r.u8("permission.bits")?;
-            Ok(StreamPermission {
-                stream_id,
-                read: bits & 1 != 0,
-                write: bits & 2 != 0,
-                manage: bits & 4 != 0,
-            })
-        })
-        .collect()
-}
-
-fn write_permissions(w: &mut Writer, permissions: &[StreamPermission]) {
-    w.u32(permissions.len() as u32);
-    for p in permissions {
-        w.u32(p.stream_id)
-            .u8(u8::from(p.read) | u8::from(p.write) << 1 | u8::from(p.manage) << 2);
-    }
 }
 
 impl MetadataOp {

@@ -346,3 +346,23 @@ proptest! {
         let _ = MetadataState::restore(&bytes);
     }
 }
+
+#[test]
+fn prepared_permission_lists_are_as_strict_as_client_ones() {
+    // One codec serves both: unknown permission bits are refused in a prepared body too.
+    let op = MetadataOp::UpdatePermissions {
+        user_id: 7,
+        permissions: vec![StreamPermission {
+            stream_id: 1,
+            read: true,
+            write: false,
+            manage: false,
+        }],
+    };
+    let mut body = op.encode();
+    let last = body.len() - 1;
+    body[last] |= 0b1000;
+    assert!(MetadataOp::decode(op.operation(), &body).is_err());
+    body[last] &= 0b0111;
+    assert_eq!(MetadataOp::decode(op.operation(), &body), Ok(op));
+}

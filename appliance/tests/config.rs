@@ -91,7 +91,9 @@ fn three_node_file_parses_with_units() {
     assert_eq!(config.message_bus.max_message_size.0, 16 << 20);
     assert_eq!(
         config.storage.offset_durability,
-        Durability::Interval(Duration::from_millis(10))
+        Durability::Interval {
+            interval: Duration::from_millis(10)
+        }
     );
     assert_eq!(
         config.node(2).unwrap().advertised_address.as_deref(),
@@ -332,4 +334,29 @@ fn the_tools_password_variables_are_not_config_keys() {
         ("APPLIANCE_ROOT_PASSWORD", "y"),
     ]);
     assert!(load(THREE_NODES, vars).is_ok());
+}
+
+#[test]
+fn durability_intervals_are_bounded_by_the_journal_at_start() {
+    // The journal refuses intervals over 60 s; the config now parses with the journal's
+    // parser, so such a value stops the start naming its key instead of reaching it.
+    let e = error_of(
+        &THREE_NODES.replace("offset_durability = \"10ms\"", "offset_durability = \"5m\""),
+        no_env(),
+    );
+    assert_eq!(e.key, "storage.offset_durability");
+    let ok = load(
+        &THREE_NODES.replace(
+            "offset_durability = \"10ms\"",
+            "offset_durability = \"60s\"",
+        ),
+        no_env(),
+    )
+    .unwrap();
+    assert_eq!(
+        ok.storage.offset_durability,
+        Durability::Interval {
+            interval: Duration::from_secs(60)
+        }
+    );
 }

@@ -155,41 +155,33 @@ pub struct MessageBusConfig {
     pub handshakes_max: u32,
 }
 
-/// When written data reaches stable storage before an ack.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Durability {
-    /// fdatasync before every ack.
-    EveryBatch,
-    /// fdatasync at most this often; acks within the window may be lost with the host.
-    Interval(Duration),
-    /// Never forced; the page cache decides.
-    None,
-}
+/// When written data reaches stable storage before an ack: the journal's own type, parsed
+/// by the journal's own parser (one set of spellings and one interval bound).
+pub use journal::Durability;
 
-impl<'de> Deserialize<'de> for Durability {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        match text.as_str() {
-            "every" => Ok(Durability::EveryBatch),
-            "none" => Ok(Durability::None),
-            other => units::parse_duration(other)
-                .map(Durability::Interval)
-                .map_err(|_| {
-                    serde::de::Error::custom(format!(
-                        "\"{other}\" is not \"every\", \"none\" or an interval like \"10ms\""
-                    ))
-                }),
-        }
-    }
-}
+/// `"every"`, `"none"` or an interval, through `journal::Durability::parse`.
+mod durability_text {
+    use serde::{Deserialize, Deserializer, Serializer};
 
-impl Serialize for Durability {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self {
+    use super::{units, Durability};
+
+    pub fn serialize<S: Serializer>(value: &Durability, serializer: S) -> Result<S::Ok, S::Error> {
+        match value {
             Durability::EveryBatch => serializer.serialize_str("every"),
             Durability::None => serializer.serialize_str("none"),
-            Durability::Interval(d) => serializer.serialize_str(&units::format_duration(*d)),
+            Durability::Interval { interval } => {
+                serializer.serialize_str(&units::format_duration(*interval))
+            }
         }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Durability, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Durability::parse("durability", &text).map_err(|_| {
+            serde::de::Error::custom(format!(
+                "\"{text}\" is not \"every\", \"none\" or an interval like \"10ms\" (at most 60s)"
+            ))
+        })
     }
 }
 
@@ -202,7 +194,9 @@ pub struct StorageConfig {
     pub journal_size: ByteSize,
     /// Partition segments roll at this size.
     pub segment_size: ByteSize,
+    #[serde(with = "durability_text")]
     pub message_durability: Durability,
+    #[serde(with = "durability_text")]
     pub offset_durability: Durability,
 }
 

@@ -207,9 +207,9 @@ fn settings(config: &Config, replica_id: u8) -> Result<Settings, DaemonError> {
         partition: PartitionConfig {
             segment_size_max: config.storage.segment_size.0,
             index_interval_bytes: 4096,
-            durability: partitions::durability(config.storage.message_durability),
+            durability: config.storage.message_durability,
         },
-        offset_durability: partitions::durability(config.storage.offset_durability),
+        offset_durability: config.storage.offset_durability,
         client_addresses,
         tick: TICK,
     })

@@ -58,12 +58,3 @@ pub async fn open(
     let offsets = ConsumerOffsets::open(&dir.join("consumer-offsets"), offset_durability)?;
     Ok(Partition { key, log, offsets })
 }
-
-/// Converts the config's durability to the journal crate's.
-pub fn durability(value: crate::config::Durability) -> Durability {
-    match value {
-        crate::config::Durability::EveryBatch => Durability::EveryBatch,
-        crate::config::Durability::Interval(interval) => Durability::Interval { interval },
-        crate::config::Durability::None => Durability::None,
-    }
-}

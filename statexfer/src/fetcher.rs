@@ -13,7 +13,7 @@ use replication::wire::{
 use xxhash_rust::xxh3::Xxh3Default;
 
 use crate::artifact::ArtifactSink;
-use crate::manifest::{Manifest, ManifestError};
+use crate::manifest::Manifest;
 
 /// Bounds of one transfer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -299,7 +299,8 @@ impl Fetcher {
         }
         let manifest = match Manifest::decode(body) {
             Ok(manifest) => manifest,
-            Err(ManifestError::TooManyEntries { .. }) | Err(_) => {
+            // A manifest that does not decode is this peer's fault: try the next one.
+            Err(_) => {
                 self.switch_peer();
                 return;
             }

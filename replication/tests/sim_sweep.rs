@@ -63,6 +63,15 @@ fn regression_seeds() {
     // so the primary refused every SendMessages as PipelineFull.
     check(1, 3, 5_000, true);
     check(3, 3, 5_000, true);
+    // Checkpoint restarts and state transfer: 10 and 20 asked for state transfer once
+    // peers had checkpointed past them (now installed), 150 found its source's anchor
+    // corrupt, 55 (5 replicas) had two lagging replicas feeding each other partial ranges
+    // forever; 3 (partition plane) re-applied a retried request after a checkpoint
+    // restart lost the client table (checkpoints now carry it).
+    check(10, 3, 5_000, false);
+    check(20, 3, 5_000, false);
+    check(150, 3, 5_000, false);
+    check(55, 5, 5_000, false);
     // 2043: every replica held op 6 but none op 5 (a gap-jumped prepare, the primary's
     // copy lost in a crash): the merge could neither truncate nor repair op 5. A short DVC
     // suffix now nacks the op just below it.

@@ -464,8 +464,9 @@ fn drive(replica: &mut Replica, journal: &mut Vec<JournalEntry>) {
     }
 }
 
-#[test]
-fn a_restarted_single_replica_elects_itself_without_waiting_for_probes() {
+/// A one-replica metadata group that committed three Registers (ops 1..=3), and its
+/// journal.
+fn single_replica_with_three_sessions() -> (Config, Replica, Vec<JournalEntry>) {
     let config = Config::new(cluster(), METADATA_GROUP, 0, 1);
     let mut primary = Replica::new(config.clone());
     let mut journal = Vec::new();
@@ -474,6 +475,12 @@ fn a_restarted_single_replica_elects_itself_without_waiting_for_probes() {
         primary.on_request(frame.as_bytes());
         drive(&mut primary, &mut journal);
     }
+    (config, primary, journal)
+}
+
+#[test]
+fn a_restarted_single_replica_elects_itself_without_waiting_for_probes() {
+    let (config, primary, mut journal) = single_replica_with_three_sessions();
     assert_eq!((primary.op(), primary.commit()), (3, 3));
     let superblock = Superblock {
         view: primary.view(),
@@ -488,4 +495,46 @@ fn a_restarted_single_replica_elects_itself_without_waiting_for_probes() {
     assert_eq!(restarted.status(), Status::Normal);
     assert_eq!(restarted.op(), 3);
     assert!(restarted.view() > primary.view());
+}
+
+#[test]
+fn a_replica_restarted_from_a_checkpoint_resumes_there_with_its_client_table() {
+    let (config, primary, mut journal) = single_replica_with_three_sessions();
+    let checkpoint = primary.checkpoint().expect("the commit point is in memory");
+    assert_eq!(checkpoint.op, 3);
+    let superblock = Superblock {
+        view: primary.view(),
+        log_view: primary.log_view(),
+        headers: Vec::new(),
+    };
+    // Only the checkpoint's anchor survives below it: ops 1 and 2 are gone.
+    journal.retain(|e| e.op > 3);
+    let mut restarted =
+        Replica::restart_from_checkpoint(config.clone(), &superblock, checkpoint, &journal)
+            .expect("valid anchor");
+    drive(&mut restarted, &mut journal);
+    restarted.on_tick();
+    drive(&mut restarted, &mut journal);
+    assert_eq!(restarted.status(), Status::Normal);
+    assert_eq!(
+        restarted.commit(),
+        3,
+        "nothing below the checkpoint is replayed"
+    );
+    // The sessions came with the checkpoint: client 2's retried Register is answered
+    // from the table, not prepared again.
+    let retry = request(2, Operation::Register, 0, 0);
+    restarted.on_request(retry.as_bytes());
+    let actions = restarted.drain_actions();
+    assert!(
+        !actions
+            .iter()
+            .any(|a| matches!(a, Action::JournalAppend { .. })),
+        "a retried Register was prepared again: {actions:?}"
+    );
+    assert_eq!(restarted.op(), 3);
+    // A wrong anchor is refused.
+    let mut bad = primary.checkpoint().expect("checkpoint");
+    bad.op = 2;
+    assert!(Replica::restart_from_checkpoint(config, &superblock, bad, &journal).is_none());
 }

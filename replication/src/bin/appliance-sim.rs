@@ -90,6 +90,8 @@ fn main() -> ExitCode {
     let mut commits = 0u64;
     let mut view_changes = 0u64;
     let mut crashes = 0u64;
+    let mut checkpoint_restarts = 0u64;
+    let mut state_transfers = 0u64;
     for seed in from..to {
         match run_seed(options(&args, seed)) {
             Ok(summary) => {
@@ -97,6 +99,8 @@ fn main() -> ExitCode {
                 commits += summary.commit;
                 view_changes += summary.view_changes;
                 crashes += summary.crashes;
+                checkpoint_restarts += summary.checkpoint_restarts;
+                state_transfers += summary.state_transfers;
                 if to - from == 1 || args.trace {
                     println!("seed {seed}: ok {summary:?}");
                 }
@@ -133,7 +137,9 @@ fn main() -> ExitCode {
         println!(
             "{{\"passed\": {passed}, \"failed_seed\": null, \"from\": {from}, \"to\": {to}, \
              \"replicas\": {}, \"ticks\": {}, \"partition\": {}, \"ops_committed\": {commits}, \
-             \"view_changes\": {view_changes}, \"crashes\": {crashes}, \"seconds\": {:.1}}}",
+             \"view_changes\": {view_changes}, \"crashes\": {crashes}, \
+             \"checkpoint_restarts\": {checkpoint_restarts}, \"state_transfers\": \
+             {state_transfers}, \"seconds\": {:.1}}}",
             args.replicas,
             args.ticks,
             args.partition,
@@ -143,7 +149,8 @@ fn main() -> ExitCode {
     }
     println!(
         "appliance-sim: {passed} seeds passed ({}..{}, {} replicas, {} ticks): {commits} ops \
-         committed, {view_changes} view changes, {crashes} crashes, {:.1}s",
+         committed, {view_changes} view changes, {crashes} crashes ({checkpoint_restarts} \
+         restarts from a checkpoint, {state_transfers} state transfers), {:.1}s",
         from,
         to,
         args.replicas,

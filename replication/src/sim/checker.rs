@@ -46,9 +46,10 @@ impl Checker {
         self.history.get(&op)
     }
 
-    /// A replica restarted: it replays from its checkpoint (op 0 here).
-    pub fn restarted(&mut self, replica: u8) {
-        self.commit_last[usize::from(replica)] = 0;
+    /// A replica restarted: it replays from its checkpoint (op 0 without one). A
+    /// checkpoint must be an op committed with the identity the replica holds.
+    pub fn restarted(&mut self, replica: u8, checkpoint: u64) {
+        self.commit_last[usize::from(replica)] = checkpoint;
     }
 
     /// A replica committed `op`.

@@ -38,6 +38,10 @@ pub struct SimOptions {
     pub trace: bool,
     /// Lines of trace kept (the last ones).
     pub trace_lines: usize,
+    /// Restarted replicas resume from a checkpoint (the highest commit a chained local
+    /// prepare carries, as the appliance's partition groups do) instead of replaying
+    /// their journal from op 1.
+    pub checkpoint_restarts: bool,
 }
 
 /// The fault mix of a run (rates per tick are out of 10_000).
@@ -95,6 +99,7 @@ impl SimOptions {
             faults: Faults::from_seed(&mut prng),
             trace: false,
             trace_lines: TRACE_LINES_MAX,
+            checkpoint_restarts: prng.chance(1, 2),
         }
     }
 }
@@ -108,6 +113,9 @@ pub struct Summary {
     pub crashes: u64,
     pub view_changes: u64,
     pub ticks_to_converge: u64,
+    /// Restarts that resumed from a checkpoint, and state transfers installed.
+    pub checkpoint_restarts: u64,
+    pub state_transfers: u64,
 }
 
 /// A failed run: the seed, what broke, and the last lines of trace (when traced).
@@ -153,6 +161,10 @@ pub struct Cluster {
     pub replicas: Vec<Option<Replica>>,
     pub storages: Vec<Storage>,
     restart_at: Vec<u64>,
+    /// State transfers asked for: (replica, source), installed on the next step.
+    transfers: Vec<(u8, u8)>,
+    checkpoint_restarts: u64,
+    state_transfers: u64,
     incarnations: Vec<u64>,
     pub network: Network,
     clients: Vec<Client>,
@@ -203,6 +215,9 @@ impl Cluster {
             replicas,
             storages: vec![Storage::default(); usize::from(n)],
             restart_at: vec![0; usize::from(n)],
+            transfers: Vec::new(),
+            checkpoint_restarts: 0,
+            state_transfers: 0,
             incarnations: vec![0; usize::from(n)],
             network: Network::new(n, options.faults.network),
             clients,
@@ -274,6 +289,8 @@ impl Cluster {
                     crashes: self.crashes,
                     view_changes,
                     ticks_to_converge: self.now - start,
+                    checkpoint_restarts: self.checkpoint_restarts,
+                    state_transfers: self.state_transfers,
                 });
             }
         }
@@ -348,6 +365,12 @@ impl Cluster {
         self.now += 1;
         if self.faults_on {
             self.inject_faults()?;
+        }
+        for (r, from) in std::mem::take(&mut self.transfers) {
+            self.state_transfer(r, from)?;
+        }
+        if self.options.checkpoint_restarts && self.now.is_multiple_of(97) {
+            self.take_checkpoints();
         }
         for r in 0..self.options.replica_count {
             if self.replicas[usize::from(r)].is_none()
@@ -474,10 +497,15 @@ impl Cluster {
                     }
                 }
                 Action::StateTransfer { from, op_min } => {
-                    return Err(format!(
-                        "r{r} asked for state transfer from r{from} (op_min {op_min}): the \
-                         simulator keeps every op, so repair must suffice"
-                    ));
+                    if !self.options.checkpoint_restarts {
+                        return Err(format!(
+                            "r{r} asked for state transfer from r{from} (op_min {op_min}): \
+                             without checkpoints the simulator keeps every op, so repair \
+                             must suffice"
+                        ));
+                    }
+                    self.log(|| format!("r{r} state transfer from r{from} (op_min {op_min})"));
+                    self.transfers.push((r, from));
                 }
             }
         }
@@ -532,13 +560,76 @@ impl Cluster {
             .seed
             .wrapping_add(self.incarnations[i].wrapping_mul(0x9e37));
         let journal = self.storages[i].read_journal();
-        let replica = Replica::restart(config, &self.storages[i].superblock, &journal);
+        let superblock = &self.storages[i].superblock;
+        let checkpoint = if self.options.checkpoint_restarts {
+            self.storages[i].checkpoint.clone()
+        } else {
+            None
+        };
+        let (replica, from) = match checkpoint {
+            Some(checkpoint) => {
+                let op = checkpoint.op;
+                let Some(replica) =
+                    Replica::restart_from_checkpoint(config, superblock, checkpoint, &journal)
+                else {
+                    return Err(format!("r{r}: checkpoint {op} has an invalid anchor"));
+                };
+                let held = replica.log().header(op).map(|h| h.frame.checksum);
+                let committed = self.checker.get(op).map(|c| c.identity);
+                if held.is_none() || held != committed {
+                    return Err(format!(
+                        "r{r} restarted at checkpoint {op} holding {held:?}, but \
+                         {committed:?} was committed"
+                    ));
+                }
+                self.checkpoint_restarts += 1;
+                (replica, op)
+            }
+            None => (Replica::restart(config, superblock, &journal), 0),
+        };
         self.replicas[i] = Some(replica);
         self.restart_at[i] = 0;
-        self.checker.restarted(r);
-        self.log(|| format!("r{r} restarted"));
+        self.checker.restarted(r, from);
+        self.log(|| format!("r{r} restarted (checkpoint {from})"));
         self.sync_links();
         self.drain(r)
+    }
+
+    /// A simulated state transfer: `r` installs the committed state of `from` at its
+    /// commit point (the anchor prepare and the stamp position come along) and restarts
+    /// from that checkpoint, as the appliance does after installing artifacts. When the
+    /// source is down or cannot read its anchor, `r` restarts from its own state and asks
+    /// again.
+    fn state_transfer(&mut self, r: u8, from: u8) -> Result<(), String> {
+        if self.replicas[usize::from(r)].is_none() {
+            return Ok(());
+        }
+        let source = self.replicas[usize::from(from)]
+            .as_ref()
+            .and_then(|replica| replica.checkpoint());
+        if let Some(checkpoint) = source {
+            self.log(|| format!("r{r} installs r{from}'s checkpoint {}", checkpoint.op));
+            self.storages[usize::from(r)].install(checkpoint);
+            self.state_transfers += 1;
+        }
+        if let Some(replica) = self.replicas[usize::from(r)].take() {
+            self.view_changes_retired += replica.counters().view_changes;
+        }
+        self.restart(r)
+    }
+
+    /// Every live replica checkpoints its state at its commit point (the simulator's
+    /// state machine is the checker's history, already applied up to there).
+    fn take_checkpoints(&mut self) {
+        for (i, replica) in self.replicas.iter().enumerate() {
+            let Some(replica) = replica else { continue };
+            if replica.status() != Status::Normal {
+                continue;
+            }
+            if let Some(checkpoint) = replica.checkpoint() {
+                self.storages[i].checkpoint = Some(checkpoint);
+            }
+        }
     }
 
     /// The Normal primary of the highest view, if any.

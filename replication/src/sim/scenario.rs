@@ -19,6 +19,7 @@ impl Cluster {
             faults: Faults::none(),
             trace: false,
             trace_lines: TRACE_LINES_MAX,
+            checkpoint_restarts: false,
         };
         let mut cluster = Cluster::new(options);
         cluster.faults_on = false;

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::vsr::{JournalEntry, Prng, Superblock};
+use crate::vsr::{Checkpoint, JournalEntry, Prng, Superblock};
 use crate::wire::{Frame, FrameBuf};
 
 #[derive(Clone, Debug)]
@@ -19,6 +19,8 @@ struct Pending {
 #[derive(Clone, Debug, Default)]
 pub struct Storage {
     pub superblock: Superblock,
+    /// The last checkpoint taken (written synchronously, like the superblock).
+    pub checkpoint: Option<Checkpoint>,
     durable: BTreeMap<u64, FrameBuf>,
     pending: Vec<Pending>,
     pub writes: u64,
@@ -84,6 +86,18 @@ impl Storage {
         bytes.as_bytes_mut()[at] ^= 0x5a;
         self.corrupted += 1;
         true
+    }
+
+    /// A state-transfer install: the source's checkpoint becomes this replica's; writes
+    /// in flight are abandoned.
+    pub fn install(&mut self, checkpoint: Checkpoint) {
+        self.pending.clear();
+        self.checkpoint = Some(checkpoint);
+    }
+
+    /// The durable bytes of `op`, if any.
+    pub fn entry(&self, op: u64) -> Option<&FrameBuf> {
+        self.durable.get(&op)
     }
 
     /// Whether a durable entry exists at `op`.

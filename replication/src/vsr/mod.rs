@@ -41,7 +41,7 @@ mod view_change;
 pub use client_table::{ClientTable, Session, CLIENTS_MAX_DEFAULT};
 pub use groups::{Groups, RouteError};
 pub use log::{Log, Slot};
-pub use recovery::{JournalEntry, Superblock};
+pub use recovery::{Checkpoint, JournalEntry, Superblock};
 pub use replica::{Replica, RequestOutcome, Status};
 pub use timeout::{Prng, Timeout};
 

@@ -7,8 +7,10 @@ use zerocopy::FromBytes;
 
 use crate::wire::{decode, Frame, FrameBuf, Limits, Message, PrepareHeader};
 
+use super::client_table::ClientTable;
 use super::replica::{Replica, Status};
 use super::{Action, Config};
+use crate::wire::batch::PartitionPosition;
 
 /// What a replica persists before acting in a view: view, log_view and the log_view's
 /// suffix headers (highest op first), so a restart knows the canonical suffix it held.
@@ -17,6 +19,19 @@ pub struct Superblock {
     pub view: u32,
     pub log_view: u32,
     pub headers: Vec<PrepareHeader>,
+}
+
+/// The consensus state that goes with a driver's checkpoint of its state machine.
+#[derive(Clone, Debug)]
+pub struct Checkpoint {
+    /// The commit point the state reflects.
+    pub op: u64,
+    /// The committed prepare of `op`: anchors the hash chain of the ops above.
+    pub anchor: Frame,
+    /// The partition stamp position after `op` (partition plane).
+    pub position: PartitionPosition,
+    /// The client table as of `op` (sessions and their last replies).
+    pub clients: ClientTable,
 }
 
 /// One journal slot as read back at startup.
@@ -28,11 +43,90 @@ pub struct JournalEntry {
     pub bytes: Option<FrameBuf>,
 }
 
+/// The header of the prepare the log holds for `op`, if any.
+fn stamped_anchor(replica: &Replica, op: u64) -> Option<PrepareHeader> {
+    let frame = replica.log.slot(op)?.frame.as_ref()?;
+    PrepareHeader::read_from_prefix(frame.as_bytes())
+        .ok()
+        .map(|(h, _)| h)
+}
+
 impl Replica {
     /// A replica restarting from its superblock and journal. It starts Recovering and
     /// broadcasts RequestStartView; it commits nothing until a StartView tells it the view.
     pub fn restart(config: Config, superblock: &Superblock, journal: &[JournalEntry]) -> Replica {
+        Replica::restart_inner(config, superblock, journal, None)
+    }
+
+    /// A replica restarting from a checkpoint: the driver's state (a partition's segment
+    /// log and offsets) already reflects every op up to `checkpoint.op`, so it resumes
+    /// with commit = that op, the client table as it was there, and replays nothing below
+    /// it. `journal` holds the durable entries above it (entries at or below are
+    /// ignored). Returns None when the anchor is not the valid prepare of the op.
+    pub fn restart_from_checkpoint(
+        config: Config,
+        superblock: &Superblock,
+        checkpoint: Checkpoint,
+        journal: &[JournalEntry],
+    ) -> Option<Replica> {
+        let limits = Limits::default();
+        match decode(checkpoint.anchor.as_bytes(), &limits) {
+            Ok(Message::Prepare(h, _)) if h.op == checkpoint.op && h.op > 0 => {}
+            _ => return None,
+        }
+        let mut entries = vec![JournalEntry {
+            op: checkpoint.op,
+            bytes: Some(FrameBuf::from_bytes(checkpoint.anchor.as_bytes())),
+        }];
+        entries.extend(journal.iter().filter(|e| e.op > checkpoint.op).cloned());
+        let mut replica = Replica::restart_inner(
+            config,
+            superblock,
+            &entries,
+            Some((checkpoint.op, checkpoint.position)),
+        );
+        replica.clients = checkpoint.clients;
+        Some(replica)
+    }
+
+    /// What a checkpoint needs from this replica now (commit point, its prepare, the
+    /// client table and the partition stamp position), or None when the prepare of the
+    /// commit point is not in memory. The driver must pair it with its own state as of
+    /// the same commit (take it when every Commit action has been executed).
+    pub fn checkpoint(&self) -> Option<Checkpoint> {
+        let op = self.commit;
+        let anchor = self.log.slot(op)?.frame.clone()?;
+        let position = self
+            .positions
+            .get(&op)
+            .copied()
+            .unwrap_or(PartitionPosition {
+                partition_id: self.config.group,
+                next_offset: 0,
+                last_timestamp: 0,
+            });
+        Some(Checkpoint {
+            op,
+            anchor,
+            position,
+            clients: self.clients.clone(),
+        })
+    }
+
+    fn restart_inner(
+        config: Config,
+        superblock: &Superblock,
+        journal: &[JournalEntry],
+        checkpoint: Option<(u64, PartitionPosition)>,
+    ) -> Replica {
         let mut replica = Replica::empty(config);
+        if let Some((op, position)) = checkpoint {
+            // Ops below the checkpoint's own are gone; its slot stays as the chain anchor.
+            replica.log.checkpoint(op - 1);
+            replica.commit = op;
+            replica.positions.clear();
+            replica.positions.insert(op, position);
+        }
         replica.status = Status::Recovering;
         replica.view = superblock.view;
         replica.log_view = superblock.log_view;
@@ -72,14 +166,25 @@ impl Replica {
                 slot.frame = Some(frame);
             }
         }
+        // Ops at or below a checkpoint are applied: only the headers above it matter.
+        let floor = replica.log.op_checkpoint;
         let top = superblock.headers.first().map(|h| h.op).unwrap_or(0);
-        for header in superblock.headers.iter().rev() {
+        for header in superblock.headers.iter().rev().filter(|h| h.op > floor) {
             replica.log.set_canonical(header);
         }
         replica.log.op = top;
+        if checkpoint.is_some() {
+            // The checkpoint op is committed: its local prepare is canonical by the
+            // driver's contract, and anchors the chain of everything above.
+            let anchor = stamped_anchor(&replica, replica.commit);
+            if let Some(header) = anchor {
+                replica.log.set_canonical(&header);
+            }
+            replica.log.op = replica.log.op.max(replica.commit);
+        }
         // Prepares stamped with log_view above the superblock suffix were appended in
         // that view after it was installed: they are that view's log.
-        for header in stamped.iter().filter(|h| h.op > top) {
+        for header in stamped.iter().filter(|h| h.op > top.max(floor)) {
             replica.log.set_canonical(header);
             replica.log.op = replica.log.op.max(header.op);
         }
@@ -98,7 +203,7 @@ impl Replica {
         // Ops without a known identity above chain_floor cannot exist; below it the walk
         // learns identities from parent links.
         replica.walk_chain();
-        replica.commit_max = commit_known.min(replica.log.op);
+        replica.commit_max = commit_known.min(replica.log.op).max(replica.commit);
         replica.rebuild_positions();
         replica.incarnation = replica.prng.next_u128();
         if replica.config.replica_count == 1 {

@@ -226,7 +226,22 @@ impl Replica {
 
     /// A peer no longer holds the front of what we asked for.
     pub(crate) fn on_range_evicted(&mut self, header: &RepairResultHeader) {
-        if header.op > self.commit + 1 && !self.state_transfer_requested {
+        if header.op <= self.commit + 1 || self.state_transfer_requested {
+            return;
+        }
+        // Another peer may still hold the range (peers checkpoint independently): repair
+        // rotates through peers, and state transfer starts once half of the other
+        // replicas (or every connected one) evicted what we lack since commit last moved.
+        if self.evicted.0 != self.commit {
+            self.evicted = (self.commit, 0);
+        }
+        let peer = header.frame.replica;
+        if peer < self.config.replica_count {
+            self.evicted.1 |= 1 << peer;
+        }
+        let others = u32::from(self.config.replica_count) - 1;
+        let enough = self.evicted.1.count_ones() >= (others / 2).max(1);
+        if enough || self.connected & !self.evicted.1 == 0 {
             self.state_transfer_requested = true;
             self.actions.push_back(Action::StateTransfer {
                 from: header.frame.replica,

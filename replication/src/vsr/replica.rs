@@ -102,6 +102,8 @@ pub struct Replica {
     /// Nonce of the latest RequestPrepares (its RepairDone continues the repair).
     pub(crate) repair_nonce: u128,
     pub(crate) state_transfer_requested: bool,
+    /// Peers that answered RangeEvicted (bitmask) since commit was at the first value.
+    pub(crate) evicted: (u64, u32),
     /// Partition plane: the stamp position after each op (pruned below commit).
     pub(crate) positions: BTreeMap<u64, PartitionPosition>,
     pub(crate) timeout_commit_broadcast: Timeout,
@@ -167,6 +169,7 @@ impl Replica {
             repair_peer_next: 0,
             repair_nonce: 0,
             state_transfer_requested: false,
+            evicted: (0, 0),
             positions: BTreeMap::from([(0, position)]),
             timeout_commit_broadcast: Timeout::new(
                 "commit_broadcast",

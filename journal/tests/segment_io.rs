@@ -225,3 +225,48 @@ fn interval_durability_syncs_once_the_interval_passes() {
         log.close().await.unwrap();
     });
 }
+
+#[test]
+fn an_uncommitted_suffix_is_truncated_at_a_batch_boundary_across_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let (mut log, _) =
+            PartitionLog::open(dir.path(), PARTITION, config(Durability::EveryBatch))
+                .await
+                .unwrap();
+        let batches = fill(&mut log, 100).await;
+        let segments = log.segments();
+        assert!(segments.len() > 3);
+        // Inside the active segment.
+        log.truncate_from(490).await.unwrap();
+        assert_eq!(log.next_offset(), 490);
+        assert_eq!(log.read_from_offset(0, u64::MAX).unwrap(), batches[..98]);
+        // At the base of a sealed segment: that segment and every newer one go.
+        let base = segments[2].0;
+        log.truncate_from(base).await.unwrap();
+        assert_eq!(log.next_offset(), base);
+        assert_eq!(log.segments().len(), 2);
+        // Inside a sealed segment, not at a boundary: refused, nothing changes.
+        assert!(log.truncate_from(base - 3).await.is_err());
+        assert_eq!(log.next_offset(), base);
+        // Mid-segment boundary; then appending continues from there.
+        let cut = base - 10;
+        log.truncate_from(cut).await.unwrap();
+        assert_eq!(log.next_offset(), cut);
+        let n = (cut / 5) as usize;
+        assert_eq!(log.read_from_offset(0, u64::MAX).unwrap(), batches[..n]);
+        let again = batch(PARTITION, cut, 5_000, 5, 333);
+        log.append(&again).await.unwrap();
+        log.close().await.unwrap();
+        let (log, report) =
+            PartitionLog::open(dir.path(), PARTITION, config(Durability::EveryBatch))
+                .await
+                .unwrap();
+        assert!(report.truncated_tail.is_none());
+        assert_eq!(log.next_offset(), cut + 5);
+        let mut expected = batches[..n].to_vec();
+        expected.push(again);
+        assert_eq!(log.read_from_offset(0, u64::MAX).unwrap(), expected);
+        assert_eq!(log.read_from_timestamp(5_000, 1).unwrap().len(), 1);
+    });
+}

@@ -470,6 +470,85 @@ impl PartitionLog {
         Ok(removed)
     }
 
+    /// Removes every batch at or after `offset`, which must be a batch boundary at or
+    /// above the first stored offset (consensus truncating an uncommitted suffix). Whole
+    /// newer segments are deleted, the segment holding `offset` is cut there and becomes
+    /// the active one again, and the log is reopened from disk.
+    pub async fn truncate_from(&mut self, offset: u64) -> Result<()> {
+        if offset >= self.next_offset() {
+            return Ok(());
+        }
+        let start = self.start_offset();
+        if offset < start {
+            return Err(JournalError::OffsetOutOfRange {
+                offset,
+                start,
+                end: self.next_offset(),
+            });
+        }
+        self.sync().await?;
+        let holder = self.segments.partition_point(|s| s.base_offset <= offset) - 1;
+        let segment = &self.segments[holder];
+        let cut = if offset == segment.base_offset {
+            0
+        } else {
+            let mut found = None;
+            let from = segment
+                .index
+                .position_for_offset(offset - segment.base_offset);
+            self.read_batches(segment, from, &mut |_, entry| {
+                if entry.base_offset == offset {
+                    found = Some(entry.position);
+                }
+                entry.base_offset < offset
+            })?;
+            found.ok_or_else(|| JournalError::BatchRejected {
+                base_offset: offset,
+                reason: "truncation point is not a batch boundary".into(),
+            })?
+        };
+        let keep = if cut == 0 && holder > 0 {
+            holder - 1
+        } else {
+            holder
+        };
+        for segment in &self.segments[keep + 1..] {
+            let path = self.dir.join(segment_file_name(segment.base_offset, "log"));
+            std::fs::remove_file(&path).map_err(io("remove", &path))?;
+        }
+        for extension in ["index", "timeindex"] {
+            for segment in &self.segments[keep..] {
+                let path = self
+                    .dir
+                    .join(segment_file_name(segment.base_offset, extension));
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(JournalError::io("remove", &path, e)),
+                }
+            }
+        }
+        let kept = &self.segments[keep];
+        let len = if keep == holder { cut } else { kept.len };
+        let path = self.dir.join(segment_file_name(kept.base_offset, "log"));
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(io("open", &path))?;
+        file.set_len(len).map_err(io("truncate", &path))?;
+        file.sync_all().map_err(io("fsync", &path))?;
+        sync_parent_dir(&path)?;
+        let (reopened, _) = PartitionLog::open(&self.dir, self.partition_id, self.config).await?;
+        let old = std::mem::replace(self, reopened);
+        let old_path = old.active_path();
+        old.active
+            .file
+            .close()
+            .await
+            .map_err(io("close", &old_path))?;
+        Ok(())
+    }
+
     /// Batches holding `offset` and after, up to about `bytes_max` bytes (at least one
     /// batch). Every batch read is verified.
     pub fn read_from_offset(&self, offset: u64, bytes_max: u64) -> Result<Vec<Vec<u8>>> {

@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::wire::Frame;
+use zerocopy::FromBytes;
+
+use crate::wire::{Frame, ReplyHeader, HEADER_SIZE};
 
 /// Sessions kept by default before the oldest is evicted.
 pub const CLIENTS_MAX_DEFAULT: usize = 64;
@@ -162,7 +164,71 @@ impl ClientTable {
     pub fn remove(&mut self, client: u128) {
         self.sessions.remove(&client);
     }
+
+    /// The table as bytes for a checkpoint: a count, then per session client, epoch,
+    /// request, op (little endian) and the 256-byte sealed reply header.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(4 + self.sessions.len() * SESSION_ENCODED_LEN);
+        out.extend_from_slice(&(self.sessions.len() as u32).to_le_bytes());
+        for (client, s) in &self.sessions {
+            out.extend_from_slice(&client.to_le_bytes());
+            out.extend_from_slice(&s.session.to_le_bytes());
+            out.extend_from_slice(&s.request.to_le_bytes());
+            out.extend_from_slice(&s.op.to_le_bytes());
+            out.extend_from_slice(&s.reply.as_bytes()[..HEADER_SIZE]);
+        }
+        out
+    }
+
+    /// Decodes `encode`'s bytes; every reply must be a Reply header as built and the
+    /// sessions must fit `clients_max`. (Replies are client frames, which carry no
+    /// checksum: the file holding the table must checksum it.)
+    pub fn decode(bytes: &[u8], clients_max: usize) -> Result<ClientTable, &'static str> {
+        let count = bytes
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+            .ok_or("client table: truncated count")? as usize;
+        if count > clients_max {
+            return Err("client table: more sessions than clients_max");
+        }
+        if bytes.len() != 4 + count * SESSION_ENCODED_LEN {
+            return Err("client table: length does not match the session count");
+        }
+        let mut table = ClientTable::new(clients_max);
+        for record in bytes[4..].chunks_exact(SESSION_ENCODED_LEN) {
+            let u64_at =
+                |at: usize| u64::from_le_bytes(record[at..at + 8].try_into().unwrap_or([0; 8]));
+            let client = u128::from_le_bytes(record[..16].try_into().unwrap_or([0; 16]));
+            let reply = &record[40..];
+            // The header as sealed when it was built: rebuilding it must give the same
+            // bytes (command, size and both checksums included).
+            let rebuilt = ReplyHeader::read_from_bytes(reply)
+                .ok()
+                .map(|header| Frame::build(&header, &[]))
+                .filter(|frame| frame.as_bytes() == reply);
+            let Some(reply) = rebuilt else {
+                return Err("client table: a reply is not a sealed Reply header");
+            };
+            table.sessions.insert(
+                client,
+                Session {
+                    session: u64_at(16),
+                    request: u64_at(24),
+                    op: u64_at(32),
+                    reply,
+                },
+            );
+        }
+        if table.sessions.len() != count {
+            return Err("client table: a client appears twice");
+        }
+        Ok(table)
+    }
 }
+
+/// Bytes of one encoded session.
+const SESSION_ENCODED_LEN: usize = 16 + 8 + 8 + 8 + HEADER_SIZE;
 
 #[cfg(test)]
 mod tests {
@@ -189,6 +255,32 @@ mod tests {
         assert!(matches!(table.lookup(7, 9, 2), Lookup::NoSession));
         // A retry of an already committed request is not applied again.
         assert!(!table.commit(7, 1, 12, reply(12)));
+    }
+
+    #[test]
+    fn the_table_round_trips_through_its_encoding_and_damage_is_refused() {
+        let mut table = ClientTable::new(4);
+        table.register(7, 10, reply(10));
+        assert!(table.commit(7, 3, 11, reply(11)));
+        table.commit_request(9, 5, 12, reply(12));
+        let bytes = table.encode();
+        let back = ClientTable::decode(&bytes, 4).expect("decodes");
+        assert_eq!(back.len(), 2);
+        let s = back.get(7).expect("client 7");
+        assert_eq!((s.session, s.request, s.op), (10, 3, 11));
+        assert_eq!(s.reply.checksum(), reply(11).checksum());
+        assert!(matches!(back.lookup_request(9, 5), Lookup::Replied(_)));
+        assert!(ClientTable::decode(&bytes, 1).is_err(), "over the bound");
+        assert!(ClientTable::decode(&bytes[..bytes.len() - 1], 4).is_err());
+        let mut twice = bytes.clone();
+        twice.copy_within(4..4 + SESSION_ENCODED_LEN, 4 + SESSION_ENCODED_LEN);
+        assert!(ClientTable::decode(&twice, 4).is_err(), "a client twice");
+        let mut not_reply = bytes.clone();
+        not_reply[4 + 40 + 60] = 9; // the command byte: Commit
+        assert!(
+            ClientTable::decode(&not_reply, 4).is_err(),
+            "not a Reply header"
+        );
     }
 
     #[test]

@@ -286,19 +286,13 @@ fn poll_all(files: &ClusterFiles, replica: usize, stream: u32, topic: u32) -> Ve
     }
 }
 
-#[test]
-fn three_nodes_replicate_a_partition_and_every_node_serves_it() {
-    use replication::wire::batch::{BatchBuilder, NewMessage};
-    let files = ClusterFiles::new(NODES);
-    let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
-    for daemon in &mut daemons {
-        wait_healthy(&files, daemon, Duration::from_secs(60));
-    }
-    let all: Vec<usize> = (0..NODES).collect();
-    let id = 0x4321;
-    let write = |request: u64, operation: Operation, body: &[u8], session: u64| {
+/// A write of client `id` to whichever node accepts it (`write_somewhere` over every
+/// node): (request, operation, body, session) -> the Ok reply.
+fn writer(files: &ClusterFiles, id: u128) -> impl Fn(u64, Operation, &[u8], u64) -> Reply + '_ {
+    move |request, operation, body, session| {
+        let all: Vec<usize> = (0..NODES).collect();
         write_somewhere(
-            &files,
+            files,
             &all,
             Write {
                 id,
@@ -309,32 +303,57 @@ fn three_nodes_replicate_a_partition_and_every_node_serves_it() {
             },
             Duration::from_secs(60),
         )
-    };
+    }
+}
+
+/// A 3-node cluster with a session of client `id`, a stream `name` and a one-partition
+/// topic in it: the daemons, the session, the stream and the topic ids.
+fn cluster_with_topic(files: &ClusterFiles, id: u128, name: &str) -> (Vec<Daemon>, u64, u32, u32) {
+    let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(files, r)).collect();
+    for daemon in &mut daemons {
+        wait_healthy(files, daemon, Duration::from_secs(60));
+    }
+    let write = writer(files, id);
     let session = u64_at(&write(0, Operation::Register, &[], 0).body, 0);
     let stream = u32_at(
-        &write(1, Operation::CreateStream, &short("s"), session).body,
+        &write(1, Operation::CreateStream, &short(name), session).body,
         0,
     );
     let mut body = stream.to_le_bytes().to_vec();
     body.extend_from_slice(&short("t"));
     body.extend_from_slice(&1u32.to_le_bytes());
     let topic = u32_at(&write(2, Operation::CreateTopic, &body, session).body, 0);
+    (daemons, session, stream, topic)
+}
 
-    let batch = |b: u64| {
-        let mut builder = BatchBuilder::with_capacity(256);
-        let payloads: Vec<Vec<u8>> = (0..4).map(|i| format!("b{b}m{i}").into_bytes()).collect();
-        for (i, p) in payloads.iter().enumerate() {
-            builder.push(NewMessage {
-                id: u128::from(b * 4 + i as u64 + 1),
-                timestamp_delta: 0,
-                payload: p,
-                user_headers: &[],
-            });
-        }
-        let mut body = partition_key(stream, topic, 0);
-        body.extend_from_slice(&builder.finish(1));
-        (payloads, body)
-    };
+/// Batch `b` of partition 0: four messages with payloads "{tag}{b}m{i}" and ids 4b+i+1;
+/// the payloads and the SendMessages body.
+fn numbered_batch(stream: u32, topic: u32, tag: &str, b: u64) -> (Vec<Vec<u8>>, Vec<u8>) {
+    use replication::wire::batch::{BatchBuilder, NewMessage};
+    let payloads: Vec<Vec<u8>> = (0..4)
+        .map(|i| format!("{tag}{b}m{i}").into_bytes())
+        .collect();
+    let mut builder = BatchBuilder::with_capacity(256);
+    for (i, p) in payloads.iter().enumerate() {
+        builder.push(NewMessage {
+            id: u128::from(b * 4 + i as u64 + 1),
+            timestamp_delta: 0,
+            payload: p,
+            user_headers: &[],
+        });
+    }
+    let mut body = partition_key(stream, topic, 0);
+    body.extend_from_slice(&builder.finish(1));
+    (payloads, body)
+}
+
+#[test]
+fn three_nodes_replicate_a_partition_and_every_node_serves_it() {
+    let files = ClusterFiles::new(NODES);
+    let id = 0x4321;
+    let (mut daemons, session, stream, topic) = cluster_with_topic(&files, id, "s");
+    let write = writer(&files, id);
+    let batch = |b: u64| numbered_batch(stream, topic, "b", b);
     let mut expected = Vec::new();
     let mut partition_primary = 0;
     for b in 0..10u64 {
@@ -407,4 +426,93 @@ fn three_nodes_replicate_a_partition_and_every_node_serves_it() {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+#[test]
+fn every_node_killed_at_once_restarts_with_every_acknowledged_batch() {
+    let files = ClusterFiles::new(NODES);
+    let id = 0x7777;
+    let (mut daemons, session, stream, topic) = cluster_with_topic(&files, id, "k");
+    let write = writer(&files, id);
+    let batch = |b: u64| numbered_batch(stream, topic, "k", b);
+    // The first batch finds the partition's primary; the rest go to it on one
+    // connection (spanning several checkpoints: one a second).
+    let mut expected = Vec::new();
+    let (payloads, body) = batch(0);
+    expected.extend(payloads);
+    let reply = write(3, Operation::SendMessages, &body, session);
+    let primary = usize::from(reply.header.frame.replica);
+    let mut client = Client::connect(files.client_addr(primary), id).expect("connect");
+    assert_eq!(
+        client.login("root", ROOT_PASSWORD).expect("login").status(),
+        0
+    );
+    client.session = session;
+    let started = Instant::now();
+    let mut b = 1u64;
+    while b < 300 || started.elapsed() < Duration::from_millis(2_500) {
+        let (payloads, body) = batch(b);
+        let reply = client
+            .call(Operation::SendMessages as u8, 0, 3 + b, &body)
+            .expect("reply");
+        assert_eq!(reply.status(), 0, "batch {b}");
+        assert_eq!(u64_at(&reply.body, 0), b * 4, "base offset of batch {b}");
+        expected.extend(payloads);
+        b += 1;
+    }
+    // Every node dies at once: acknowledged batches were durable on a quorum.
+    for daemon in &mut daemons {
+        daemon.kill();
+    }
+    let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
+    for daemon in &mut daemons {
+        wait_healthy(&files, daemon, Duration::from_secs(60));
+    }
+    // The cluster takes writes again, after every acknowledged batch.
+    let (payloads, body) = batch(b);
+    let reply = write(3 + b, Operation::SendMessages, &body, session);
+    assert_eq!(
+        u64_at(&reply.body, 0),
+        b * 4,
+        "the log continues after the restart"
+    );
+    expected.extend(payloads);
+    for replica in 0..NODES {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let got = poll_all(&files, replica, stream, topic);
+            if got == expected {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {replica} serves {} of {} messages after restarting every node{}",
+                got.len(),
+                expected.len(),
+                if got.len() <= expected.len() && got[..] == expected[..got.len()] {
+                    " (a prefix)"
+                } else {
+                    " (diverged)"
+                }
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    for (replica, daemon) in daemons.iter_mut().enumerate() {
+        assert_eq!(
+            daemon.terminate(Duration::from_secs(30)),
+            Some(0),
+            "node {replica} exits cleanly"
+        );
+    }
+    let checkpoints = (0..NODES)
+        .filter(|r| {
+            std::fs::read_dir(files.data_dir(*r).join("partitions"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|d| d.path().join("vsr-checkpoint").exists())
+        })
+        .count();
+    assert_eq!(checkpoints, NODES, "every node checkpointed the partition");
 }

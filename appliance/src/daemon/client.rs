@@ -401,7 +401,9 @@ impl Node {
                 else {
                     return (Status::NotFound, Vec::new());
                 };
-                let end = stored.log.next_offset();
+                // The log also holds prepared, uncommitted batches: reads stop at the
+                // commit point.
+                let end = stored.committed_end;
                 let batches = match strategy {
                     // At or past the end: nothing committed yet (an empty Ok).
                     PollStrategy::Offset(offset) if *offset >= end => Ok((*offset, Vec::new())),
@@ -444,6 +446,9 @@ impl Node {
                     };
                     if info.next_offset() <= from {
                         continue;
+                    }
+                    if info.next_offset() > end {
+                        break;
                     }
                     w.raw(&bytes);
                     messages += u64::from(info.message_count);

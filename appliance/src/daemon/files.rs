@@ -17,7 +17,11 @@ pub const GENESIS_FILE: &str = "metadata-genesis";
 /// view, log_view and suffix headers of the metadata group.
 pub const VSR_SUPERBLOCK_FILE: &str = "vsr-superblock";
 
+/// A partition group's checkpoint: commit op, stamp position and client table.
+pub const CHECKPOINT_FILE: &str = "vsr-checkpoint";
+
 const MAGIC_GENESIS: &[u8; 4] = b"AGN1";
+const MAGIC_CHECKPOINT: &[u8; 4] = b"ACP1";
 const MAGIC_VSR: &[u8; 4] = b"AVS1";
 /// The suffix never exceeds the DVC bitset width.
 const SUFFIX_HEADERS_MAX: usize = replication::vsr::SUFFIX_MAX;
@@ -105,6 +109,50 @@ pub fn read_genesis(dir: &Path) -> Result<Vec<u8>, FileError> {
         path: path.display().to_string(),
         reason: "missing (format the directory with `appliance format`)",
     })
+}
+
+/// A partition group's checkpoint as stored: the commit op its segment log and offsets
+/// reflect, the stamp position after it, and the encoded client table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredCheckpoint {
+    pub op: u64,
+    pub position: replication::wire::batch::PartitionPosition,
+    pub clients: Vec<u8>,
+}
+
+/// Persists a partition group's checkpoint durably (replacing the previous one).
+pub fn write_checkpoint(dir: &Path, checkpoint: &StoredCheckpoint) -> Result<(), FileError> {
+    let mut payload = Vec::with_capacity(32 + checkpoint.clients.len());
+    payload.extend_from_slice(&checkpoint.op.to_le_bytes());
+    payload.extend_from_slice(&checkpoint.position.partition_id.to_le_bytes());
+    payload.extend_from_slice(&checkpoint.position.next_offset.to_le_bytes());
+    payload.extend_from_slice(&checkpoint.position.last_timestamp.to_le_bytes());
+    payload.extend_from_slice(&checkpoint.clients);
+    write_durable(&dir.join(CHECKPOINT_FILE), MAGIC_CHECKPOINT, &payload)
+}
+
+/// The partition group's checkpoint, or None when none was taken yet.
+pub fn read_checkpoint(dir: &Path) -> Result<Option<StoredCheckpoint>, FileError> {
+    let path = dir.join(CHECKPOINT_FILE);
+    let Some(payload) = read_checked(&path, MAGIC_CHECKPOINT)? else {
+        return Ok(None);
+    };
+    if payload.len() < 32 {
+        return Err(FileError::Corrupt {
+            path: path.display().to_string(),
+            reason: "checkpoint shorter than its fixed fields",
+        });
+    }
+    let u64_at = |at: usize| u64::from_le_bytes(payload[at..at + 8].try_into().unwrap_or([0; 8]));
+    Ok(Some(StoredCheckpoint {
+        op: u64_at(0),
+        position: replication::wire::batch::PartitionPosition {
+            partition_id: u64_at(8),
+            next_offset: u64_at(16),
+            last_timestamp: u64_at(24),
+        },
+        clients: payload[32..].to_vec(),
+    }))
 }
 
 /// Persists the VSR superblock (view, log_view, suffix headers) durably.

@@ -12,6 +12,7 @@
 pub mod files;
 pub mod node;
 pub mod partitions;
+pub mod prepares;
 pub mod stats;
 pub mod system;
 

@@ -23,6 +23,7 @@ use zerocopy::FromBytes;
 
 use super::files;
 use super::partitions::{self, Partitions};
+use super::prepares;
 use super::DaemonError;
 use crate::protocol::codec::Reader;
 use crate::protocol::Status;
@@ -126,6 +127,12 @@ impl Latencies {
 /// Committed partition prepares kept in memory to serve repair to a lagging replica.
 pub const PARTITION_REPAIR_WINDOW_OPS: u64 = 256;
 const _: () = assert!(PARTITION_REPAIR_WINDOW_OPS > vsr::PIPELINE_MAX);
+
+/// Prepare records kept before a checkpoint compacts the prepare log.
+const PREPARE_RECORDS_KEPT: usize = 4096;
+
+/// Ticks between partition checkpoints (with 10 ms ticks: one second).
+const CHECKPOINT_TICKS: u64 = 100;
 
 /// A request unanswered for this long no longer counts toward the request latency.
 const REQUEST_LATENCY_AGE_MAX: Duration = Duration::from_secs(60);
@@ -321,6 +328,10 @@ impl Node {
 
     async fn on_tick(&mut self) -> Result<(), DaemonError> {
         self.ticks += 1;
+        // Before the tick's own actions: every Commit so far has been applied.
+        if self.ticks.is_multiple_of(CHECKPOINT_TICKS) {
+            self.checkpoint_partitions().await?;
+        }
         self.groups.on_tick();
         for partition in self.partitions.by_group.values_mut() {
             partition
@@ -359,18 +370,16 @@ impl Node {
             }
             Action::JournalAppend { op, frame } => {
                 self.prepared_at.insert((group, op), Instant::now());
-                let mut checksum = Some(frame.checksum());
-                if group == METADATA_GROUP {
-                    let started = Instant::now();
-                    checksum = self.journal_write(op, &frame).await?;
-                    let _ = self
-                        .latencies
-                        .journal_fsync
-                        .record(started.elapsed().as_micros() as u64);
-                }
-                // Partition prepares are held in memory until commit writes them to the
-                // segment log (see README, "Status": backups of a partition group ack
-                // before their data is durable; a single node acks only after).
+                let started = Instant::now();
+                let checksum = if group == METADATA_GROUP {
+                    self.journal_write(op, &frame).await?
+                } else {
+                    self.partition_journal(group, op, &frame).await?
+                };
+                let _ = self
+                    .latencies
+                    .journal_fsync
+                    .record(started.elapsed().as_micros() as u64);
                 if let (Some(replica), Some(checksum)) = (self.groups.get_mut(group), checksum) {
                     replica.on_journal_durable(op, checksum);
                 }
@@ -382,11 +391,16 @@ impl Node {
                         .truncate_after(op_max)
                         .await
                         .map_err(|e| DaemonError::Runtime(format!("journal truncate: {e}")))?;
+                } else {
+                    self.partition_truncate(group, op_max).await?;
                 }
             }
             Action::PersistSuperblock(superblock) => {
                 if group == METADATA_GROUP {
                     self.persist_superblock(&superblock).await?;
+                } else if let Some(partition) = self.partitions.by_group.get(&group) {
+                    files::write_vsr_superblock(&partition.dir, &superblock)
+                        .map_err(DaemonError::runtime)?;
                 }
             }
             Action::Commit { op, prepare } => {
@@ -517,82 +531,39 @@ impl Node {
                 "partition op {op} committed a frame that is not a prepare"
             )));
         };
-        let body = prepare.as_bytes().get(256..).unwrap_or(&[]);
-        let Some(partition) = self.partitions.by_group.get_mut(&group) else {
+        if !self.partitions.by_group.contains_key(&group) {
             self.remember_reply(group, header.client, op, Status::NotFound, Vec::new());
             return Ok(());
+        }
+        // Normally journaled at prepare time; an op whose append was deferred (a gap) is
+        // journaled now, in order, before it is applied.
+        if self.partition_journal(group, op, prepare).await?.is_none() {
+            return Err(DaemonError::Runtime(format!(
+                "partition group {group}: committed op {op} cannot be journaled"
+            )));
+        }
+        let Some(partition) = self.partitions.by_group.get_mut(&group) else {
+            return Ok(());
         };
+        let body = prepare.as_bytes().get(256..).unwrap_or(&[]);
         let (status, reply_body) = match Operation::from_u8(header.operation) {
             Some(Operation::SendMessages) => {
                 let info = batch::verify(body).map_err(|e| {
                     DaemonError::Runtime(format!("committed batch of op {op} invalid: {e:?}"))
                 })?;
-                let stored = partition.log.next_offset();
-                let base_offset = if info.next_offset() <= stored {
-                    // Replayed after a restart (repair from op 1): already in the log,
-                    // byte for byte, or the logs diverged and this node must stop.
-                    let held = partition
-                        .log
-                        .read_from_offset(info.base_offset, body.len() as u64)
-                        .ok()
-                        .and_then(|batches| batches.into_iter().next());
-                    if held.as_deref() != Some(body) {
-                        return Err(DaemonError::Runtime(format!(
-                            "partition op {op}: the batch at offset {} differs from the one                              this node stored (divergent log)",
-                            info.base_offset
-                        )));
-                    }
-                    info.base_offset
-                } else if info.base_offset == stored {
-                    let receipt = partition.log.append(body).await.map_err(|e| {
-                        DaemonError::Runtime(format!("partition append of op {op}: {e}"))
-                    })?;
-                    receipt.base_offset
-                } else {
-                    return Err(DaemonError::Runtime(format!(
-                        "partition op {op} starts at offset {} but the log ends at {stored}",
-                        info.base_offset
-                    )));
-                };
-                let mut reply = base_offset.to_le_bytes().to_vec();
+                partition.committed_end = info.next_offset();
+                let mut reply = info.base_offset.to_le_bytes().to_vec();
                 reply.extend_from_slice(&info.message_count.to_le_bytes());
                 (Status::Ok, reply)
             }
             Some(Operation::StoreConsumerOffset) | Some(Operation::DeleteConsumerOffset) => {
-                let mut r = Reader::new(body);
-                let kind = r.u8("consumer_kind");
-                let id = r.u32("consumer_id");
-                let consumer = match (kind, id) {
-                    (Ok(0), Ok(id)) => Some(crate::protocol::Consumer::Single(id)),
-                    (Ok(1), Ok(id)) => Some(crate::protocol::Consumer::Group(id)),
-                    _ => None,
-                };
-                match consumer {
-                    None => (Status::InvalidRequest, Vec::new()),
-                    Some(consumer) => {
-                        let key = partitions::consumer_key(consumer);
-                        let result = if header.operation == Operation::StoreConsumerOffset as u8 {
-                            match r.u64("offset") {
-                                Ok(offset) => partition.offsets.store(key, offset).map(|_| true),
-                                Err(_) => Ok(false),
-                            }
-                        } else {
-                            partition.offsets.delete(key)
-                        };
-                        match result {
-                            Ok(true) => (Status::Ok, Vec::new()),
-                            Ok(false) => (Status::NotFound, Vec::new()),
-                            Err(e) => {
-                                return Err(DaemonError::Runtime(format!(
-                                    "consumer offsets of op {op}: {e}"
-                                )))
-                            }
-                        }
-                    }
-                }
+                apply_offset_op(partition, header.operation, body).map_err(|e| {
+                    DaemonError::Runtime(format!("consumer offsets of op {op}: {e}"))
+                })?
             }
             _ => (Status::InvalidRequest, Vec::new()),
         };
+        partition.committed_op = op;
         self.remember_reply(group, header.client, op, status, reply_body);
         // Committed prepares are in the segment log now: keep only a repair window of
         // them in memory (older ones are answered RangeEvicted).
@@ -655,7 +626,7 @@ impl Node {
             if self.partitions.by_group.contains_key(&group) {
                 continue;
             }
-            let partition = partitions::open(
+            let opened = partitions::open(
                 &self.settings.data_dir,
                 key,
                 group,
@@ -666,23 +637,221 @@ impl Node {
             .map_err(|e| DaemonError::Runtime(format!("partition {key:?}: {e}")))?;
             let mut config = self.settings.vsr.clone();
             config.group = group;
-            let replica = if self.settings.replica_count > 1 && self.restarted {
-                // Partition prepares are not journaled: a restarted replica of a cluster
-                // probes for the view and catches up by repair (commits of batches its
-                // log already holds are skipped).
-                Replica::restart(config, &vsr::Superblock::default(), &[])
-            } else {
-                let mut replica = Replica::new(config);
-                replica.seed_partition_position(partition.log.position());
-                replica
-            };
-            let mut replica = replica;
+            let mut replica = self.partition_replica(config, &opened)?;
             for peer in (0..self.settings.replica_count).filter(|p| *p != self.settings.replica) {
                 replica.set_connected(peer, self.bus.is_connected(peer));
             }
+            tracing::info!(
+                ?key,
+                group,
+                checkpoint = opened.partition.checkpoint_op,
+                journaled = opened.records.len(),
+                "partition group started"
+            );
             self.groups.insert(replica);
-            self.partitions.by_group.insert(group, partition);
-            tracing::info!(?key, "partition group started");
+            self.partitions.by_group.insert(group, opened.partition);
+        }
+        Ok(())
+    }
+
+    /// The consensus group of a partition as its storage left it: fresh; restarted from
+    /// its checkpoint with the prepares recorded above it; or replaying its records from
+    /// op 1 when it never checkpointed.
+    fn partition_replica(
+        &self,
+        config: vsr::Config,
+        opened: &partitions::Opened,
+    ) -> Result<Replica, DaemonError> {
+        let partition = &opened.partition;
+        let key = partition.key;
+        let fail = |e: String| DaemonError::Runtime(format!("partition {key:?}: {e}"));
+        let mut entries = Vec::with_capacity(opened.records.len());
+        for record in &opened.records {
+            let bytes = partitions::frame_of(&partition.log, record).map_err(fail)?;
+            entries.push(JournalEntry {
+                op: record.op(),
+                bytes: Some(bytes),
+            });
+        }
+        if let Some(stored) = &opened.checkpoint {
+            let anchor = entries
+                .iter()
+                .find(|e| e.op == stored.op)
+                .and_then(|e| e.bytes.as_ref())
+                .and_then(|b| {
+                    let (header, body) = PrepareHeader::read_from_prefix(b.as_bytes()).ok()?;
+                    Some(Frame::build(&header, body))
+                })
+                .ok_or_else(|| fail(format!("checkpoint op {} has no prepare", stored.op)))?;
+            let clients = vsr::ClientTable::decode(&stored.clients, config.clients_max)
+                .map_err(|e| fail(e.to_string()))?;
+            let checkpoint = vsr::Checkpoint {
+                op: stored.op,
+                anchor,
+                position: stored.position,
+                clients,
+            };
+            return Replica::restart_from_checkpoint(
+                config,
+                &opened.superblock,
+                checkpoint,
+                &entries,
+            )
+            .ok_or_else(|| fail(format!("checkpoint op {} anchor is invalid", stored.op)));
+        }
+        if !entries.is_empty()
+            || opened.superblock != vsr::Superblock::default()
+            || (self.settings.replica_count > 1 && self.restarted)
+        {
+            // Recorded prepares replay from op 1 (their batches are already in the log);
+            // with none, a restarted member of a cluster probes for the view and repairs.
+            return Ok(Replica::restart(config, &opened.superblock, &entries));
+        }
+        let mut replica = Replica::new(config);
+        replica.seed_partition_position(partition.log.position());
+        Ok(replica)
+    }
+
+    /// Journals the prepare of `op` of a partition group: its batch into the segment log,
+    /// its record into the prepare log, both durable per `message_durability` before it
+    /// is reported. Returns the identity when it is journaled, None when it cannot be yet
+    /// (a gap below it) or must not be (it would rewrite a committed op).
+    async fn partition_journal(
+        &mut self,
+        group: u64,
+        op: u64,
+        frame: &Frame,
+    ) -> Result<Option<u128>, DaemonError> {
+        let Some(partition) = self.partitions.by_group.get_mut(&group) else {
+            return Ok(None);
+        };
+        let checksum = frame.checksum();
+        let fail =
+            |e: String| DaemonError::Runtime(format!("partition group {group} op {op}: {e}"));
+        if partition
+            .prepares
+            .get(op)
+            .is_some_and(|e| e.identity == checksum)
+        {
+            return Ok(Some(checksum));
+        }
+        if op <= partition.committed_op {
+            self.bus.stats().reject("partition_rewrite_committed");
+            tracing::error!(group, op, "refused to rewrite a committed partition op");
+            return Ok(None);
+        }
+        if op <= partition.prepares.head() {
+            partition.truncate_after(op - 1).await.map_err(fail)?;
+        }
+        let head = partition.prepares.head();
+        let follows = op == head + 1 || (partition.prepares.is_empty() && op == 1);
+        if !follows {
+            self.bus.stats().reject("journal_append_gap");
+            tracing::warn!(
+                group,
+                op,
+                head,
+                "partition journal append past the head deferred"
+            );
+            return Ok(None);
+        }
+        let Ok((header, _)) = PrepareHeader::read_from_prefix(frame.as_bytes()) else {
+            return Err(fail("not a prepare".into()));
+        };
+        let body = frame.as_bytes().get(256..).unwrap_or(&[]);
+        let before = partition.log.position();
+        let record = if header.operation == Operation::SendMessages as u8 {
+            let receipt = match partition.log.append(body).await {
+                Ok(receipt) => receipt,
+                Err(error) => {
+                    // The core checked the stamp against its own position: a mismatch
+                    // here means the log and the core disagree; do not acknowledge.
+                    self.bus.stats().reject("partition_append_refused");
+                    tracing::error!(group, op, %error, "partition batch not journaled");
+                    return Ok(None);
+                }
+            };
+            prepares::Record {
+                header,
+                base_offset: receipt.base_offset,
+                next_offset: receipt.next_offset,
+                last_timestamp: partition.log.position().last_timestamp,
+                inline: Vec::new(),
+            }
+        } else {
+            if body.len() > prepares::INLINE_BODY_MAX {
+                self.bus.stats().reject("partition_prepare_body_too_large");
+                return Ok(None);
+            }
+            prepares::Record {
+                header,
+                base_offset: before.next_offset,
+                next_offset: before.next_offset,
+                last_timestamp: before.last_timestamp,
+                inline: body.to_vec(),
+            }
+        };
+        partition.prepares.append(&record).await.map_err(fail)?;
+        if self.settings.partition.durability == Durability::EveryBatch {
+            partition.prepares.sync().await.map_err(fail)?;
+        }
+        Ok(Some(checksum))
+    }
+
+    /// Truncates a partition group's journal above `op_max` (a view change discarded
+    /// the uncommitted suffix).
+    async fn partition_truncate(&mut self, group: u64, op_max: u64) -> Result<(), DaemonError> {
+        let Some(partition) = self.partitions.by_group.get_mut(&group) else {
+            return Ok(());
+        };
+        let fail = |e: String| DaemonError::Runtime(format!("partition group {group}: {e}"));
+        if op_max < partition.committed_op {
+            self.bus.stats().reject("partition_truncate_committed");
+            tracing::error!(group, op_max, "refused to truncate committed partition ops");
+            return Ok(());
+        }
+        partition.truncate_after(op_max).await.map_err(fail)
+    }
+
+    /// Checkpoints every partition group whose commit moved: the segment log, prepare
+    /// records and offsets synced, then the commit op, stamp position and client table
+    /// written durably; prepare records below it are then dropped. Called only when
+    /// every Commit action has been executed, so the state matches the commit point.
+    async fn checkpoint_partitions(&mut self) -> Result<(), DaemonError> {
+        for (group, partition) in self.partitions.by_group.iter_mut() {
+            let Some(replica) = self.groups.get(*group) else {
+                continue;
+            };
+            if replica.commit() <= partition.checkpoint_op
+                || replica.commit() != partition.committed_op
+            {
+                continue;
+            }
+            let Some(checkpoint) = replica.checkpoint() else {
+                continue;
+            };
+            let fail = |e: String| DaemonError::Runtime(format!("partition checkpoint: {e}"));
+            partition
+                .log
+                .sync()
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            partition.prepares.sync().await.map_err(fail)?;
+            partition.offsets.flush().map_err(|e| fail(e.to_string()))?;
+            let stored = files::StoredCheckpoint {
+                op: checkpoint.op,
+                position: checkpoint.position,
+                clients: checkpoint.clients.encode(),
+            };
+            files::write_checkpoint(&partition.dir, &stored).map_err(|e| fail(e.to_string()))?;
+            partition.checkpoint_op = checkpoint.op;
+            if partition.prepares.len() > PREPARE_RECORDS_KEPT {
+                partition
+                    .prepares
+                    .compact(checkpoint.op)
+                    .await
+                    .map_err(fail)?;
+            }
         }
         Ok(())
     }
@@ -691,6 +860,11 @@ impl Node {
     pub async fn close(self) -> Result<(), DaemonError> {
         for (_, mut partition) in self.partitions.by_group {
             let _ = partition.offsets.flush();
+            partition
+                .prepares
+                .close()
+                .await
+                .map_err(|e| DaemonError::Runtime(format!("prepare log close: {e}")))?;
             partition
                 .log
                 .close()
@@ -713,6 +887,36 @@ impl Node {
             _ => None,
         }
     }
+}
+
+/// Applies a committed StoreConsumerOffset or DeleteConsumerOffset.
+fn apply_offset_op(
+    partition: &mut partitions::Partition,
+    operation: u8,
+    body: &[u8],
+) -> journal::Result<(Status, Vec<u8>)> {
+    let mut r = Reader::new(body);
+    let kind = r.u8("consumer_kind");
+    let id = r.u32("consumer_id");
+    let consumer = match (kind, id) {
+        (Ok(0), Ok(id)) => crate::protocol::Consumer::Single(id),
+        (Ok(1), Ok(id)) => crate::protocol::Consumer::Group(id),
+        _ => return Ok((Status::InvalidRequest, Vec::new())),
+    };
+    let key = partitions::consumer_key(consumer);
+    let changed = if operation == Operation::StoreConsumerOffset as u8 {
+        match r.u64("offset") {
+            Ok(offset) => partition.offsets.store(key, offset).map(|_| true)?,
+            Err(_) => false,
+        }
+    } else {
+        partition.offsets.delete(key)?
+    };
+    Ok(if changed {
+        (Status::Ok, Vec::new())
+    } else {
+        (Status::NotFound, Vec::new())
+    })
 }
 
 /// The client-facing operation of a prepared one (replica-plane.md, "Prepare": the

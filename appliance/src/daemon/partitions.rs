@@ -8,23 +8,62 @@ use journal::segment::{ConsumerOffsets, PartitionConfig, PartitionLog};
 use journal::Durability;
 use replication::wire::PartitionKey;
 
+use replication::wire::FrameBuf;
+use zerocopy::IntoBytes;
+
+use super::files::{self, StoredCheckpoint};
+use super::prepares::{PrepareLog, Record};
 use crate::protocol::Consumer;
 
 /// Bytes of log a poll reads at most (whole batches; the reply stays far below the
 /// frame limit).
 pub const POLL_BYTES_MAX: u64 = 4 << 20;
 
-/// One partition's committed data.
+/// One partition's data and the consensus state stored beside it.
 pub struct Partition {
     pub key: PartitionKey,
+    pub dir: PathBuf,
+    /// Batches of every journaled prepare, committed or not (reads stop at
+    /// `committed_end`).
     pub log: PartitionLog,
     pub offsets: ConsumerOffsets,
+    /// The group's prepare records (prepares.rs).
+    pub prepares: PrepareLog,
+    /// The highest op applied here, and the log offset it ends at.
+    pub committed_op: u64,
+    pub committed_end: u64,
+    /// The op of the last durable checkpoint (0: none).
+    pub checkpoint_op: u64,
+}
+
+impl Partition {
+    /// Drops every journaled prepare above `op_max`: records first (none may point past
+    /// the log), then their batches.
+    pub async fn truncate_after(&mut self, op_max: u64) -> Result<(), String> {
+        let Some(base) = self.prepares.get(op_max + 1).map(|e| e.base_offset) else {
+            return Ok(());
+        };
+        self.prepares.truncate_after(op_max).await?;
+        self.log
+            .truncate_from(base)
+            .await
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// Every partition this node stores, by group.
 #[derive(Default)]
 pub struct Partitions {
     pub by_group: BTreeMap<u64, Partition>,
+}
+
+/// What opening a partition found on disk for its consensus group.
+pub struct Opened {
+    pub partition: Partition,
+    /// Prepare records from the checkpoint (or op 1) up, reconciled with the log.
+    pub records: Vec<Record>,
+    pub checkpoint: Option<StoredCheckpoint>,
+    pub superblock: replication::vsr::Superblock,
 }
 
 /// The folder of a partition inside the data directory's `partitions/`.
@@ -42,19 +81,120 @@ pub fn consumer_key(consumer: Consumer) -> u64 {
     }
 }
 
-/// Opens (creating if absent) one partition's log and offsets.
+/// Opens (creating if absent) one partition's log, offsets, prepare records, VSR
+/// superblock and checkpoint, and reconciles the log with the records: records whose
+/// batch the log lost are dropped, and batches past the last record (never
+/// acknowledged) are cut from the log.
 pub async fn open(
     data_dir: &Path,
     key: PartitionKey,
     group: u64,
     config: PartitionConfig,
     offset_durability: Durability,
-) -> journal::Result<Partition> {
+) -> Result<Opened, String> {
     let dir = partition_dir(data_dir, key);
-    let (log, report) = PartitionLog::open(&dir, group, config).await?;
+    let (mut log, report) = PartitionLog::open(&dir, group, config)
+        .await
+        .map_err(|e| e.to_string())?;
     if let Some((from, to)) = report.truncated_tail {
         tracing::warn!(?key, from, to, "partition log: torn tail truncated");
     }
-    let offsets = ConsumerOffsets::open(&dir.join("consumer-offsets"), offset_durability)?;
-    Ok(Partition { key, log, offsets })
+    let offsets = ConsumerOffsets::open(&dir.join("consumer-offsets"), offset_durability)
+        .map_err(|e| e.to_string())?;
+    let (mut prepares, mut records) = PrepareLog::open(&dir).await?;
+    let log_end = log.next_offset();
+    if let Some(lost) = records.iter().position(|r| r.next_offset > log_end) {
+        let op = records[lost].op();
+        tracing::warn!(
+            ?key,
+            op,
+            log_end,
+            "prepare records past the log's end dropped"
+        );
+        prepares.truncate_after(op - 1).await?;
+        records.truncate(lost);
+    }
+    if let Some(last) = records.last() {
+        if log_end > last.next_offset {
+            tracing::warn!(
+                ?key,
+                from = last.next_offset,
+                to = log_end,
+                "unacknowledged batches past the last prepare record cut"
+            );
+            log.truncate_from(last.next_offset)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    let checkpoint = files::read_checkpoint(&dir).map_err(|e| e.to_string())?;
+    let superblock = files::read_vsr_superblock(&dir).map_err(|e| e.to_string())?;
+    let (committed_op, committed_end) = match (&checkpoint, records.first()) {
+        (Some(checkpoint), _) => (checkpoint.op, checkpoint.position.next_offset),
+        (None, Some(first)) if first.op() == 1 => (0, first.base_offset),
+        (None, Some(first)) => {
+            return Err(format!(
+                "{}: prepare records start at op {} but there is no checkpoint",
+                dir.display(),
+                first.op()
+            ))
+        }
+        (None, None) => (0, log.next_offset()),
+    };
+    if let Some(checkpoint) = &checkpoint {
+        if prepares.get(checkpoint.op).is_none() {
+            return Err(format!(
+                "{}: the checkpoint at op {} has no prepare record",
+                dir.display(),
+                checkpoint.op
+            ));
+        }
+        records.retain(|r| r.op() >= checkpoint.op);
+    }
+    let partition = Partition {
+        key,
+        dir,
+        log,
+        offsets,
+        prepares,
+        committed_op,
+        committed_end,
+        checkpoint_op: committed_op,
+    };
+    Ok(Opened {
+        partition,
+        records,
+        checkpoint,
+        superblock,
+    })
+}
+
+/// The prepare frame of a record: its header and its body (the batch read back from
+/// the log, or the inline body).
+pub fn frame_of(log: &PartitionLog, record: &Record) -> Result<FrameBuf, String> {
+    let mut bytes = record.header.as_bytes().to_vec();
+    if record.next_offset > record.base_offset {
+        let batch = log
+            .read_from_offset(record.base_offset, 1)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        let info = replication::wire::batch::verify(&batch)
+            .map_err(|e| format!("batch of op {}: {e:?}", record.op()))?;
+        if info.base_offset != record.base_offset || info.next_offset() != record.next_offset {
+            return Err(format!(
+                "op {}: the log holds offsets {}..{} where the record says {}..{}",
+                record.op(),
+                info.base_offset,
+                info.next_offset(),
+                record.base_offset,
+                record.next_offset
+            ));
+        }
+        bytes.extend_from_slice(&batch);
+    } else {
+        bytes.extend_from_slice(&record.inline);
+    }
+    Ok(FrameBuf::from_bytes(&bytes))
 }

@@ -1,0 +1,446 @@
+//! A partition group's prepare log: the consensus half of its journal. The batches of
+//! SendMessages prepares are written to the segment log itself at prepare time (each
+//! byte written once); this file holds, per op, the 256-byte prepare header, where its
+//! batch lies in the log (base and next offset), the stamp position after it, and the
+//! body of prepares that carry no batch (consumer offsets). A prepare is durable when
+//! both its batch and its record are.
+//!
+//! Record: magic "PRP1", inline body length u32, base_offset u64, next_offset u64,
+//! last_timestamp u64, the prepare header (256), the inline body, then XxHash3-64 of all
+//! of it. Records are contiguous ops whose parent links and offsets chain; the first
+//! record that is torn, fails its checksum or breaks the chain ends the file (what
+//! follows was never acknowledged: acks wait for the record).
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use glommio::io::BufferedFile;
+use replication::wire::PrepareHeader;
+use zerocopy::{FromBytes, IntoBytes};
+
+/// The prepare log's file name inside a partition's folder.
+pub const PREPARES_FILE: &str = "vsr-prepares";
+
+const MAGIC: &[u8; 4] = b"PRP1";
+const FIXED_LEN: usize = 4 + 4 + 8 + 8 + 8 + 256;
+/// Inline bodies are small consumer-offset operations.
+pub const INLINE_BODY_MAX: usize = 64 * 1024;
+
+/// One prepare as recorded.
+#[derive(Clone, Debug)]
+pub struct Record {
+    pub header: PrepareHeader,
+    pub base_offset: u64,
+    pub next_offset: u64,
+    pub last_timestamp: u64,
+    /// The body when it is not a batch in the segment log.
+    pub inline: Vec<u8>,
+}
+
+impl Record {
+    pub fn op(&self) -> u64 {
+        self.header.op
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(FIXED_LEN + self.inline.len() + 8);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&(self.inline.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.base_offset.to_le_bytes());
+        out.extend_from_slice(&self.next_offset.to_le_bytes());
+        out.extend_from_slice(&self.last_timestamp.to_le_bytes());
+        out.extend_from_slice(self.header.as_bytes());
+        out.extend_from_slice(&self.inline);
+        let sum = xxhash_rust::xxh3::xxh3_64(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    /// Decodes the record at the start of `bytes`: the record and its length, or None
+    /// when it is torn or damaged.
+    fn decode(bytes: &[u8]) -> Option<(Record, usize)> {
+        if bytes.len() < FIXED_LEN + 8 || &bytes[..4] != MAGIC {
+            return None;
+        }
+        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap_or([0; 4]));
+        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]));
+        let inline_len = u32_at(4) as usize;
+        if inline_len > INLINE_BODY_MAX {
+            return None;
+        }
+        let len = FIXED_LEN + inline_len + 8;
+        if bytes.len() < len {
+            return None;
+        }
+        let sum = u64_at(len - 8);
+        if xxhash_rust::xxh3::xxh3_64(&bytes[..len - 8]) != sum {
+            return None;
+        }
+        let header = PrepareHeader::read_from_bytes(&bytes[32..FIXED_LEN]).ok()?;
+        let record = Record {
+            header,
+            base_offset: u64_at(8),
+            next_offset: u64_at(16),
+            last_timestamp: u64_at(24),
+            inline: bytes[FIXED_LEN..FIXED_LEN + inline_len].to_vec(),
+        };
+        Some((record, len))
+    }
+}
+
+/// Where one record lies, and what consensus and reads need of it without the file.
+#[derive(Clone, Copy, Debug)]
+pub struct Entry {
+    pub op: u64,
+    pub identity: u128,
+    pub base_offset: u64,
+    pub next_offset: u64,
+    pub last_timestamp: u64,
+    position: u64,
+}
+
+/// The open prepare log of one partition group. Not `Send` (glommio file).
+pub struct PrepareLog {
+    path: PathBuf,
+    file: BufferedFile,
+    entries: VecDeque<Entry>,
+    end: u64,
+}
+
+fn io<'a>(op: &'static str, path: &'a Path) -> impl Fn(std::io::Error) -> String + 'a {
+    move |e| format!("{op} {}: {e}", path.display())
+}
+
+fn glommio_io<'a>(
+    op: &'static str,
+    path: &'a Path,
+) -> impl Fn(glommio::GlommioError<()>) -> String + 'a {
+    move |e| format!("{op} {}: {e}", path.display())
+}
+
+impl PrepareLog {
+    /// Opens (creating if absent) the prepare log in `dir`, drops a damaged or unchained
+    /// tail, and returns the records it holds.
+    pub async fn open(dir: &Path) -> Result<(PrepareLog, Vec<Record>), String> {
+        let path = dir.join(PREPARES_FILE);
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(io("read", &path)(e)),
+        };
+        let mut records: Vec<Record> = Vec::new();
+        let mut entries = VecDeque::new();
+        let mut at = 0usize;
+        while let Some((record, len)) = Record::decode(&bytes[at..]) {
+            if let Some(below) = records.last() {
+                let chained = record.op() == below.op() + 1
+                    && record.header.parent == below.header.frame.checksum
+                    && record.base_offset == below.next_offset;
+                if !chained {
+                    break;
+                }
+            }
+            if record.next_offset < record.base_offset {
+                break;
+            }
+            entries.push_back(entry_of(&record, at as u64));
+            records.push(record);
+            at += len;
+        }
+        if at < bytes.len() {
+            tracing::warn!(
+                path = %path.display(),
+                kept = at,
+                dropped = bytes.len() - at,
+                "prepare log: unacknowledged or damaged tail dropped"
+            );
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(io("open", &path))?;
+            file.set_len(at as u64).map_err(io("truncate", &path))?;
+            file.sync_all().map_err(io("fsync", &path))?;
+        }
+        let file = open_file(&path).await?;
+        let log = PrepareLog {
+            path,
+            file,
+            entries,
+            end: at as u64,
+        };
+        Ok((log, records))
+    }
+
+    /// The highest op recorded (0 when empty).
+    pub fn head(&self) -> u64 {
+        self.entries.back().map_or(0, |e| e.op)
+    }
+
+    /// The record of `op`, if held.
+    pub fn get(&self, op: u64) -> Option<&Entry> {
+        let first = self.entries.front()?.op;
+        self.entries
+            .get(usize::try_from(op.checked_sub(first)?).ok()?)
+    }
+
+    /// Records held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no record is held.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Appends the record of the next op (not synced: call `sync` per the durability
+    /// policy).
+    pub async fn append(&mut self, record: &Record) -> Result<(), String> {
+        if !self.entries.is_empty() && record.op() != self.head() + 1 {
+            return Err(format!(
+                "prepare log: op {} does not follow {}",
+                record.op(),
+                self.head()
+            ));
+        }
+        let bytes = record.encode();
+        let len = bytes.len();
+        let written = self
+            .file
+            .write_at(bytes, self.end)
+            .await
+            .map_err(glommio_io("write", &self.path))?;
+        if written != len {
+            return Err(format!(
+                "prepare log: short write to {}",
+                self.path.display()
+            ));
+        }
+        self.entries.push_back(entry_of(record, self.end));
+        self.end += len as u64;
+        Ok(())
+    }
+
+    /// Forces every record appended so far to stable storage.
+    pub async fn sync(&mut self) -> Result<(), String> {
+        self.file
+            .fdatasync()
+            .await
+            .map_err(glommio_io("fdatasync", &self.path))
+    }
+
+    /// Drops every record above `op_max` (durably).
+    pub async fn truncate_after(&mut self, op_max: u64) -> Result<(), String> {
+        let Some(cut) = self.get(op_max + 1).map(|e| e.position).or_else(|| {
+            // Everything is above op_max.
+            self.entries
+                .front()
+                .filter(|e| e.op > op_max)
+                .map(|e| e.position)
+        }) else {
+            return Ok(());
+        };
+        self.file
+            .truncate(cut)
+            .await
+            .map_err(glommio_io("truncate", &self.path))?;
+        self.sync().await?;
+        while self.entries.back().is_some_and(|e| e.op > op_max) {
+            self.entries.pop_back();
+        }
+        self.end = cut;
+        Ok(())
+    }
+
+    /// Rewrites the file without the records below `keep_from` (they are in a durable
+    /// checkpoint now): a new file is written, synced and renamed over the old one.
+    pub async fn compact(&mut self, keep_from: u64) -> Result<(), String> {
+        let Some(first) = self.get(keep_from).map(|e| e.position) else {
+            return Ok(());
+        };
+        if first == 0 {
+            return Ok(());
+        }
+        self.sync().await?;
+        let bytes = std::fs::read(&self.path).map_err(io("read", &self.path))?;
+        let tail = bytes
+            .get(first as usize..self.end as usize)
+            .ok_or_else(|| format!("prepare log {} shorter than expected", self.path.display()))?;
+        let temp = self.path.with_extension("tmp");
+        let mut file = std::fs::File::create(&temp).map_err(io("create", &temp))?;
+        file.write_all(tail).map_err(io("write", &temp))?;
+        file.sync_all().map_err(io("fsync", &temp))?;
+        drop(file);
+        std::fs::rename(&temp, &self.path).map_err(io("rename", &self.path))?;
+        if let Some(dir) = self.path.parent() {
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io("fsync", dir))?;
+        }
+        let reopened = open_file(&self.path).await?;
+        let old = std::mem::replace(&mut self.file, reopened);
+        let _ = old.close().await;
+        while self.entries.front().is_some_and(|e| e.op < keep_from) {
+            self.entries.pop_front();
+        }
+        for entry in &mut self.entries {
+            entry.position -= first;
+        }
+        self.end -= first;
+        Ok(())
+    }
+
+    /// Syncs and closes.
+    pub async fn close(mut self) -> Result<(), String> {
+        self.sync().await?;
+        self.file
+            .close()
+            .await
+            .map_err(glommio_io("close", &self.path))
+    }
+}
+
+fn entry_of(record: &Record, position: u64) -> Entry {
+    Entry {
+        op: record.op(),
+        identity: record.header.frame.checksum,
+        base_offset: record.base_offset,
+        next_offset: record.next_offset,
+        last_timestamp: record.last_timestamp,
+        position,
+    }
+}
+
+async fn open_file(path: &Path) -> Result<BufferedFile, String> {
+    let existed = path.exists();
+    let file = glommio::io::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .buffered_open(path)
+        .await
+        .map_err(glommio_io("open", path))?;
+    if !existed {
+        if let Some(dir) = path.parent() {
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io("fsync", dir))?;
+        }
+    }
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use replication::wire::{Header, PrepareChain};
+
+    /// Records of ops 1..=n chained by identity, batch i covering offsets 10i..10i+10.
+    fn chain(n: u64) -> Vec<Record> {
+        let mut chain = PrepareChain::after(0);
+        (1..=n)
+            .map(|op| {
+                let mut header = PrepareHeader::new();
+                header.op = op;
+                header.group = 7;
+                let frame = chain.append(&mut header, &[]);
+                let (header, _) = PrepareHeader::read_from_prefix(frame.as_bytes()).unwrap();
+                Record {
+                    header,
+                    base_offset: (op - 1) * 10,
+                    next_offset: op * 10,
+                    last_timestamp: op,
+                    inline: if op % 3 == 0 {
+                        vec![op as u8; 13]
+                    } else {
+                        Vec::new()
+                    },
+                }
+            })
+            .collect()
+    }
+
+    fn ops(records: &[Record]) -> Vec<u64> {
+        records.iter().map(Record::op).collect()
+    }
+
+    fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
+        journal::runtime::block_on(future).expect("executor")
+    }
+
+    #[test]
+    fn records_survive_a_reopen_and_a_torn_or_unchained_tail_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = chain(6);
+        block_on(async {
+            let (mut log, held) = PrepareLog::open(dir.path()).await.unwrap();
+            assert!(held.is_empty());
+            for record in &records {
+                log.append(record).await.unwrap();
+            }
+            log.close().await.unwrap();
+            let (log, held) = PrepareLog::open(dir.path()).await.unwrap();
+            assert_eq!(ops(&held), [1, 2, 3, 4, 5, 6]);
+            assert_eq!(held[2].inline, vec![3u8; 13]);
+            assert_eq!(log.get(4).map(|e| e.base_offset), Some(30));
+            log.close().await.unwrap();
+        });
+        // Tear the last record: it goes, the rest stays.
+        let path = dir.path().join(PREPARES_FILE);
+        let len = std::fs::metadata(&path).unwrap().len();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(len - 5).unwrap();
+        // A record from another chain appended after op 5 breaks the chain there.
+        block_on(async {
+            let (log, held) = PrepareLog::open(dir.path()).await.unwrap();
+            assert_eq!(ops(&held), [1, 2, 3, 4, 5]);
+            log.close().await.unwrap();
+        });
+        let mut foreign = chain(6).pop().unwrap();
+        foreign.header.parent ^= 1;
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.extend_from_slice(&foreign.encode());
+        std::fs::write(&path, &bytes).unwrap();
+        block_on(async {
+            let (log, held) = PrepareLog::open(dir.path()).await.unwrap();
+            assert_eq!(ops(&held), [1, 2, 3, 4, 5], "unchained record dropped");
+            log.close().await.unwrap();
+        });
+        // A flipped byte in the middle ends the log there.
+        let mut bytes = std::fs::read(&path).unwrap();
+        let second = Record::decode(&bytes).unwrap().1;
+        bytes[second + 100] ^= 0x40;
+        std::fs::write(&path, &bytes).unwrap();
+        block_on(async {
+            let (log, held) = PrepareLog::open(dir.path()).await.unwrap();
+            assert_eq!(ops(&held), [1]);
+            log.close().await.unwrap();
+        });
+    }
+
+    #[test]
+    fn truncation_and_compaction_keep_the_right_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = chain(10);
+        block_on(async {
+            let (mut log, _) = PrepareLog::open(dir.path()).await.unwrap();
+            for record in &records[..8] {
+                log.append(record).await.unwrap();
+            }
+            assert!(log.append(&records[9]).await.is_err(), "a gap is refused");
+            log.truncate_after(6).await.unwrap();
+            assert_eq!(log.head(), 6);
+            log.append(&records[6]).await.unwrap();
+            log.compact(4).await.unwrap();
+            assert!(log.get(3).is_none());
+            assert_eq!(log.get(4).map(|e| e.next_offset), Some(40));
+            log.append(&records[7]).await.unwrap();
+            log.close().await.unwrap();
+            let (log, held) = PrepareLog::open(dir.path()).await.unwrap();
+            assert_eq!(ops(&held), [4, 5, 6, 7, 8]);
+            assert_eq!(held[2].inline, vec![6u8; 13]);
+            log.close().await.unwrap();
+        });
+    }
+}

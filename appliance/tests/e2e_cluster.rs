@@ -1,4 +1,4 @@
-//! Three real `appliance` processes on 127.0.0.1: the metadata plane. Backups redirect
+//! Three real `appliance` processes on 127.0.0.1. Backups forward sessions and redirect
 //! writes to the primary, committed metadata reaches every node, a SIGKILLed primary is
 //! replaced by a view change, a write retried with the same request number is applied
 //! exactly once, and the old primary restarts and catches up.
@@ -150,13 +150,20 @@ fn three_nodes_redirect_replicate_survive_a_primary_kill_and_catch_up() {
     let primary = agreed_primary(&files, Duration::from_secs(30));
     let others: Vec<usize> = (0..NODES).filter(|r| *r != primary).collect();
 
-    // A backup redirects a write to the primary with its address.
+    // A backup forwards Register, and redirects a write to the primary with its address.
     let mut backup = Client::connect(files.client_addr(others[0]), 0x77).expect("connect");
     assert_eq!(
         backup.login("root", ROOT_PASSWORD).expect("login").status(),
         0
     );
-    let reply = backup.register().expect("register");
+    assert_eq!(
+        backup.register().expect("register").status(),
+        0,
+        "forwarded"
+    );
+    let reply = backup
+        .call(Operation::CreateStream as u8, 0, 1, &short("redirected"))
+        .expect("reply");
     assert_eq!(reply.status(), 1, "NotPrimary");
     assert_eq!(usize::from(reply.body[0]), primary, "primary id");
     let address = String::from_utf8_lossy(&reply.body[2..]).to_string();
@@ -515,4 +522,156 @@ fn every_node_killed_at_once_restarts_with_every_acknowledged_batch() {
         })
         .count();
     assert_eq!(checkpoints, NODES, "every node checkpointed the partition");
+}
+
+#[test]
+fn register_and_logout_through_a_backup_are_forwarded_to_the_primary() {
+    let files = ClusterFiles::new(NODES);
+    let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
+    for daemon in &mut daemons {
+        wait_healthy(&files, daemon, Duration::from_secs(60));
+    }
+    let primary = agreed_primary(&files, Duration::from_secs(60));
+    let backup = (primary + 1) % NODES;
+    let id = 0xf0f0;
+    let mut client = Client::connect(files.client_addr(backup), id).expect("connect");
+    let _ = client
+        .stream
+        .set_read_timeout(Some(Duration::from_secs(20)));
+    assert_eq!(
+        client.login("root", ROOT_PASSWORD).expect("login").status(),
+        0
+    );
+    let reply = client.register().expect("register reply");
+    assert_eq!(
+        reply.status(),
+        0,
+        "Register through a backup: {:?}",
+        reply.body
+    );
+    let session = u64_at(&reply.body, 0);
+    assert!(session > 0);
+    // The session is the cluster's: the primary accepts a write under it at once.
+    let mut on_primary = Client::connect(files.client_addr(primary), id).expect("connect");
+    assert_eq!(
+        on_primary
+            .login("root", ROOT_PASSWORD)
+            .expect("login")
+            .status(),
+        0
+    );
+    on_primary.session = session;
+    let reply = on_primary
+        .call(Operation::CreateStream as u8, 0, 1, &short("fwd"))
+        .expect("reply");
+    assert_eq!(reply.status(), 0, "write under the forwarded session");
+    // A backup still redirects ordinary writes.
+    client.session = session;
+    let reply = client
+        .call(Operation::CreateStream as u8, 0, 2, &short("other"))
+        .expect("reply");
+    assert_eq!(reply.status(), 1, "NotPrimary from the backup");
+    // Logout through the backup ends the session everywhere.
+    let reply = client
+        .call(Operation::Logout as u8, 0, 2, &[])
+        .expect("reply");
+    assert_eq!(reply.status(), 0, "Logout through a backup");
+    let frame = on_primary.frame(Operation::CreateStream as u8, 0, 3, &short("late"));
+    on_primary.send_raw(frame.as_bytes()).expect("send");
+    let evicted = on_primary.read_reply().expect("a frame");
+    assert_eq!(
+        evicted.header.frame.command,
+        replication::wire::Command::Eviction as u8,
+        "the session ended by the forwarded Logout is evicted"
+    );
+    let log = log_of(&files.log(primary));
+    assert!(!log.contains("panicked"), "primary log: {log}");
+}
+
+/// A TCP proxy on 127.0.0.1 in front of `target` that appends every byte it carries, in
+/// both directions, to `capture`. Returns its port.
+fn capturing_proxy(target: u16, capture: std::sync::Arc<std::sync::Mutex<Vec<u8>>>) -> u16 {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").expect("proxy port");
+    let port = listener.local_addr().expect("bound").port();
+    std::thread::spawn(move || {
+        for inbound in listener.incoming().flatten() {
+            let Ok(outbound) = TcpStream::connect(("127.0.0.1", target)) else {
+                continue;
+            };
+            for (mut from, mut to) in [
+                (inbound.try_clone(), outbound.try_clone()),
+                (outbound.try_clone(), inbound.try_clone()),
+            ]
+            .into_iter()
+            .filter_map(|(a, b)| Some((a.ok()?, b.ok()?)))
+            {
+                let capture = capture.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 64 * 1024];
+                    while let Ok(n) = from.read(&mut buf) {
+                        if n == 0 || to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                        if let Ok(mut capture) = capture.lock() {
+                            capture.extend_from_slice(&buf[..n]);
+                        }
+                    }
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        }
+    });
+    port
+}
+
+#[test]
+fn login_through_a_backup_never_sends_the_password_over_the_replica_plane() {
+    let files = ClusterFiles::new(NODES);
+    // Every replica-plane connection goes through a capturing proxy.
+    let capture = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    for peer in 0..NODES {
+        let port = capturing_proxy(files.ports[peer].tcp_replica, capture.clone());
+        for replica in (0..NODES).filter(|r| *r != peer) {
+            files.route_replica_plane(replica, peer, port);
+        }
+    }
+    let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
+    for daemon in &mut daemons {
+        wait_healthy(&files, daemon, Duration::from_secs(60));
+    }
+    let primary = agreed_primary(&files, Duration::from_secs(60));
+    let backup = (primary + 2) % NODES;
+    let id: u128 = 0x5eed_c0de_0000_0000_0000_0000_1234_5678;
+    let mut client = Client::connect(files.client_addr(backup), id).expect("connect");
+    let _ = client
+        .stream
+        .set_read_timeout(Some(Duration::from_secs(20)));
+    assert_eq!(
+        client
+            .login("root", "not-the-password")
+            .expect("reply")
+            .status(),
+        7
+    );
+    assert_eq!(
+        client.login("root", ROOT_PASSWORD).expect("login").status(),
+        0
+    );
+    let reply = client.register().expect("register reply");
+    assert_eq!(reply.status(), 0, "Register through the backup");
+    let captured = capture.lock().expect("capture").clone();
+    let contains = |needle: &[u8]| captured.windows(needle.len()).any(|w| w == needle);
+    assert!(
+        contains(&id.to_le_bytes()),
+        "the forwarded Register crossed the proxies ({} bytes captured)",
+        captured.len()
+    );
+    for secret in [ROOT_PASSWORD, "not-the-password"] {
+        assert!(
+            !contains(secret.as_bytes()),
+            "{secret:?} crossed the replica plane"
+        );
+    }
 }

@@ -44,7 +44,13 @@ impl Node {
         Frame::build(&header, body)
     }
 
-    fn answer(&self, connection: ClientId, request: &RequestHeader, status: Status, body: &[u8]) {
+    pub(super) fn answer(
+        &self,
+        connection: ClientId,
+        request: &RequestHeader,
+        status: Status,
+        body: &[u8],
+    ) {
         let frame = self.reply(request, status, body);
         let _ = self.bus.send_to_client(connection, frame);
     }
@@ -248,6 +254,15 @@ impl Node {
             return self.answer(connection, header, Status::Unavailable, &[]);
         };
         let outcome = replica.on_request_prepared(frame.as_bytes(), operation, body);
+        if let RequestOutcome::NotPrimary { primary } = outcome {
+            let session_op = matches!(operation, Operation::Register | Operation::Logout);
+            if session_op && primary != self.settings.replica && self.bus.is_connected(primary) {
+                // Only the verified identity travels (Session forwarding).
+                let mut request = *header;
+                request.user_id = user;
+                return self.forward_session_op(connection, &request, primary);
+            }
+        }
         self.outcome(connection, header, METADATA_GROUP, outcome);
     }
 

@@ -17,6 +17,7 @@ pub mod stats;
 pub mod system;
 
 mod client;
+mod forward;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -22,6 +22,7 @@ use replication::wire::{
 use zerocopy::FromBytes;
 
 use super::files;
+use super::forward;
 use super::partitions::{self, Partitions};
 use super::prepares;
 use super::DaemonError;
@@ -162,6 +163,11 @@ pub struct Node {
     /// For work that completes later (password checks on the blocking pool).
     pub(super) events: Rc<LocalSender<Event>>,
     pub(super) logins_in_flight: usize,
+    /// Backup: Register/Logout requests forwarded to the primary, by nonce.
+    pub(super) forwards: HashMap<u128, forward::PendingForward>,
+    pub(super) forward_nonces: u64,
+    /// Primary: clients whose forwarded Register/Logout is in flight here.
+    pub(super) forwarded: HashMap<u128, forward::Forwarded>,
 }
 
 impl Node {
@@ -218,6 +224,9 @@ impl Node {
             restarted,
             events,
             logins_in_flight: 0,
+            forwards: HashMap::new(),
+            forward_nonces: 0,
+            forwarded: HashMap::new(),
         };
         node.sync_partitions().await?;
         node.pump().await?;
@@ -253,6 +262,7 @@ impl Node {
                 }
                 self.on_tick().await?;
                 self.pump().await?;
+                self.release_forwards();
                 if self.ticks.is_multiple_of(10) {
                     self.forget_stale();
                     publish(&self);
@@ -263,7 +273,11 @@ impl Node {
 
     fn on_event(&mut self, event: Event) {
         match event {
-            Event::Replica(_peer, frame) => {
+            Event::Replica(peer, frame) => {
+                if self.on_forward_frame(peer, &frame) {
+                    self.bus.recycle(frame.into_buf());
+                    return;
+                }
                 if let Err(error) = self.groups.on_message(frame.as_bytes()) {
                     self.reject(match error {
                         vsr::RouteError::Invalid => "replica_frame_invalid",
@@ -313,6 +327,7 @@ impl Node {
             .retain(|(group, op), _| groups.get(*group).is_some_and(|r| *op > r.commit()));
         self.request_started
             .retain(|_, at| at.elapsed() < REQUEST_LATENCY_AGE_MAX);
+        self.forget_forwarded();
     }
 
     /// Counts rejected input by reason (shown under `rejected` in /stats).
@@ -418,6 +433,9 @@ impl Node {
             }
             Action::Reply { client, frame } => {
                 let frame = self.complete_reply(group, client, frame);
+                if group == METADATA_GROUP && self.forward_reply(client, &frame) {
+                    return Ok(());
+                }
                 if let Some(at) = self.request_started.remove(&(group, client)) {
                     let _ = self
                         .latencies

@@ -83,6 +83,21 @@ impl ClusterFiles {
         files
     }
 
+    /// Makes node `replica` reach node `peer`'s replica plane at `port` instead (a proxy
+    /// the test runs on 127.0.0.1).
+    pub fn route_replica_plane(&self, replica: usize, peer: usize, port: u16) {
+        let path = self.config(replica);
+        let text = std::fs::read_to_string(&path).expect("read config");
+        let real = format!("tcp_replica = {} }}", self.ports[peer].tcp_replica);
+        assert!(
+            text.contains(&real),
+            "node {peer}'s entry in {}",
+            path.display()
+        );
+        let text = text.replace(&real, &format!("tcp_replica = {port} }}"));
+        std::fs::write(&path, text).expect("write config");
+    }
+
     pub fn config(&self, replica: usize) -> PathBuf {
         self.dir.path().join(format!("node{replica}.toml"))
     }

@@ -281,3 +281,52 @@ fn bad_client_input_is_answered_or_closed_and_the_node_keeps_serving() {
         assert!(stats.contains(reason), "{reason} counted in {stats}");
     }
 }
+
+/// Names of the streams node 0 lists.
+fn stream_count(client: &mut Client) -> u32 {
+    let reply = client.read(3, &[]).expect("list streams");
+    assert_eq!(reply.status(), 0);
+    u32_at(&reply.body, 0)
+}
+
+#[test]
+fn metadata_checkpoints_let_the_journal_wrap_across_restarts() {
+    // 16 MiB of 64 KiB slots: about 250 ops before the ring would wrap.
+    let files = ClusterFiles::new(1);
+    let mut daemon = Daemon::start(&files, 0);
+    wait_healthy(&files, &mut daemon, Duration::from_secs(30));
+    let mut client = logged_in(&files, 0xc4);
+    let mut request = 1;
+    let mut create = |client: &mut Client, n: u64| {
+        for _ in 0..n {
+            let name = format!("s{request}");
+            let reply = client
+                .call(Operation::CreateStream as u8, 0, request, &short(&name))
+                .expect("reply");
+            assert_eq!(reply.status(), 0, "CreateStream {name}: {:?}", reply.body);
+            request += 1;
+        }
+    };
+    create(&mut client, 400);
+    assert_eq!(stream_count(&mut client), 400);
+    // SIGKILL: the node restarts from its checkpoint and the journal above it.
+    daemon.kill();
+    let mut daemon = Daemon::start(&files, 0);
+    wait_healthy(&files, &mut daemon, Duration::from_secs(30));
+    let mut client = logged_in(&files, 0xc5);
+    assert_eq!(stream_count(&mut client), 400);
+    create(&mut client, 300);
+    assert_eq!(stream_count(&mut client), 700);
+    let snapshots: Vec<_> = std::fs::read_dir(files.data_dir(0).join("snapshots"))
+        .expect("snapshots folder")
+        .flatten()
+        .collect();
+    assert_eq!(
+        snapshots.len(),
+        1,
+        "older snapshots are removed: {snapshots:?}"
+    );
+    assert_eq!(daemon.terminate(Duration::from_secs(30)), Some(0));
+    let log = log_of(&files.log(0));
+    assert!(log.contains("metadata checkpoint"), "log: {log}");
+}

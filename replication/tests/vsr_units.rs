@@ -1,7 +1,7 @@
 //! The `vsr` core driven by hand-built frames: merges, refusals and hand-offs that are
 //! easier to pin down without the simulator.
 
-use replication::vsr::{Action, Config, JournalEntry, Replica, Status, Superblock};
+use replication::vsr::{Action, Config, JournalEntry, Replica, RequestOutcome, Status, Superblock};
 use replication::wire::batch::{self, BatchBuilder, NewMessage};
 use replication::wire::{
     cluster_id, decode, DoViewChangeHeader, Frame, FrameBuf, Header, Limits, Message, Operation,
@@ -537,4 +537,21 @@ fn a_replica_restarted_from_a_checkpoint_resumes_there_with_its_client_table() {
     let mut bad = primary.checkpoint().expect("checkpoint");
     bad.op = 2;
     assert!(Replica::restart_from_checkpoint(config, &superblock, bad, &journal).is_none());
+}
+
+#[test]
+fn a_checkpoint_at_the_commit_point_keeps_the_chain_anchor() {
+    let (_, mut primary, mut journal) = single_replica_with_three_sessions();
+    primary.on_checkpoint(3);
+    assert!(
+        primary.log().header(3).is_some(),
+        "the commit point's prepare stays"
+    );
+    let frame = request(4, Operation::Register, 0, 0);
+    assert!(matches!(
+        primary.on_request(frame.as_bytes()),
+        RequestOutcome::Prepared { op: 4 }
+    ));
+    drive(&mut primary, &mut journal);
+    assert_eq!(primary.commit(), 4);
 }

@@ -236,8 +236,9 @@ impl Node {
         if body.len() as u64 > super::METADATA_BODY_MAX {
             return self.invalid(connection, header, "metadata_body_too_large");
         }
-        // The journal is not checkpointed yet: refuse before the ring would wrap (a
-        // full pipeline of room is kept so ops already prepared still fit).
+        // Checkpoints keep the ring from filling (node.rs, checkpoint_metadata); should
+        // they fall behind (a faulty entry awaiting repair), refuse before the ring would
+        // wrap past the checkpoint, keeping a pipeline of room for ops in flight.
         let op = self.metadata().map_or(0, |r| r.op());
         let room = self.settings.vsr.pipeline_max;
         if op + room >= self.data.journal.op_append_max() {

@@ -180,9 +180,6 @@ impl Node {
         data: DataDir,
         events: Rc<LocalSender<Event>>,
     ) -> Result<Node, DaemonError> {
-        let genesis = files::read_genesis(&settings.data_dir).map_err(DaemonError::runtime)?;
-        let state = MetadataState::restore(&genesis)
-            .map_err(|e| DaemonError::Runtime(format!("metadata genesis: {e}")))?;
         let superblock =
             files::read_vsr_superblock(&settings.data_dir).map_err(DaemonError::runtime)?;
         let journal = &data.journal;
@@ -191,12 +188,56 @@ impl Node {
             let bytes = journal.entry(op).ok().map(FrameBuf::from_bytes);
             entries.push(JournalEntry { op, bytes });
         }
-        let fresh = entries.is_empty() && superblock == vsr::Superblock::default();
+        let fresh = entries.is_empty()
+            && superblock == vsr::Superblock::default()
+            && data.checkpoint.is_none();
         let restarted = !fresh;
-        let replica = if fresh {
-            Replica::new(settings.vsr.clone())
-        } else {
-            Replica::restart(settings.vsr.clone(), &superblock, &entries)
+        let (state, replica) = match &data.checkpoint {
+            // The state at the last checkpoint, then the journal above it.
+            Some((info, payload)) => {
+                let fail = |e: String| {
+                    DaemonError::Runtime(format!("metadata checkpoint at op {}: {e}", info.op))
+                };
+                let (state, clients, anchor) =
+                    files::decode_metadata_checkpoint(payload).map_err(|e| fail(e.into()))?;
+                let state = MetadataState::restore(state).map_err(fail)?;
+                let clients = vsr::ClientTable::decode(clients, settings.vsr.clients_max)
+                    .map_err(|e| fail(e.into()))?;
+                let anchor = PrepareHeader::read_from_prefix(anchor)
+                    .map(|(header, body)| Frame::build(&header, body))
+                    .map_err(|_| fail("anchor is not a prepare".into()))?;
+                let checkpoint = vsr::Checkpoint {
+                    op: info.op,
+                    anchor,
+                    // The metadata plane stamps no batches.
+                    position: replication::wire::batch::PartitionPosition {
+                        partition_id: METADATA_GROUP,
+                        next_offset: 0,
+                        last_timestamp: 0,
+                    },
+                    clients,
+                };
+                let replica = Replica::restart_from_checkpoint(
+                    settings.vsr.clone(),
+                    &superblock,
+                    checkpoint,
+                    &entries,
+                )
+                .ok_or_else(|| fail("anchor is not the prepare of the op".into()))?;
+                (state, replica)
+            }
+            None => {
+                let genesis =
+                    files::read_genesis(&settings.data_dir).map_err(DaemonError::runtime)?;
+                let state = MetadataState::restore(&genesis)
+                    .map_err(|e| DaemonError::Runtime(format!("metadata genesis: {e}")))?;
+                let replica = if fresh {
+                    Replica::new(settings.vsr.clone())
+                } else {
+                    Replica::restart(settings.vsr.clone(), &superblock, &entries)
+                };
+                (state, replica)
+            }
         };
         tracing::info!(
             ops = entries.len(),
@@ -347,6 +388,7 @@ impl Node {
         if self.ticks.is_multiple_of(CHECKPOINT_TICKS) {
             self.checkpoint_partitions().await?;
         }
+        self.checkpoint_metadata().await?;
         self.groups.on_tick();
         for partition in self.partitions.by_group.values_mut() {
             partition
@@ -829,6 +871,53 @@ impl Node {
             return Ok(());
         }
         partition.truncate_after(op_max).await.map_err(fail)
+    }
+
+    /// Checkpoints the metadata state once half the journal ring is used since the last
+    /// checkpoint, so the ring wraps instead of filling: the state machine, the client
+    /// table and the anchor prepare go into a snapshot, then the superblock names it.
+    /// Called only when every Commit action has been executed.
+    async fn checkpoint_metadata(&mut self) -> Result<(), DaemonError> {
+        let journal = &self.data.journal;
+        let slots = journal.layout().slot_count;
+        let (op_checkpoint, op_head) = (journal.op_checkpoint(), journal.op_head());
+        let Some(replica) = self.groups.get(METADATA_GROUP) else {
+            return Ok(());
+        };
+        let commit = replica.commit().min(op_head);
+        if op_head.saturating_sub(op_checkpoint) < slots / 2 || commit <= op_checkpoint {
+            return Ok(());
+        }
+        if commit != replica.commit() || journal.faulty().any(|op| op <= commit) {
+            return Ok(());
+        }
+        let Some(checkpoint) = replica.checkpoint() else {
+            return Ok(());
+        };
+        let payload = files::encode_metadata_checkpoint(
+            &self.state.snapshot(),
+            &checkpoint.clients.encode(),
+            checkpoint.anchor.as_bytes(),
+        );
+        let info = self
+            .data
+            .checkpoint(checkpoint.op, &payload)
+            .await
+            .map_err(|e| DaemonError::Runtime(format!("metadata checkpoint: {e}")))?;
+        tracing::info!(
+            group = METADATA_GROUP,
+            op = info.op,
+            bytes = info.len,
+            "metadata checkpoint"
+        );
+        // Prepares the journal no longer holds cannot be served from memory either.
+        let floor = self.data.journal.op_min().saturating_sub(1);
+        if let Some(replica) = self.groups.get_mut(METADATA_GROUP) {
+            if floor > replica.log().op_min() && floor <= replica.commit() {
+                replica.on_checkpoint(floor);
+            }
+        }
+        Ok(())
     }
 
     /// Checkpoints every partition group whose commit moved: the segment log, prepare

@@ -223,8 +223,11 @@ impl Replica {
 
     /// Ops at or below `op` are in a checkpoint: drop them from memory. Repair requests
     /// for them are answered RangeEvicted from now on.
+    ///
+    /// The prepare of the commit point itself always stays: its identity is the parent
+    /// every next prepare links to.
     pub fn on_checkpoint(&mut self, op: u64) {
         assert!(op <= self.commit, "checkpoint beyond commit");
-        self.log.checkpoint(op);
+        self.log.checkpoint(op.min(self.commit.saturating_sub(1)));
     }
 }

@@ -626,10 +626,9 @@ fn capturing_proxy(target: u16, capture: std::sync::Arc<std::sync::Mutex<Vec<u8>
     port
 }
 
-#[test]
-fn login_through_a_backup_never_sends_the_password_over_the_replica_plane() {
-    let files = ClusterFiles::new(NODES);
-    // Every replica-plane connection goes through a capturing proxy.
+/// Routes every replica-plane connection of the cluster through capturing proxies;
+/// returns the capture.
+fn capture_replica_plane(files: &ClusterFiles) -> std::sync::Arc<std::sync::Mutex<Vec<u8>>> {
     let capture = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     for peer in 0..NODES {
         let port = capturing_proxy(files.ports[peer].tcp_replica, capture.clone());
@@ -637,6 +636,14 @@ fn login_through_a_backup_never_sends_the_password_over_the_replica_plane() {
             files.route_replica_plane(replica, peer, port);
         }
     }
+    capture
+}
+
+#[test]
+fn login_through_a_backup_never_sends_the_password_over_the_replica_plane() {
+    let files = ClusterFiles::new(NODES);
+    // Every replica-plane connection goes through a capturing proxy.
+    let capture = capture_replica_plane(&files);
     let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
     for daemon in &mut daemons {
         wait_healthy(&files, daemon, Duration::from_secs(60));
@@ -674,4 +681,101 @@ fn login_through_a_backup_never_sends_the_password_over_the_replica_plane() {
             "{secret:?} crossed the replica plane"
         );
     }
+}
+
+/// A CA and leaves for 127.0.0.1 (server and client auth), written as PEM files.
+struct TestPki {
+    ca: rcgen::Certificate,
+    key: rcgen::KeyPair,
+}
+
+impl TestPki {
+    fn new(name: &str) -> TestPki {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let ca = params.self_signed(&key).expect("ca");
+        TestPki { ca, key }
+    }
+
+    /// Writes ca.pem, NAME.pem and NAME.key into `dir`; returns the [cluster.tls] table.
+    fn tls_table(&self, dir: &std::path::Path, name: &str) -> String {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params =
+            rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("params");
+        params.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = params.signed_by(&key, &self.ca, &self.key).expect("leaf");
+        let ca = dir.join(format!("{name}-ca.pem"));
+        let cert_file = dir.join(format!("{name}.pem"));
+        let key_file = dir.join(format!("{name}.key"));
+        std::fs::write(&ca, self.ca.pem()).expect("write ca");
+        std::fs::write(&cert_file, cert.pem()).expect("write cert");
+        std::fs::write(&key_file, key.serialize_pem()).expect("write key");
+        format!(
+            "\n[cluster.tls]\nenabled = true\ncert_file = \"{}\"\nkey_file = \"{}\"\nca_file = \"{}\"\n",
+            cert_file.display(),
+            key_file.display(),
+            ca.display()
+        )
+    }
+}
+
+#[test]
+fn replica_plane_tls_encrypts_replication_and_keeps_out_a_foreign_certificate() {
+    let files = ClusterFiles::new(NODES);
+    let capture = capture_replica_plane(&files);
+    // Nodes 0 and 1 share a CA; node 2's certificate comes from another one.
+    let cluster_ca = TestPki::new("cluster ca");
+    let foreign_ca = TestPki::new("foreign ca");
+    for replica in 0..NODES {
+        let pki = if replica == 2 {
+            &foreign_ca
+        } else {
+            &cluster_ca
+        };
+        let table = pki.tls_table(files.dir.path(), &format!("node{replica}"));
+        let path = files.config(replica);
+        let mut text = std::fs::read_to_string(&path).expect("config");
+        text.push_str(&table);
+        std::fs::write(&path, text).expect("config");
+    }
+    let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
+    for daemon in daemons.iter_mut().take(2) {
+        wait_healthy(&files, daemon, Duration::from_secs(60));
+    }
+    let secret_name = "tls-only-stream-name";
+    let write = writer(&files, 0x715);
+    let session = u64_at(&write(0, Operation::Register, &[], 0).body, 0);
+    write(1, Operation::CreateStream, &short(secret_name), session);
+    for replica in 0..2 {
+        wait_streams(&files, replica, &[secret_name], Duration::from_secs(30));
+    }
+    // The foreign node never joins: it learns nothing of the committed stream.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        streams(&files, 2, 0x716).is_empty(),
+        "a node with a foreign certificate received committed metadata"
+    );
+    let captured = capture.lock().expect("capture").clone();
+    assert!(captured.len() > 1000, "replica traffic crossed the proxies");
+    assert!(
+        !captured
+            .windows(secret_name.len())
+            .any(|w| w == secret_name.as_bytes()),
+        "the stream name crossed the replica plane in the clear"
+    );
+    assert_eq!(
+        daemons[2]
+            .child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok())
+            .flatten(),
+        None
+    );
 }

@@ -218,11 +218,6 @@ fn settings(config: &Config, replica_id: u8) -> Result<Settings, DaemonError> {
 }
 
 fn bus_config(config: &Config, replica_id: u8) -> Result<BusConfig, DaemonError> {
-    if config.cluster.tls.enabled {
-        return Err(DaemonError::Config(
-            "cluster.tls.enabled: TLS is not wired into the daemon yet".into(),
-        ));
-    }
     let nodes = config
         .cluster
         .nodes
@@ -244,6 +239,13 @@ fn bus_config(config: &Config, replica_id: u8) -> Result<BusConfig, DaemonError>
     bus.reconnect_period = config.message_bus.reconnect_period.0;
     bus.handshake_grace = config.message_bus.handshake_grace.0;
     bus.client_connections_max = config.limits.client_connections_max as usize;
+    let tls = &config.cluster.tls;
+    bus.tls = replication::bus::TlsConfig {
+        enabled: tls.enabled,
+        cert_file: tls.cert_file.clone().unwrap_or_default(),
+        key_file: tls.key_file.clone().unwrap_or_default(),
+        ca_file: tls.ca_file.clone().unwrap_or_default(),
+    };
     bus.auth = AuthConfig {
         enabled: config.cluster.auth.enabled,
         shared_secret: config.cluster.auth.shared_secret.as_bytes().to_vec(),

@@ -137,3 +137,61 @@ fn one_hundred_thousand_messages_survive_a_restart_through_the_client_library() 
         "every acknowledged message is still there after a restart"
     );
 }
+
+#[test]
+fn polling_with_auto_commit_stores_the_consumer_offset() {
+    let files = ClusterFiles::new(1);
+    let mut daemon = Daemon::start(&files, 0);
+    wait_healthy(&files, &mut daemon, Duration::from_secs(30));
+    let mut client = connect(&files);
+    let stream = client.create_stream("auto").expect("stream");
+    let topic = client.create_topic(stream, "t", 1).expect("topic");
+    let key = PartitionKey {
+        stream,
+        topic,
+        partition: 0,
+    };
+    for b in 0..5u64 {
+        let mut builder = BatchBuilder::with_capacity(4096);
+        for i in 0..10 {
+            builder.push(NewMessage {
+                id: u128::from(b * 10 + i + 1),
+                timestamp_delta: 0,
+                payload: &payload(b * 10 + i),
+                user_headers: &[],
+            });
+        }
+        client.send_messages(key, &builder.finish(1)).expect("send");
+    }
+    let consumer = Consumer::Single(9);
+    let mut seen = Vec::new();
+    // Each Next poll (one batch at a time) continues where the last one stopped,
+    // without the consumer storing anything itself.
+    for _ in 0..5 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let first = loop {
+            let body = client
+                .poll_messages_auto_commit(key, consumer, PollStrategy::Next, 1)
+                .expect("poll");
+            let batches = split_poll_body(&body).expect("batches");
+            let first = batches
+                .first()
+                .and_then(|(bytes, _)| batch::messages(bytes).next())
+                .map(|m| m.offset);
+            // The offset commits just after the reply: a poll in between sees the same
+            // batch again, never a later one.
+            if first != seen.last().copied() {
+                break first;
+            }
+            assert!(std::time::Instant::now() < deadline, "offset not stored");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        seen.push(first.expect("a batch"));
+    }
+    assert_eq!(seen, [0, 10, 20, 30, 40]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while client.get_consumer_offset(key, consumer).expect("offset") != Some(49) {
+        assert!(std::time::Instant::now() < deadline, "last offset stored");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

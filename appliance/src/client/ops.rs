@@ -287,6 +287,30 @@ impl Client {
         strategy: PollStrategy,
         count: u32,
     ) -> Result<Vec<u8>, ClientError> {
+        self.poll(partition, consumer, strategy, count, false)
+    }
+
+    /// As `poll_messages`, and the partition's primary stores `consumer`'s offset as the
+    /// last offset delivered (auto_commit; it commits after the reply, so a poll right
+    /// after may still see the older offset for a moment).
+    pub fn poll_messages_auto_commit(
+        &mut self,
+        partition: PartitionKey,
+        consumer: Consumer,
+        strategy: PollStrategy,
+        count: u32,
+    ) -> Result<Vec<u8>, ClientError> {
+        self.poll(partition, consumer, strategy, count, true)
+    }
+
+    fn poll(
+        &mut self,
+        partition: PartitionKey,
+        consumer: Consumer,
+        strategy: PollStrategy,
+        count: u32,
+        auto_commit: bool,
+    ) -> Result<Vec<u8>, ClientError> {
         let group = group_of(partition)?;
         if count == 0 || count > POLL_COUNT_MAX {
             return Err(ClientError::InvalidArgument {
@@ -301,7 +325,7 @@ impl Client {
                 consumer,
                 strategy,
                 count,
-                auto_commit: false,
+                auto_commit,
             },
         )?;
         if let Err(e) = split_poll_body(&body) {

@@ -2,6 +2,7 @@
 //! replicated requests handed to the group's primary (metadata requests prepared by the
 //! state machine first), and reads served from committed state only.
 
+use crate::protocol::Consumer;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use replication::bus::{ClientId, VerifiedFrame};
@@ -21,6 +22,9 @@ use crate::state::{auth, Caller, Right};
 pub const LOGIN_FAILURE_DELAY: Duration = Duration::from_millis(500);
 /// Password checks queued on the blocking pool at once; more are answered Unavailable.
 pub const LOGINS_IN_FLIGHT_MAX: usize = 16;
+
+/// Client ids of the internal auto-commit writes: this minus the replica id.
+pub const AUTO_COMMIT_CLIENT: u128 = u128::MAX;
 
 fn now_us() -> u64 {
     SystemTime::now()
@@ -315,15 +319,7 @@ impl Node {
                     // Recovering or in a view change with ourselves next: retry here.
                     return self.answer(connection, header, Status::Unavailable, &[]);
                 }
-                let address = self
-                    .settings
-                    .client_addresses
-                    .get(&primary)
-                    .cloned()
-                    .unwrap_or_default();
-                let mut w = Writer::default();
-                w.u8(primary).short_bytes(address.as_bytes());
-                let body = w.finish();
+                let body = self.not_primary_body(primary);
                 self.answer(connection, header, Status::NotPrimary, &body);
             }
             RequestOutcome::PipelineFull => {
@@ -331,6 +327,55 @@ impl Node {
             }
             RequestOutcome::Stale => self.answer(connection, header, Status::StaleRequest, &[]),
             RequestOutcome::Rejected => self.invalid(connection, header, "request_rejected"),
+        }
+    }
+
+    /// The NotPrimary reply body: the primary's id and client address.
+    fn not_primary_body(&self, primary: u8) -> Vec<u8> {
+        let address = self
+            .settings
+            .client_addresses
+            .get(&primary)
+            .cloned()
+            .unwrap_or_default();
+        let mut w = Writer::default();
+        w.u8(primary).short_bytes(address.as_bytes());
+        w.finish()
+    }
+
+    /// Poll with auto_commit on the partition's primary: prepares StoreConsumerOffset of
+    /// the last delivered offset as an internal write of this node's reserved client id
+    /// (its reply goes nowhere). It commits after the poll is answered; if the pipeline is full the
+    /// offset is not stored (counted) and the next poll stores a later one.
+    fn auto_commit(&mut self, group: u64, user: u32, consumer: Consumer, offset: u64) {
+        let (kind, id) = match consumer {
+            Consumer::Single(id) => (0u8, id),
+            Consumer::Group(id) => (1u8, id),
+        };
+        let mut body = Writer::default();
+        body.u8(kind).u32(id).u64(offset);
+        let body = body.finish();
+        // Request numbers must grow across restarts (the partition's client table
+        // outlives the process): microseconds since the epoch, strictly increasing.
+        self.auto_commits = now_us().max(self.auto_commits + 1);
+        let mut header = RequestHeader::new();
+        header.frame.cluster = self.settings.cluster;
+        header.client = AUTO_COMMIT_CLIENT - u128::from(self.settings.replica);
+        header.request = self.auto_commits;
+        // Partition groups deduplicate by client and request alone; the session field
+        // only has to be non-zero for a replicated request to decode.
+        header.session = u64::MAX;
+        header.user_id = user;
+        header.operation = Operation::StoreConsumerOffset as u8;
+        let frame = Frame::build(&header, &body);
+        let Some(replica) = self.groups.get_mut(group) else {
+            return;
+        };
+        if !matches!(
+            replica.on_request(frame.as_bytes()),
+            RequestOutcome::Prepared { .. }
+        ) {
+            self.reject("auto_commit_not_prepared");
         }
     }
 
@@ -403,12 +448,21 @@ impl Node {
                 if !self.state.allows(user, partition.stream, Right::Read) {
                     return (Status::PermissionDenied, Vec::new());
                 }
+                let group = partition.pack().unwrap_or(0);
                 if *auto_commit {
-                    return (
-                        Status::InvalidRequest,
-                        b"auto_commit is not supported yet: store the offset with StoreConsumerOffset"
-                            .to_vec(),
-                    );
+                    // Storing the offset is a replicated write: only the partition's
+                    // primary polls with auto_commit.
+                    if let Some(replica) = self.groups.get(group) {
+                        let normal = replica.status() == replication::vsr::Status::Normal;
+                        if !(replica.is_primary() && normal) {
+                            let primary = replica.config().primary_of(replica.view());
+                            if primary == self.settings.replica {
+                                // Recovering or changing views with ourselves next.
+                                return (Status::Unavailable, Vec::new());
+                            }
+                            return (Status::NotPrimary, self.not_primary_body(primary));
+                        }
+                    }
                 }
                 let Some(stored) = partition
                     .pack()
@@ -455,6 +509,7 @@ impl Node {
                     }
                 };
                 let mut messages = 0u64;
+                let mut delivered_end = None;
                 for bytes in batches {
                     let Ok(info) = batch::verify(&bytes) else {
                         self.reject("segment_batch_invalid");
@@ -468,9 +523,13 @@ impl Node {
                     }
                     w.raw(&bytes);
                     messages += u64::from(info.message_count);
+                    delivered_end = Some(info.next_offset());
                     if messages >= u64::from(*count) {
                         break;
                     }
+                }
+                if let (true, Some(end)) = (*auto_commit, delivered_end) {
+                    self.auto_commit(group, user, *consumer, end - 1);
                 }
             }
             ClientRequest::GetConsumerOffset {

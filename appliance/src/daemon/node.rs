@@ -168,6 +168,8 @@ pub struct Node {
     pub(super) forward_nonces: u64,
     /// Primary: clients whose forwarded Register/Logout is in flight here.
     pub(super) forwarded: HashMap<u128, forward::Forwarded>,
+    /// Request numbers of internal auto-commit writes (client 0).
+    pub(super) auto_commits: u64,
 }
 
 impl Node {
@@ -268,6 +270,7 @@ impl Node {
             forwards: HashMap::new(),
             forward_nonces: 0,
             forwarded: HashMap::new(),
+            auto_commits: 0,
         };
         node.sync_partitions().await?;
         node.pump().await?;

@@ -374,6 +374,20 @@ fn producer_keeps_its_rate_and_every_ack_under_hostile_load() {
     stop_sampling.store(true, Relaxed);
     let _ = sampler.join();
 
+    // A node that stopped (a crash, or the host's disk filling up) is reported as such.
+    for daemon in &mut daemons {
+        if let Some(child) = daemon.child.as_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                let log = log_of(&daemon.log);
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                panic!(
+                    "node {} exited ({status}) under load: {tail:?}",
+                    daemon.replica
+                );
+            }
+        }
+    }
+
     // Figures.
     let after = rejections(&files);
     let mut delta: Vec<(String, u64)> = after

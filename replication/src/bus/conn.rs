@@ -248,6 +248,10 @@ impl ReadError {
 /// Small frames arrive many to a read. A large body is read straight into its frame
 /// buffer; after a large frame the next header is read without read-ahead, so a stream of
 /// large frames is copied once (socket to frame buffer), not twice.
+///
+/// Invariant behind every slice of the stage below: start <= end <= stage.len(); `fill`
+/// is only asked for need <= stage.len() (a header, or one byte), and `read_body` bounds
+/// `filled <= want <= size` with `buf` resized to `want` first.
 pub(crate) struct FrameReader {
     stage: Box<[u8]>,
     start: usize,

@@ -416,6 +416,17 @@ fn producer_keeps_its_rate_and_every_ack_under_hostile_load() {
         rss_unloaded.iter().map(|b| b / MIB).collect::<Vec<_>>(),
         rss_loaded.iter().map(|b| b / MIB).collect::<Vec<_>>()
     );
+    let third = (loaded_end - loaded_at) / 3;
+    let thirds: Vec<Vec<u64>> = (0..3u32)
+        .map(|i| {
+            let from = loaded_at + third * i;
+            peak(&samples, from, from + third)
+                .iter()
+                .map(|b| b / MIB)
+                .collect()
+        })
+        .collect();
+    eprintln!("soak: peak RSS MiB per third of the load: {thirds:?}");
     eprintln!("soak: rejected during the load: {delta:?}");
 
     // Checks.

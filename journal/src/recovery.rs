@@ -100,6 +100,8 @@ impl Recovery {
 
 /// Decides the state of the journal from per-slot evidence (`evidence[s].slot == s`).
 pub fn recover(layout: &JournalLayout, evidence: &[SlotEvidence], op_checkpoint: u64) -> Recovery {
+    // Invariant: the caller reads exactly one evidence record per slot of `layout` (the
+    // file's contents decide what a record says, never how many there are).
     assert_eq!(evidence.len() as u64, layout.slot_count);
     let slot_count = layout.slot_count;
 
@@ -117,6 +119,9 @@ pub fn recover(layout: &JournalLayout, evidence: &[SlotEvidence], op_checkpoint:
         }
     }
     let op_min = (op_checkpoint + 1).max((op_known + 1).saturating_sub(slot_count));
+    // Invariant: op_min >= op_known + 1 - slot_count by its definition just above. The
+    // ops read from disk are those of checksummed copies, written by this journal in
+    // order from 1, so op_known + 1 does not overflow.
     assert!(op_known + 1 - op_min <= slot_count);
 
     // Walk the required ops upwards. The first one that fails above the vouched op is
@@ -142,6 +147,8 @@ pub fn recover(layout: &JournalLayout, evidence: &[SlotEvidence], op_checkpoint:
             status
         });
     }
+    // Invariant: op_head starts at op_known (>= op_vouched >= op_checkpoint) and is only
+    // lowered to op - 1 for an op above op_vouched.
     assert!(op_head >= op_vouched.max(op_checkpoint));
 
     let mut recovery = Recovery {

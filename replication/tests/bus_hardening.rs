@@ -208,6 +208,22 @@ fn legit_peer_still_connects_after_a_thousand_garbage_connections() {
     });
 }
 
+/// Opens `count` connections that never say hello and waits until `refused` of them are
+/// counted under handshake_limit; returns them (still open).
+async fn silent_connections(bus: &Bus, count: usize, refused: u64) -> Vec<TcpStream> {
+    let mut silent = Vec::new();
+    for _ in 0..count {
+        silent.push(TcpStream::connect(bus.replica_addr()).await.unwrap());
+    }
+    let counted = || bus.stats().snapshot().rejected("handshake_limit");
+    assert!(
+        wait_until(LINK_WAIT, || counted() == refused).await,
+        "{:?}",
+        bus.stats().snapshot().rejected
+    );
+    silent
+}
+
 #[test]
 fn handshakes_beyond_256_in_flight_are_closed_at_once_and_counted() {
     run(|| async {
@@ -216,20 +232,27 @@ fn handshakes_beyond_256_in_flight_are_closed_at_once_and_counted() {
             c.handshake_grace = Duration::from_secs(20);
             with_auth(c, SECRET, None)
         });
-        let mut silent = Vec::new();
-        for _ in 0..300 {
-            silent.push(TcpStream::connect(bus.replica_addr()).await.unwrap());
-        }
-        assert!(
-            wait_until(LINK_WAIT, || bus
-                .stats()
-                .snapshot()
-                .rejected("handshake_limit")
-                == 44)
-            .await,
-            "{:?}",
-            bus.stats().snapshot().rejected
-        );
+        let silent = silent_connections(&bus, 300, 44).await;
+        drop(silent);
+        bus.shutdown();
+    });
+}
+
+#[test]
+fn configured_handshake_limit_refuses_newcomers_and_an_established_link_keeps_working() {
+    run(|| async {
+        let (bus, seen) = acceptor(|mut c| {
+            c.handshakes_max = 4;
+            c.handshake_grace = Duration::from_secs(20);
+            c
+        });
+        let mut peer = raw_peer(bus.replica_addr()).await;
+        assert!(wait_until(LINK_WAIT, || bus.is_connected(0)).await);
+        let silent = silent_connections(&bus, 10, 6).await;
+        // The link admitted before is served while the limit is reached.
+        peer.write_all(commit_frame(0, 1).as_bytes()).await.unwrap();
+        assert!(wait_until(LINK_WAIT, || seen.seen.borrow().frames.len() == 1).await);
+        assert!(bus.is_connected(0));
         drop(silent);
         bus.shutdown();
     });
@@ -314,6 +337,7 @@ fn queue_overruns_are_dropped_and_counted() {
         assert_eq!(accepted, 4);
         let stats = bus_0.stats().snapshot();
         assert_eq!(stats.peer(1).unwrap().dropped, 96);
+        assert_eq!(stats.rejected("peer_queue_full"), 96);
         assert!(wait_until(LINK_WAIT, || seen_1.seen.borrow().frames.len() == 4).await);
         // Sends to a peer that is not connected are dropped and counted too.
         assert!(bus_1.send(0, commit_frame(1, 1)).is_ok());

@@ -207,7 +207,8 @@ pub struct LimitsConfig {
     pub client_connections_max: u32,
     pub requests_in_flight_per_session: u32,
     pub request_body_max: ByteSize,
-    /// Sessions in the client table; the oldest is evicted past this.
+    /// Sessions in the client table; a Register beyond this is refused (LimitReached),
+    /// admitted sessions are never evicted for it.
     pub sessions_max: u32,
     /// Memory for buffered frames across all connections.
     pub frame_memory_max: ByteSize,

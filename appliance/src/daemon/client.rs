@@ -26,6 +26,27 @@ pub const LOGINS_IN_FLIGHT_MAX: usize = 16;
 /// Client ids of the internal auto-commit writes: this minus the replica id.
 pub const AUTO_COMMIT_CLIENT: u128 = u128::MAX;
 
+/// The client plane's limits ([limits] of the config); the bus enforces the rest
+/// (connections, request size, frame memory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// limits.requests_in_flight_per_session: password checks plus replicated requests
+    /// awaiting their reply, per connection.
+    pub requests_in_flight_per_session: u32,
+    /// limits.sessions_max: sessions in the client table; a Register beyond is refused.
+    pub sessions_max: u32,
+}
+
+/// The config key a refusal label stands for (the body of a LimitReached reply).
+fn limit_key(reason: &'static str) -> &'static str {
+    match reason {
+        "frame_memory_limit" => "limits.frame_memory_max",
+        "requests_in_flight_limit" => "limits.requests_in_flight_per_session",
+        "session_limit" => "limits.sessions_max",
+        other => other,
+    }
+}
+
 fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -69,6 +90,55 @@ impl Node {
         );
     }
 
+    /// Answers a request a limit refused: LimitReached, the body naming the key.
+    pub(super) fn refuse_limit(
+        &self,
+        connection: ClientId,
+        header: &RequestHeader,
+        reason: &'static str,
+    ) {
+        self.answer(
+            connection,
+            header,
+            Status::LimitReached,
+            limit_key(reason).as_bytes(),
+        );
+    }
+
+    /// A Request the bus refused before reading its body (it counted it already).
+    pub(super) fn on_client_refused(
+        &self,
+        connection: ClientId,
+        header: &RequestHeader,
+        reason: &'static str,
+    ) {
+        self.refuse_limit(connection, header, reason);
+    }
+
+    /// Whether one more request that stays in flight (a login, a replicated request of
+    /// a client id with none pending) fits limits.requests_in_flight_per_session;
+    /// refused and counted when not.
+    fn admit_in_flight(
+        &mut self,
+        connection: ClientId,
+        header: &RequestHeader,
+        login: bool,
+    ) -> bool {
+        let limit = self.settings.client_limits.requests_in_flight_per_session as usize;
+        let Some(entry) = self.connections.get(&connection) else {
+            return true;
+        };
+        if !login && entry.pending.contains_key(&header.client) {
+            return true; // a retry or the next request of the same session
+        }
+        if entry.logins as usize + entry.pending.len() < limit {
+            return true;
+        }
+        self.reject("requests_in_flight_limit");
+        self.refuse_limit(connection, header, "requests_in_flight_limit");
+        false
+    }
+
     pub(super) fn on_client_frame(&mut self, connection: ClientId, frame: &VerifiedFrame) {
         let Some(header) = frame.header::<RequestHeader>().copied() else {
             self.reject("client_not_a_request");
@@ -100,13 +170,26 @@ impl Node {
         let entry = self.connections.entry(connection).or_default();
         if let ClientRequest::Login { username, password } = &request {
             entry.user = None;
-            self.start_login(connection, &header, username, password);
+            if self.admit_in_flight(connection, &header, true) {
+                self.start_login(connection, &header, username, password);
+            }
             return;
         }
         let Some(user) = entry.user else {
             self.reject("unauthenticated");
             return self.answer(connection, &header, Status::Unauthenticated, &[]);
         };
+        if !self.state.users.contains_key(&user) {
+            // The user was deleted after this connection logged in: its session ends.
+            entry.user = None;
+            self.reject("user_deleted");
+            return self.answer(
+                connection,
+                &header,
+                Status::Unauthenticated,
+                b"the user no longer exists: log in again",
+            );
+        }
         self.client_connections.insert(header.client, connection);
         let caller = Caller {
             user_id: user,
@@ -133,7 +216,18 @@ impl Node {
                 let rest = body.get(12..).unwrap_or(&[]);
                 self.partition_request(connection, &header, user, *partition, rest);
             }
-            ClientRequest::Register | ClientRequest::Logout => {
+            ClientRequest::Register => {
+                let table = self.metadata().map(|r| r.clients());
+                let known = table.is_some_and(|t| t.get(header.client).is_some());
+                let sessions = table.map_or(0, |t| t.len());
+                if !known && sessions >= self.settings.client_limits.sessions_max as usize {
+                    // Admitted sessions are never evicted to make room for a new one.
+                    self.reject("session_limit");
+                    return self.refuse_limit(connection, &header, "session_limit");
+                }
+                self.metadata_request(connection, &header, user, operation, &[]);
+            }
+            ClientRequest::Logout => {
                 self.metadata_request(connection, &header, user, operation, &[]);
             }
             _ => {
@@ -178,6 +272,9 @@ impl Node {
             }
         });
         self.logins_in_flight += 1;
+        if let Some(entry) = self.connections.get_mut(&connection) {
+            entry.logins += 1;
+        }
         let events = self.events.clone();
         let request = Box::new(*header);
         glommio::spawn_local(async move {
@@ -198,6 +295,9 @@ impl Node {
         user: Option<u32>,
     ) {
         self.logins_in_flight = self.logins_in_flight.saturating_sub(1);
+        if let Some(entry) = self.connections.get_mut(&connection) {
+            entry.logins = entry.logins.saturating_sub(1);
+        }
         // The user may have been deleted while the check ran.
         let user = user.filter(|id| self.state.users.contains_key(id));
         let Some(entry) = self.connections.get_mut(&connection) else {
@@ -239,6 +339,9 @@ impl Node {
     ) {
         if body.len() as u64 > super::METADATA_BODY_MAX {
             return self.invalid(connection, header, "metadata_body_too_large");
+        }
+        if !self.admit_in_flight(connection, header, false) {
+            return;
         }
         // Checkpoints keep the ring from filling (node.rs, checkpoint_metadata); should
         // they fall behind (a faulty entry awaiting repair), refuse before the ring would
@@ -288,7 +391,11 @@ impl Node {
             return self.answer(connection, header, Status::NoSession, &[]);
         }
         if !self.state.allows(user, key.stream, Right::Write) {
+            self.reject("permission_denied");
             return self.answer(connection, header, Status::PermissionDenied, &[]);
+        }
+        if !self.admit_in_flight(connection, header, false) {
+            return;
         }
         let Ok(group) = key.pack() else {
             return self.invalid(connection, header, "partition_key_invalid");
@@ -299,6 +406,12 @@ impl Node {
         };
         let outcome = replica.on_request(frame.as_bytes());
         self.outcome(connection, header, group, outcome);
+    }
+
+    fn track_pending(&mut self, connection: ClientId, header: &RequestHeader) {
+        if let Some(entry) = self.connections.get_mut(&connection) {
+            entry.pending.insert(header.client, header.request);
+        }
     }
 
     fn outcome(
@@ -312,8 +425,10 @@ impl Node {
             RequestOutcome::Prepared { .. } => {
                 self.request_started
                     .insert((group, header.client), Instant::now());
+                self.track_pending(connection, header);
             }
-            RequestOutcome::InProgress | RequestOutcome::Replied | RequestOutcome::Evicted => {}
+            RequestOutcome::InProgress => self.track_pending(connection, header),
+            RequestOutcome::Replied | RequestOutcome::Evicted => {}
             RequestOutcome::NotPrimary { primary } => {
                 if primary == self.settings.replica {
                     // Recovering or in a view change with ourselves next: retry here.

@@ -182,7 +182,10 @@ fn settings(config: &Config, replica_id: u8) -> Result<Settings, DaemonError> {
     vsr_config.repair_interval_ticks = vsr_config.prepare_retransmit_interval_ticks;
     vsr_config.repair_chunk_max = u64::from(c.repair_chunk_max);
     vsr_config.peer_queue_capacity = u64::from(config.message_bus.peer_queue_capacity);
-    vsr_config.clients_max = config.limits.sessions_max.max(1) as usize;
+    // The client plane refuses a Register once sessions_max sessions exist; Registers
+    // already in the pipeline may still commit, so the table has room for them and never
+    // evicts an admitted session.
+    vsr_config.clients_max = (config.limits.sessions_max.max(1) + c.pipeline_max) as usize;
     vsr_config.seed = fastrand::u64(..);
     vsr_config
         .validate()
@@ -214,6 +217,10 @@ fn settings(config: &Config, replica_id: u8) -> Result<Settings, DaemonError> {
         offset_durability: config.storage.offset_durability,
         client_addresses,
         tick: TICK,
+        client_limits: client::ClientLimits {
+            requests_in_flight_per_session: config.limits.requests_in_flight_per_session,
+            sessions_max: config.limits.sessions_max,
+        },
     })
 }
 
@@ -246,6 +253,12 @@ fn bus_config(config: &Config, replica_id: u8) -> Result<BusConfig, DaemonError>
         key_file: tls.key_file.clone().unwrap_or_default(),
         ca_file: tls.ca_file.clone().unwrap_or_default(),
     };
+    bus.handshakes_max = config.message_bus.handshakes_max as usize;
+    bus.client_frame_max = u32::try_from(config.limits.request_body_max.0 + 256)
+        .unwrap_or(u32::MAX)
+        .min(bus.max_message_size);
+    bus.client_frame_memory_max =
+        usize::try_from(config.limits.frame_memory_max.0).unwrap_or(usize::MAX);
     bus.auth = AuthConfig {
         enabled: config.cluster.auth.enabled,
         shared_secret: config.cluster.auth.shared_secret.as_bytes().to_vec(),

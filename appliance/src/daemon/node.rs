@@ -53,6 +53,8 @@ pub struct Settings {
     /// Client address ("ip:port") of every replica, by id.
     pub client_addresses: BTreeMap<u8, String>,
     pub tick: Duration,
+    /// The client plane's own limits ([limits]).
+    pub client_limits: super::client::ClientLimits,
 }
 
 /// Input to the node task.
@@ -60,6 +62,8 @@ pub enum Event {
     Replica(u8, VerifiedFrame),
     Client(ClientId, VerifiedFrame),
     ClientRejected(ClientId, &'static str),
+    /// A Request refused by a bus limit before its body was read.
+    ClientRefused(ClientId, Box<RequestHeader>, &'static str),
     ClientClosed(ClientId),
     PeerConnected(u8, bool),
     /// A password check finished on the blocking pool.
@@ -87,6 +91,13 @@ impl Handler for BusHandler {
             .events
             .try_send(Event::ClientRejected(client, error.reason()));
     }
+    fn on_client_refused(&self, client: ClientId, header: &[u8], reason: &'static str) {
+        if let Ok((header, _)) = RequestHeader::read_from_prefix(header) {
+            let _ = self
+                .events
+                .try_send(Event::ClientRefused(client, Box::new(header), reason));
+        }
+    }
     fn on_peer_connected(&self, peer: u8) {
         let _ = self.events.try_send(Event::PeerConnected(peer, true));
     }
@@ -98,10 +109,15 @@ impl Handler for BusHandler {
     }
 }
 
-/// One client connection's login state.
+/// One client connection's login state and its requests in flight.
 #[derive(Default)]
 pub(super) struct Connection {
     pub user: Option<u32>,
+    /// Password checks running for it.
+    pub logins: u32,
+    /// Replicated requests awaiting their reply, by client id (one each: a client has
+    /// one request in flight per session).
+    pub pending: HashMap<u128, u64>,
 }
 
 /// Latency histograms (microseconds).
@@ -343,6 +359,9 @@ impl Node {
                 header.status = Status::InvalidRequest as u32;
                 let frame = Frame::build(&header, reason.as_bytes());
                 let _ = self.bus.send_to_client(connection, frame);
+            }
+            Event::ClientRefused(connection, header, reason) => {
+                self.on_client_refused(connection, &header, reason)
             }
             Event::ClientClosed(connection) => {
                 self.connections.remove(&connection);
@@ -674,8 +693,11 @@ impl Node {
         }
     }
 
-    pub(super) fn send_to_client(&self, client: u128, frame: Frame) {
+    pub(super) fn send_to_client(&mut self, client: u128, frame: Frame) {
         if let Some(connection) = self.client_connections.get(&client) {
+            if let Some(entry) = self.connections.get_mut(connection) {
+                entry.pending.remove(&client);
+            }
             let _ = self.bus.send_to_client(*connection, frame);
         }
     }

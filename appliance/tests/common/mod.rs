@@ -133,6 +133,11 @@ pub fn binary() -> &'static str {
 
 impl Daemon {
     pub fn start(files: &ClusterFiles, replica: usize) -> Daemon {
+        Daemon::start_with_env(files, replica, &[])
+    }
+
+    /// As `start`, with `APPLIANCE_*` overrides (e.g. ("APPLIANCE_LIMITS__SESSIONS_MAX", "2")).
+    pub fn start_with_env(files: &ClusterFiles, replica: usize, env: &[(&str, &str)]) -> Daemon {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -145,6 +150,7 @@ impl Daemon {
             .arg(replica.to_string())
             .env("APPLIANCE_ROOT_PASSWORD", ROOT_PASSWORD)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
@@ -238,6 +244,28 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let code = text.split(' ').nth(1)?.parse().ok()?;
     let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
     Some((code, body))
+}
+
+/// `GET /stats`, parsed.
+pub fn stats(files: &ClusterFiles, replica: usize) -> serde_json::Value {
+    let (code, body) = http_get(files.http_addr(replica), "/stats").expect("GET /stats");
+    assert_eq!(code, 200, "/stats: {body}");
+    serde_json::from_str(&body).expect("/stats is JSON")
+}
+
+/// The `rejected` count of `label` in /stats (0 when absent). The snapshot is published
+/// every ~100 ms, so this waits up to 2 s for it to reach `at_least`.
+pub fn rejected(files: &ClusterFiles, replica: usize, label: &str, at_least: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let count = stats(files, replica)["rejected"][label]
+            .as_u64()
+            .unwrap_or(0);
+        if count >= at_least || Instant::now() > deadline {
+            return count;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// A reply: header and body.

@@ -45,6 +45,9 @@ impl SparseIndex {
             .last_indexed_position
             .is_none_or(|last| entry.position >= last + interval_bytes);
         if due {
+            // Invariant: the segment scan stops at the first batch whose base_offset is not
+            // the expected next offset (a discontinuity), and appends stamp from the
+            // segment's next offset, so no batch lies below its segment's base.
             assert!(entry.base_offset >= base_offset);
             self.entries.push(IndexEntry {
                 relative_offset: u32::try_from(entry.base_offset - base_offset).unwrap_or(u32::MAX),

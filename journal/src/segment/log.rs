@@ -556,6 +556,8 @@ impl PartitionLog {
         if offset < start || offset >= end {
             return Err(JournalError::OffsetOutOfRange { offset, start, end });
         }
+        // Invariant: offset >= start_offset() (checked above) = segments[0].base_offset, so
+        // the partition point is at least 1.
         let first = self.segments.partition_point(|s| s.base_offset <= offset) - 1;
         let mut out = Vec::new();
         let mut total = 0u64;

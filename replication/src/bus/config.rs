@@ -10,8 +10,12 @@ use crate::wire::decode::MAX_MESSAGE_SIZE_DEFAULT;
 use crate::wire::HEADER_SIZE;
 
 /// At most this many handshakes (TLS included) run at once on the replica listener; more
-/// connections are closed at once and counted (issue 5: hardened replica port).
+/// connections are closed at once and counted (issue 5: hardened replica port). The
+/// default and the ceiling of message_bus.handshakes_max.
 pub const HANDSHAKES_IN_FLIGHT_MAX: usize = 256;
+/// Default bound of the bytes of client frames held at once (being read, or delivered
+/// and not yet handed back): limits.frame_memory_max.
+pub const CLIENT_FRAME_MEMORY_MAX_DEFAULT: usize = 1 << 30;
 /// Client-listener connections beyond this are closed at accept and counted.
 pub const CLIENT_CONNECTIONS_MAX_DEFAULT: usize = 4096;
 /// A roster holds at most this many replicas (ids are a u8; DVC bitsets stay u128).
@@ -95,6 +99,15 @@ pub struct BusConfig {
     pub handshake_grace: Duration,
     /// Client connections beyond this are refused at accept.
     pub client_connections_max: usize,
+    /// message_bus.handshakes_max: replica-listener handshakes in flight (1 to 256).
+    pub handshakes_max: usize,
+    /// Largest client frame, header included (limits.request_body_max + 256): a larger
+    /// header closes the connection before any of its body is read. max_message_size
+    /// bounds it too.
+    pub client_frame_max: u32,
+    /// limits.frame_memory_max: bytes of client frames held at once. A frame that would
+    /// exceed it is skipped unread and refused (`Handler::on_client_refused`).
+    pub client_frame_memory_max: usize,
     /// cluster.auth.
     pub auth: AuthConfig,
     /// cluster.tls.
@@ -121,6 +134,9 @@ impl BusConfig {
             reconnect_period: Duration::from_millis(500),
             handshake_grace: Duration::from_secs(5),
             client_connections_max: CLIENT_CONNECTIONS_MAX_DEFAULT,
+            handshakes_max: HANDSHAKES_IN_FLIGHT_MAX,
+            client_frame_max: MAX_MESSAGE_SIZE_DEFAULT,
+            client_frame_memory_max: CLIENT_FRAME_MEMORY_MAX_DEFAULT,
             auth: AuthConfig::default(),
             tls: TlsConfig::default(),
         }
@@ -168,6 +184,28 @@ impl BusConfig {
                 "message_bus.max_message_size",
                 self.max_message_size,
                 "at least one 256-byte header",
+            ));
+        }
+        if self.handshakes_max == 0 || self.handshakes_max > HANDSHAKES_IN_FLIGHT_MAX {
+            return Err(ConfigError::new(
+                "message_bus.handshakes_max",
+                self.handshakes_max,
+                "1 to 256",
+            ));
+        }
+        if (self.client_frame_max as usize) < HEADER_SIZE {
+            return Err(ConfigError::new(
+                "limits.request_body_max",
+                self.client_frame_max,
+                "a client frame holds at least its 256-byte header",
+            ));
+        }
+        let client_frame_max = self.client_frame_max.min(self.max_message_size) as usize;
+        if self.client_frame_memory_max < client_frame_max {
+            return Err(ConfigError::new(
+                "limits.frame_memory_max",
+                self.client_frame_memory_max,
+                "at least one largest client frame (limits.request_body_max + 256)",
             ));
         }
         if self.peer_queue_capacity == 0 {
@@ -305,6 +343,26 @@ mod tests {
         config.replica_id = 0;
         config.max_batch = 0;
         assert_eq!(config.validate().unwrap_err().key, "message_bus.max_batch");
+        config.max_batch = 64;
+        config.handshakes_max = 257;
+        assert_eq!(
+            config.validate().unwrap_err().key,
+            "message_bus.handshakes_max"
+        );
+        config.handshakes_max = 256;
+        config.client_frame_max = 255;
+        assert_eq!(
+            config.validate().unwrap_err().key,
+            "limits.request_body_max"
+        );
+        config.client_frame_max = 4096;
+        config.client_frame_memory_max = 4095;
+        assert_eq!(
+            config.validate().unwrap_err().key,
+            "limits.frame_memory_max"
+        );
+        config.client_frame_memory_max = 4096;
+        assert_eq!(config.validate(), Ok(()));
         let mut duplicate = nodes(3);
         duplicate[2].replica_id = 1;
         let config = BusConfig::new("c", 0, duplicate);

@@ -7,6 +7,8 @@ use std::future::poll_fn;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_lite::io::{AsyncRead, AsyncWrite};
@@ -246,6 +248,10 @@ impl ReadError {
 /// Small frames arrive many to a read. A large body is read straight into its frame
 /// buffer; after a large frame the next header is read without read-ahead, so a stream of
 /// large frames is copied once (socket to frame buffer), not twice.
+///
+/// Invariant behind every slice of the stage below: start <= end <= stage.len(); `fill`
+/// is only asked for need <= stage.len() (a header, or one byte), and `read_body` bounds
+/// `filled <= want <= size` with `buf` resized to `want` first.
 pub(crate) struct FrameReader {
     stage: Box<[u8]>,
     start: usize,
@@ -389,15 +395,111 @@ impl FrameReader {
         buf: &mut FrameBuf,
         limits: &Limits,
     ) -> Result<HeaderInfo, ReadError> {
+        let info = self.read_checked_header(stream, buf, limits).await?;
+        self.read_rest(stream, buf, info.size as usize).await?;
+        Ok(info)
+    }
+
+    /// Reads a header into the front of `buf` and runs the header-only checks; the body
+    /// is still on the stream (`read_rest` or `skip_rest` next).
+    pub(crate) async fn read_checked_header(
+        &mut self,
+        stream: &SharedStream,
+        buf: &mut FrameBuf,
+        limits: &Limits,
+    ) -> Result<HeaderInfo, ReadError> {
         self.read_header_keep_len(stream, buf).await?;
-        let info = check_header(buf.as_bytes(), limits).map_err(ReadError::Frame)?;
-        if info.size as usize > HEADER_SIZE {
-            self.read_body(stream, buf, info.size as usize).await?;
+        check_header(buf.as_bytes(), limits).map_err(ReadError::Frame)
+    }
+
+    /// Reads the body of a frame of `size` bytes whose header is in `buf`.
+    pub(crate) async fn read_rest(
+        &mut self,
+        stream: &SharedStream,
+        buf: &mut FrameBuf,
+        size: usize,
+    ) -> Result<(), ReadError> {
+        if size > HEADER_SIZE {
+            self.read_body(stream, buf, size).await
         } else {
             buf.resize(HEADER_SIZE);
             self.read_ahead = true;
+            Ok(())
         }
-        Ok(info)
+    }
+
+    /// Discards the body of a refused frame of `size` bytes through the stage, without
+    /// allocating for it, so the connection stays framed. `buf` keeps the header only.
+    pub(crate) async fn skip_rest(
+        &mut self,
+        stream: &SharedStream,
+        buf: &mut FrameBuf,
+        size: usize,
+    ) -> Result<(), ReadError> {
+        buf.resize(HEADER_SIZE);
+        let mut left = size.saturating_sub(HEADER_SIZE);
+        while left > 0 {
+            if self.buffered() == 0 {
+                let was = self.read_ahead;
+                self.read_ahead = true;
+                let filled = self.fill(stream, 1).await;
+                self.read_ahead = was;
+                filled.map_err(|error| match error {
+                    ReadError::Closed => ReadError::Io(io::ErrorKind::UnexpectedEof.into()),
+                    other => other,
+                })?;
+            }
+            let take = self.buffered().min(left);
+            self.consume(take);
+            left -= take;
+        }
+        self.read_ahead = true;
+        Ok(())
+    }
+}
+
+/// The bytes of client frames held at once, bounded (limits.frame_memory_max). Atomic
+/// so a `VerifiedFrame` stays `Send`; the bus itself runs on one executor.
+pub(crate) struct FrameMemory {
+    used: AtomicUsize,
+    max: usize,
+}
+
+impl FrameMemory {
+    pub(crate) fn new(max: usize) -> FrameMemory {
+        FrameMemory {
+            used: AtomicUsize::new(0),
+            max,
+        }
+    }
+
+    pub(crate) fn used(&self) -> usize {
+        self.used.load(Relaxed)
+    }
+
+    /// Reserves `bytes` for one frame, or None when that would pass the bound.
+    pub(crate) fn reserve(self: &Arc<Self>, bytes: usize) -> Option<Charge> {
+        self.used
+            .fetch_update(Relaxed, Relaxed, |used| {
+                used.checked_add(bytes).filter(|total| *total <= self.max)
+            })
+            .ok()?;
+        Some(Charge {
+            memory: self.clone(),
+            bytes,
+        })
+    }
+}
+
+/// One frame's reservation, released on drop.
+pub(crate) struct Charge {
+    memory: Arc<FrameMemory>,
+    bytes: usize,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.memory.used.fetch_sub(self.bytes, Relaxed);
     }
 }
 

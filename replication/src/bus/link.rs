@@ -7,8 +7,9 @@ use std::future::poll_fn;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
-use super::conn::{write_all_vectored, FrameReader, SharedStream};
+use super::conn::{write_all_vectored, FrameReader, ReadError, SharedStream};
 use super::handshake::check_established_frame;
+use super::stats::reasons;
 use super::{ClientId, Inner, Outbound, VerifiedFrame};
 use crate::wire::{client_plane_admit, decode, replica_plane_admit};
 
@@ -251,6 +252,7 @@ pub(crate) async fn run_replica_link(
         let frame = VerifiedFrame {
             buf: core::mem::replace(&mut buf, inner.pool.get()),
             command: info.command,
+            _charge: None,
         };
         inner.handler.on_replica_frame(peer, frame);
     }
@@ -284,14 +286,25 @@ pub(crate) async fn run_client_link(
     inner.clients.borrow_mut().insert(client, link.clone());
     glommio::spawn_local(write_loop(inner.clone(), link.clone())).detach();
 
+    // Client frames are bounded by the request size limit, not the replica frame limit:
+    // a larger header closes the connection before any of its body is read.
+    let limits = crate::wire::Limits {
+        max_message_size: inner
+            .config
+            .client_frame_max
+            .min(inner.limits.max_message_size),
+    };
     let mut buf = inner.pool.get();
     while !link.is_dead() {
-        let info = match reader.read_frame(&stream, &mut buf, &inner.limits).await {
+        let counted = |error: ReadError| {
+            if let Some(reason) = error.reason() {
+                inner.stats.reject(reason);
+            }
+        };
+        let info = match reader.read_checked_header(&stream, &mut buf, &limits).await {
             Ok(info) => info,
             Err(error) => {
-                if let Some(reason) = error.reason() {
-                    inner.stats.reject(reason);
-                }
+                counted(error);
                 break;
             }
         };
@@ -299,7 +312,25 @@ pub(crate) async fn run_client_link(
             inner.stats.reject(error.reason());
             break;
         }
-        if let Err(error) = decode(buf.as_bytes(), &inner.limits) {
+        let size = info.size as usize;
+        let Some(charge) = inner.frame_memory.reserve(size) else {
+            // Frame memory is spent: this frame is refused, not buffered; the connection
+            // and every other one go on.
+            if let Err(error) = reader.skip_rest(&stream, &mut buf, size).await {
+                counted(error);
+                break;
+            }
+            inner.stats.reject(reasons::FRAME_MEMORY_LIMIT);
+            inner
+                .handler
+                .on_client_refused(client, buf.as_bytes(), reasons::FRAME_MEMORY_LIMIT);
+            continue;
+        };
+        if let Err(error) = reader.read_rest(&stream, &mut buf, size).await {
+            counted(error);
+            break;
+        }
+        if let Err(error) = decode(buf.as_bytes(), &limits) {
             inner.stats.reject(error.reason());
             inner.handler.on_client_rejected(client, &error);
             continue;
@@ -307,6 +338,7 @@ pub(crate) async fn run_client_link(
         let frame = VerifiedFrame {
             buf: core::mem::replace(&mut buf, inner.pool.get()),
             command: info.command,
+            _charge: Some(charge),
         };
         inner.handler.on_client_frame(client, frame);
     }

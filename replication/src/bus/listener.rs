@@ -1,4 +1,4 @@
-//! The two listeners. The replica listener runs at most 256 handshakes at once, each
+//! The two listeners. The replica listener runs at most handshakes_max (256) handshakes at once, each
 //! bounded by handshake_grace from accept (TLS included); the client listener admits only
 //! Request frames (replica-plane.md, "Transport").
 
@@ -10,7 +10,6 @@ use futures_rustls::TlsAcceptor;
 use glommio::net::{TcpListener, TcpStream};
 
 use super::auth::ChannelBinding;
-use super::config::HANDSHAKES_IN_FLIGHT_MAX;
 use super::conn::{
     write_all_vectored, FrameReader, SharedStream, Stream, Tcp, CLIENT_STAGE_SIZE,
     HANDSHAKE_STAGE_SIZE, STAGE_SIZE,
@@ -44,7 +43,7 @@ pub(crate) async fn replica_accept_loop(inner: Rc<Inner>, listener: TcpListener)
             }
         };
         let in_flight = inner.handshakes_in_flight.get();
-        if in_flight >= HANDSHAKES_IN_FLIGHT_MAX {
+        if in_flight >= inner.config.handshakes_max {
             inner.refuse(reasons::HANDSHAKE_LIMIT, tcp.peer_addr().ok(), None);
             drop(tcp);
             continue;

@@ -47,9 +47,12 @@ use handshake::Local;
 use link::Link;
 
 /// A frame that passed `wire::decode` when it was received. Only the bus makes these.
+/// A client frame holds its share of limits.frame_memory_max until it is dropped or
+/// turned back into its buffer.
 pub struct VerifiedFrame {
     buf: FrameBuf,
     command: Command,
+    _charge: Option<conn::Charge>,
 }
 
 impl VerifiedFrame {
@@ -159,6 +162,12 @@ pub trait Handler {
     fn on_client_frame(&self, client: ClientId, frame: VerifiedFrame) {
         let _ = (client, frame);
     }
+    /// A client Request was refused by a limit before its body was read (`reason` is the
+    /// counted label, e.g. "frame_memory_limit"); `header` is its 256 unverified header
+    /// bytes, enough to address an error reply. The connection stays open.
+    fn on_client_refused(&self, client: ClientId, header: &[u8], reason: &'static str) {
+        let _ = (client, header, reason);
+    }
     /// A well-framed client Request failed validation (counted; the frame is dropped). The
     /// appliance may answer with an error reply or Eviction.
     fn on_client_rejected(&self, client: ClientId, error: &FrameError) {
@@ -257,6 +266,8 @@ pub(crate) struct Inner {
     next_client: Cell<u64>,
     next_link: Cell<u64>,
     handshakes_in_flight: Cell<usize>,
+    /// Bytes of client frames held (limits.frame_memory_max).
+    frame_memory: Arc<conn::FrameMemory>,
     closed: Cell<bool>,
     log_limiter: stats::LogLimiter,
 }
@@ -372,6 +383,7 @@ impl Bus {
             next_client: Cell::new(1),
             next_link: Cell::new(1),
             handshakes_in_flight: Cell::new(0),
+            frame_memory: Arc::new(conn::FrameMemory::new(config.client_frame_memory_max)),
             closed: Cell::new(false),
             log_limiter: stats::LogLimiter::new(),
             config,
@@ -461,6 +473,7 @@ impl Bus {
                 if let Some(stats) = stats {
                     stats.add_dropped(1);
                 }
+                self.inner.stats.reject(stats::reasons::PEER_QUEUE_FULL);
                 Err(SendError::QueueFull { replica })
             }
         }
@@ -497,6 +510,11 @@ impl Bus {
         if let Some(link) = self.link(replica) {
             link.room().await;
         }
+    }
+
+    /// Bytes of client frames held now (being read, or delivered and not yet dropped).
+    pub fn client_frame_memory(&self) -> usize {
+        self.inner.frame_memory.used()
     }
 
     /// Frames queued to `replica` and not yet written.

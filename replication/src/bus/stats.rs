@@ -195,6 +195,11 @@ pub mod reasons {
     pub const TLS_EXPORTER: &str = "tls_exporter_failed";
     /// A client-listener connection arrived while the client connection limit was reached.
     pub const CLIENT_LIMIT: &str = "client_connection_limit";
+    /// A client frame arrived while limits.frame_memory_max bytes of client frames were
+    /// held: it was skipped unread and refused.
+    pub const FRAME_MEMORY_LIMIT: &str = "frame_memory_limit";
+    /// A frame to a peer found its queue holding peer_queue_capacity frames: dropped.
+    pub const PEER_QUEUE_FULL: &str = "peer_queue_full";
     /// A dial to a peer failed (refused, unreachable); a link failure, not a rejection.
     pub const DIAL_FAILED: &str = "dial_failed";
     /// accept() failed (e.g. out of file descriptors); a link failure, not a rejection.

@@ -31,6 +31,7 @@ use replication::wire::{cluster_id, METADATA_GROUP};
 
 use crate::config::Config;
 use crate::state::{auth, MetadataState};
+use crate::stats::NodeAddresses;
 use node::{BusHandler, Node, Settings};
 
 /// One consensus tick.
@@ -197,6 +198,20 @@ fn settings(config: &Config, replica_id: u8) -> Result<Settings, DaemonError> {
             (n.replica_id, address)
         })
         .collect();
+    let nodes = config
+        .cluster
+        .nodes
+        .iter()
+        .map(|n| NodeAddresses {
+            replica: n.replica_id,
+            name: n.name.clone(),
+            client: client_addresses
+                .get(&n.replica_id)
+                .cloned()
+                .unwrap_or_default(),
+            http: SocketAddr::new(n.ip, n.ports.http).to_string(),
+        })
+        .collect();
     Ok(Settings {
         cluster,
         cluster_name: config.cluster.name.clone(),
@@ -211,6 +226,7 @@ fn settings(config: &Config, replica_id: u8) -> Result<Settings, DaemonError> {
         },
         offset_durability: config.storage.offset_durability,
         client_addresses,
+        nodes,
         tick: TICK,
     })
 }

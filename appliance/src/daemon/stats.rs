@@ -11,7 +11,7 @@ use replication::wire::METADATA_GROUP;
 use super::node::Node;
 use super::DaemonError;
 use crate::stats::http::{self, HttpLimits, HttpStats, SharedSnapshot};
-use crate::stats::{GroupStats, GroupStatus, Latencies, Latency, PeerStats, Snapshot};
+use crate::stats::{GroupStats, GroupStatus, Latencies, Latency, PeerStats, RepairStats, Snapshot};
 
 /// Starts the stats thread listening on `addr`; the listener is bound before this
 /// returns, so a port conflict is reported at start.
@@ -57,10 +57,12 @@ pub fn shared() -> SharedSnapshot {
 pub fn snapshot(node: &Node) -> Snapshot {
     let bus = node.bus.stats().snapshot();
     let mut groups = Vec::new();
+    let mut repairs_accepted = 0;
     for group in node.group_ids() {
         let Some(replica) = node.groups.get(group) else {
             continue;
         };
+        repairs_accepted += replica.counters().repairs_accepted;
         let status = match replica.status() {
             VsrStatus::Normal => GroupStatus::Normal,
             VsrStatus::ViewChange => GroupStatus::ViewChange,
@@ -111,7 +113,13 @@ pub fn snapshot(node: &Node) -> Snapshot {
         uptime_s: node.started.elapsed().as_secs(),
         groups,
         peers,
+        nodes: node.settings.nodes.clone(),
         rejected,
+        repair: RepairStats {
+            // Prepares accepted from repair, summed over the node's groups.
+            prepares_received: repairs_accepted,
+            ..RepairStats::default()
+        },
         latency_us: Latencies {
             request: Latency::of(&node.latencies.request),
             prepare_commit: Latency::of(&node.latencies.prepare_commit),

@@ -584,4 +584,18 @@ fn stats_health_metrics_and_status_on_three_nodes_through_peer_and_quorum_loss()
             .any(|g| g["quorum"] == false || g["status"] != "normal"),
         "{s}"
     );
+    // The log says so too: one line for the change, with the group, view and op.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = log_of(&files.log(last));
+        let line = log
+            .lines()
+            .find(|l| l.contains("no replication quorum") && l.contains("group=metadata"));
+        if let Some(line) = line {
+            assert!(line.contains("view=") && line.contains("op="), "{line}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no quorum-loss line in:\n{log}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

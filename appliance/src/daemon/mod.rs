@@ -321,7 +321,8 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
         let bus = Bus::start(bus_config, Rc::new(handler))
             .map_err(|e| DaemonError::Runtime(format!("message bus: {e}")))?;
         let node = Node::open(settings, bus.clone(), data, events_tx).await?;
-        stats::publish(&shared, &node);
+        let transitions = stats::Transitions::default();
+        stats::publish(&shared, &node, &transitions);
         tracing::info!(
             replica = bus.replica_addr().to_string(),
             client = bus.client_addr().map(|a| a.to_string()),
@@ -329,7 +330,9 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
         );
         system::sd_notify("READY=1");
         let result = node
-            .run(events_rx, |node| stats::publish(&shared, node))
+            .run(events_rx, |node| {
+                stats::publish(&shared, node, &transitions)
+            })
             .await;
         system::sd_notify("STOPPING=1");
         bus.shutdown();

@@ -2,6 +2,8 @@
 //! from the snapshot the replica executor publishes (every ~10 ticks), so a slow HTTP
 //! client never touches the consensus path.
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
@@ -131,9 +133,46 @@ pub fn snapshot(node: &Node) -> Snapshot {
     }
 }
 
-/// Publishes the node's snapshot for the stats thread.
-pub fn publish(shared: &SharedSnapshot, node: &Node) {
+/// What each group looked like at the last publish, to log changes once.
+#[derive(Default)]
+pub struct Transitions {
+    seen: RefCell<BTreeMap<String, (GroupStatus, u32, u8, bool)>>,
+}
+
+impl Transitions {
+    /// Logs one line per group whose status, view, primary or quorum changed since the
+    /// last snapshot (view changes, elections, quorum lost and regained), with the
+    /// group, view and op.
+    fn log_changes(&self, snapshot: &Snapshot) {
+        let mut seen = self.seen.borrow_mut();
+        for g in &snapshot.groups {
+            let now = (g.status, g.view, g.primary, g.quorum);
+            let before = seen.insert(g.group.clone(), now);
+            if before == Some(now) {
+                continue;
+            }
+            let role = if g.is_primary { "primary" } else { "backup" };
+            if g.quorum {
+                tracing::info!(
+                    group = %g.name, view = g.view, op = g.op, commit = g.commit,
+                    status = %g.status.name(), primary = g.primary, role = %role,
+                    "group state"
+                );
+            } else {
+                tracing::warn!(
+                    group = %g.name, view = g.view, op = g.op, commit = g.commit,
+                    status = %g.status.name(), primary = g.primary, role = %role,
+                    "group state: no replication quorum"
+                );
+            }
+        }
+    }
+}
+
+/// Publishes the node's snapshot for the stats thread, logging group state changes.
+pub fn publish(shared: &SharedSnapshot, node: &Node, transitions: &Transitions) {
     let next = snapshot(node);
+    transitions.log_changes(&next);
     match shared.lock() {
         Ok(mut guard) => *guard = next,
         Err(poisoned) => *poisoned.into_inner() = next,

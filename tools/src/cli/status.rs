@@ -189,13 +189,16 @@ fn report(seed: SocketAddr, views: &[NodeView]) -> Report {
     let mut nodes = Vec::new();
     for view in views {
         let replica = view.replica.map_or("?".to_string(), |r| r.to_string());
+        let label = [replica.as_str(), view.name.as_str()]
+            .iter()
+            .filter(|s| !s.is_empty())
+            .copied()
+            .collect::<Vec<_>>()
+            .join(" ");
         let stats = match &view.stats {
             Ok(stats) => stats,
             Err(error) => {
-                text.push_str(&format!(
-                    "\nnode {replica} {} {}: DOWN ({error})\n",
-                    view.name, view.http
-                ));
+                text.push_str(&format!("\nnode {label} {}: DOWN ({error})\n", view.http));
                 nodes.push(json!({
                     "replica": view.replica, "name": view.name, "http": view.http.to_string(),
                     "up": false, "error": error,
@@ -209,8 +212,7 @@ fn report(seed: SocketAddr, views: &[NodeView]) -> Report {
             None => (false, "health unknown".to_string()),
         };
         text.push_str(&format!(
-            "\nnode {replica} {} {}: up {}s, {health_reason}\n",
-            view.name,
+            "\nnode {label} {}: up {}s, {health_reason}\n",
             view.http,
             u(&stats["uptime_s"])
         ));

@@ -51,11 +51,11 @@ pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<(u16,
         .set_read_timeout(Some(left))
         .and_then(|()| stream.set_write_timeout(Some(left)))
         .map_err(|e| e.to_string())?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(|e| e.to_string())?;
+    // One write: the whole head in one segment.
+    let head = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(head.as_bytes())
+        .map_err(|e| e.to_string())?;
     // Bounded: a stats reply is a few KiB; a hostile or broken server cannot grow this
     // past 4 MiB.
     let mut raw = Vec::new();

@@ -391,3 +391,109 @@ fn wrong_password_and_dead_server_exit_1() {
     ]);
     assert_eq!(run.code, 1, "{}", run.stderr);
 }
+
+/// A stats endpoint stand-in: answers every connection from `answer(path)` until the
+/// test ends (the thread is left blocked in accept; it holds only a loopback socket).
+fn stats_server(answer: impl Fn(&str) -> (u16, String) + Send + 'static) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut line = String::new();
+            let mut reader = BufReader::new(&stream);
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            let mut header = String::new();
+            while reader.read_line(&mut header).is_ok_and(|n| n > 2) {
+                header.clear();
+            }
+            let path = line.split(' ').nth(1).unwrap_or("").to_string();
+            let (code, body) = answer(&path);
+            let mut stream = stream;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {code} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    addr
+}
+
+#[test]
+fn status_reads_every_member_and_shows_a_dead_one_down() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = listener.local_addr().unwrap().to_string();
+    drop(listener);
+    // The seed reports itself (replica 1) and a member whose endpoint is dead.
+    let seed = {
+        let dead = dead.clone();
+        let me = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let me2 = me.clone();
+        let addr = stats_server(move |path| match path {
+            "/stats" => (
+                200,
+                serde_json::json!({
+                    "replica_id": 1, "cluster": "c", "uptime_s": 9,
+                    "groups": [{"group": "1", "name": "metadata", "status": "normal",
+                        "view": 4, "primary": 1, "is_primary": true, "op": 12, "commit": 10}],
+                    "peers": [{"replica": 0, "connected": false, "queue_depth": 3, "dropped": 5}],
+                    "nodes": [
+                        {"replica": 0, "name": "a", "http": dead},
+                        {"replica": 1, "name": "b", "http": me2.lock().unwrap().clone()},
+                    ],
+                    "latency_us": {"request": {"p99": 250}},
+                })
+                .to_string(),
+            ),
+            "/health" => (503, "group metadata has no replication quorum\n".into()),
+            _ => (404, String::new()),
+        });
+        *me.lock().unwrap() = addr.clone();
+        addr
+    };
+    let run = cli(&["status", "--http", &seed, "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let status = run.json();
+    assert_eq!(status["nodes_up"], 1, "{status}");
+    assert_eq!(status["nodes"][0]["up"], false);
+    assert_eq!(status["nodes"][0]["http"], dead.as_str());
+    let b = &status["nodes"][1];
+    assert_eq!(b["healthy"], false);
+    assert!(b["health"].as_str().unwrap().contains("quorum"), "{b}");
+    assert_eq!(b["groups"][0]["role"], "primary");
+    assert_eq!(b["groups"][0]["commit_lag"], 2);
+    assert_eq!(b["dropped"], 5);
+    assert_eq!(b["p99_us"]["request"], 250);
+
+    let run = cli(&["status", "--http", &seed]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("node 0 a") && run.stdout.contains("DOWN"));
+    assert!(
+        run.stdout.contains("0 DOWN (queue 3, dropped 5)"),
+        "{}",
+        run.stdout
+    );
+
+    let run = cli(&[
+        "status",
+        "--http",
+        &seed,
+        "--watch",
+        "--count",
+        "3",
+        "--interval",
+        "50ms",
+        "--json",
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.stdout.lines().count(), 3, "{}", run.stdout);
+
+    let run = cli(&["status", "--http", &dead]);
+    assert_eq!(run.code, 1, "nothing answers: {}", run.stderr);
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+    let run = cli(&["status", "--http", "no-port-here"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+}

@@ -33,6 +33,7 @@ use replication::wire::{cluster_id, METADATA_GROUP};
 
 use crate::config::Config;
 use crate::state::{auth, MetadataState};
+use crate::stats::NodeAddresses;
 use node::{BusHandler, Node, Settings};
 
 /// One consensus tick.
@@ -202,6 +203,20 @@ fn settings(config: &Config, replica_id: u8) -> Result<Settings, DaemonError> {
             (n.replica_id, address)
         })
         .collect();
+    let nodes = config
+        .cluster
+        .nodes
+        .iter()
+        .map(|n| NodeAddresses {
+            replica: n.replica_id,
+            name: n.name.clone(),
+            client: client_addresses
+                .get(&n.replica_id)
+                .cloned()
+                .unwrap_or_default(),
+            http: SocketAddr::new(n.ip, n.ports.http).to_string(),
+        })
+        .collect();
     Ok(Settings {
         cluster,
         cluster_name: config.cluster.name.clone(),
@@ -216,6 +231,7 @@ fn settings(config: &Config, replica_id: u8) -> Result<Settings, DaemonError> {
         },
         offset_durability: config.storage.offset_durability,
         client_addresses,
+        nodes,
         tick: TICK,
         client_limits: client::ClientLimits {
             requests_in_flight_per_session: config.limits.requests_in_flight_per_session,
@@ -322,7 +338,8 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
         let bus = Bus::start(bus_config, Rc::new(handler))
             .map_err(|e| DaemonError::Runtime(format!("message bus: {e}")))?;
         let node = Node::open(settings, bus.clone(), data, events_tx).await?;
-        stats::publish(&shared, &node);
+        let transitions = stats::Transitions::default();
+        stats::publish(&shared, &node, &transitions);
         tracing::info!(
             replica = bus.replica_addr().to_string(),
             client = bus.client_addr().map(|a| a.to_string()),
@@ -330,7 +347,9 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
         );
         system::sd_notify("READY=1");
         let result = node
-            .run(events_rx, |node| stats::publish(&shared, node))
+            .run(events_rx, |node| {
+                stats::publish(&shared, node, &transitions)
+            })
             .await;
         system::sd_notify("STOPPING=1");
         bus.shutdown();

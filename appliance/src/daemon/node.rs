@@ -52,6 +52,8 @@ pub struct Settings {
     pub offset_durability: Durability,
     /// Client address ("ip:port") of every replica, by id.
     pub client_addresses: BTreeMap<u8, String>,
+    /// Every member's addresses, reported in `/stats` as `nodes`.
+    pub nodes: Vec<crate::stats::NodeAddresses>,
     pub tick: Duration,
     /// The client plane's own limits ([limits]).
     pub client_limits: super::client::ClientLimits,

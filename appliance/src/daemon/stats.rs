@@ -2,6 +2,8 @@
 //! from the snapshot the replica executor publishes (every ~10 ticks), so a slow HTTP
 //! client never touches the consensus path.
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
@@ -11,7 +13,7 @@ use replication::wire::METADATA_GROUP;
 use super::node::Node;
 use super::DaemonError;
 use crate::stats::http::{self, HttpLimits, HttpStats, SharedSnapshot};
-use crate::stats::{GroupStats, GroupStatus, Latencies, Latency, PeerStats, Snapshot};
+use crate::stats::{GroupStats, GroupStatus, Latencies, Latency, PeerStats, RepairStats, Snapshot};
 
 /// Starts the stats thread listening on `addr`; the listener is bound before this
 /// returns, so a port conflict is reported at start.
@@ -57,10 +59,12 @@ pub fn shared() -> SharedSnapshot {
 pub fn snapshot(node: &Node) -> Snapshot {
     let bus = node.bus.stats().snapshot();
     let mut groups = Vec::new();
+    let mut repairs_accepted = 0;
     for group in node.group_ids() {
         let Some(replica) = node.groups.get(group) else {
             continue;
         };
+        repairs_accepted += replica.counters().repairs_accepted;
         let status = match replica.status() {
             VsrStatus::Normal => GroupStatus::Normal,
             VsrStatus::ViewChange => GroupStatus::ViewChange,
@@ -111,7 +115,13 @@ pub fn snapshot(node: &Node) -> Snapshot {
         uptime_s: node.started.elapsed().as_secs(),
         groups,
         peers,
+        nodes: node.settings.nodes.clone(),
         rejected,
+        repair: RepairStats {
+            // Prepares accepted from repair, summed over the node's groups.
+            prepares_received: repairs_accepted,
+            ..RepairStats::default()
+        },
         latency_us: Latencies {
             request: Latency::of(&node.latencies.request),
             prepare_commit: Latency::of(&node.latencies.prepare_commit),
@@ -123,9 +133,46 @@ pub fn snapshot(node: &Node) -> Snapshot {
     }
 }
 
-/// Publishes the node's snapshot for the stats thread.
-pub fn publish(shared: &SharedSnapshot, node: &Node) {
+/// What each group looked like at the last publish, to log changes once.
+#[derive(Default)]
+pub struct Transitions {
+    seen: RefCell<BTreeMap<String, (GroupStatus, u32, u8, bool)>>,
+}
+
+impl Transitions {
+    /// Logs one line per group whose status, view, primary or quorum changed since the
+    /// last snapshot (view changes, elections, quorum lost and regained), with the
+    /// group, view and op.
+    fn log_changes(&self, snapshot: &Snapshot) {
+        let mut seen = self.seen.borrow_mut();
+        for g in &snapshot.groups {
+            let now = (g.status, g.view, g.primary, g.quorum);
+            let before = seen.insert(g.group.clone(), now);
+            if before == Some(now) {
+                continue;
+            }
+            let role = if g.is_primary { "primary" } else { "backup" };
+            if g.quorum {
+                tracing::info!(
+                    group = %g.name, view = g.view, op = g.op, commit = g.commit,
+                    status = %g.status.name(), primary = g.primary, role = %role,
+                    "group state"
+                );
+            } else {
+                tracing::warn!(
+                    group = %g.name, view = g.view, op = g.op, commit = g.commit,
+                    status = %g.status.name(), primary = g.primary, role = %role,
+                    "group state: no replication quorum"
+                );
+            }
+        }
+    }
+}
+
+/// Publishes the node's snapshot for the stats thread, logging group state changes.
+pub fn publish(shared: &SharedSnapshot, node: &Node, transitions: &Transitions) {
     let next = snapshot(node);
+    transitions.log_changes(&next);
     match shared.lock() {
         Ok(mut guard) => *guard = next,
         Err(poisoned) => *poisoned.into_inner() = next,

@@ -60,6 +60,18 @@ pub struct PeerStats {
     pub bytes_received: u64,
 }
 
+/// Where a cluster member answers, from the config: lets `appliance-cli status` reach
+/// every node's stats endpoint from any one node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct NodeAddresses {
+    pub replica: u8,
+    pub name: String,
+    /// Client plane "ip:port" (the advertised address when one is configured).
+    pub client: String,
+    /// Stats endpoint "ip:port".
+    pub http: String,
+}
+
 /// Journal repair progress.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct RepairStats {
@@ -128,6 +140,8 @@ pub struct Snapshot {
     pub uptime_s: u64,
     pub groups: Vec<GroupStats>,
     pub peers: Vec<PeerStats>,
+    /// Every cluster member (this node included) and its addresses.
+    pub nodes: Vec<NodeAddresses>,
     /// Rejected frames and requests by reason label.
     pub rejected: BTreeMap<String, u64>,
     pub repair: RepairStats,
@@ -217,6 +231,14 @@ pub(crate) mod tests {
                     bytes_received: 0,
                 },
             ],
+            nodes: (0..3)
+                .map(|r| NodeAddresses {
+                    replica: r,
+                    name: format!("n{r}"),
+                    client: format!("127.0.0.1:{}", 8090 + u16::from(r)),
+                    http: format!("127.0.0.1:{}", 3000 + u16::from(r)),
+                })
+                .collect(),
             rejected,
             repair: RepairStats {
                 requests_sent: 2,
@@ -264,6 +286,7 @@ pub(crate) mod tests {
             "uptime_s",
             "groups",
             "peers",
+            "nodes",
             "rejected",
             "repair",
             "state_transfer",

@@ -4,6 +4,7 @@
 pub mod consume;
 pub mod derive;
 pub mod produce;
+pub mod status;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -75,6 +76,8 @@ pub enum Cmd {
     Produce(produce::ProduceArgs),
     /// Read messages back by offset; verify checksums and (with --verify) content.
     Consume(consume::ConsumeArgs),
+    /// The cluster at a glance from any node's stats endpoint (--http).
+    Status(status::StatusArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -262,5 +265,6 @@ pub fn run(cli: &Cli) -> Result<Report, CliError> {
         }
         Cmd::Produce(args) => produce::run(&cli.global, args),
         Cmd::Consume(args) => consume::run(&cli.global, args),
+        Cmd::Status(args) => status::run(&cli.global, args),
     }
 }

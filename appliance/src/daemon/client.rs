@@ -387,6 +387,13 @@ impl Node {
             .and_then(|r| r.clients().get(header.client))
             .map(|s| s.session);
         if session != Some(header.session) || header.session == 0 {
+            // A session is the op that committed its Register: a node whose metadata
+            // commit has not reached it yet is behind, not sure the session is gone.
+            let commit = self.metadata().map_or(0, |r| r.commit());
+            if session.is_none() && header.session > commit {
+                self.reject("session_not_committed_here");
+                return self.answer(connection, header, Status::Unavailable, &[]);
+            }
             self.reject("no_session");
             return self.answer(connection, header, Status::NoSession, &[]);
         }

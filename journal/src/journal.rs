@@ -29,8 +29,10 @@ use crate::slot::{read_header, verify_header, verify_prepare, EntryFault};
 
 /// Most prepares one group commit may hold (bounds concurrent writes and buffers).
 pub const APPEND_BATCH_MAX: u64 = 64;
-/// Prepare buffers kept for reuse.
-const PREPARE_BUFFERS_POOLED: usize = 16;
+/// Prepare buffers kept for reuse: up to a whole group commit's worth, within
+/// `PREPARE_POOL_BYTES` (a fresh buffer costs a page fault per 4 KiB on first use).
+const PREPARE_BUFFERS_POOLED: usize = APPEND_BATCH_MAX as usize;
+const PREPARE_POOL_BYTES: usize = 64 * 1024 * 1024;
 
 const _: () = {
     assert!(PREPARE_BUFFERS_POOLED as u64 <= APPEND_BATCH_MAX);
@@ -48,7 +50,8 @@ const COPY_CHUNK: usize = 64 * 1024;
 /// File name of the journal inside a data directory.
 pub const JOURNAL_FILE: &str = "journal";
 
-/// Proof that an op's prepare and redundant header are on stable storage.
+/// Proof that an op's prepare is on stable storage (its redundant header follows with
+/// the next flush; recovery keeps a durable, verified prepare without it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use = "a Durable receipt is what allows sending PrepareOk"]
 pub struct Durable {
@@ -85,6 +88,8 @@ pub struct Journal {
     /// Header-ring sectors whose in-memory copy holds redundant headers of acknowledged
     /// (durable) prepares that are not yet on disk: written with the next flush.
     headers_pending: BTreeSet<u64>,
+    /// Whether an append ran since the last `tick`.
+    appended_since_tick: bool,
     op_checkpoint: u64,
     op_head: u64,
     faulty: BTreeSet<u64>,
@@ -224,6 +229,7 @@ impl Journal {
             ring,
             prepare_buffers: Vec::new(),
             headers_pending: BTreeSet::new(),
+            appended_since_tick: false,
             op_checkpoint,
             op_head: recovery.op_head,
             faulty: recovery.faulty.iter().copied().collect(),
@@ -321,6 +327,7 @@ impl Journal {
             headers.push(header);
         }
         let durable = self.write_entries(prepares, &headers).await?;
+        self.appended_since_tick = true;
         if let Some(last) = headers.last() {
             self.op_head = last.op;
         }
@@ -340,12 +347,26 @@ impl Journal {
         Ok(durable[0])
     }
 
+    /// Call on a timer: writes the pending redundant headers ([`sync_headers`]) once a
+    /// whole tick has passed without an append. While appends keep coming they carry the
+    /// headers themselves, so a busy journal pays no extra flush; an idle one has no
+    /// pending header for longer than two ticks.
+    ///
+    /// [`sync_headers`]: Journal::sync_headers
+    pub async fn tick(&mut self) -> Result<()> {
+        if std::mem::take(&mut self.appended_since_tick) {
+            return Ok(());
+        }
+        self.sync_headers().await
+    }
+
     /// Writes the redundant headers of acknowledged appends that are still only in memory,
     /// durably (no IO when there are none). Appends carry them with their own flush, so
-    /// this matters only when the journal goes idle: call it on a timer tick. Until then
+    /// this matters only when the journal goes idle (see [`Journal::tick`]). Until then
     /// a crash loses nothing, but a prepare of the last acknowledged append that is also
     /// damaged before the restart cannot be told from a torn one (see README).
     pub async fn sync_headers(&mut self) -> Result<()> {
+        self.appended_since_tick = false;
         if self.headers_pending.is_empty() {
             return Ok(());
         }
@@ -555,8 +576,12 @@ impl Journal {
         let written: Result<()> = inflight.join().await.into_iter().collect();
         let offsets: Vec<u64> = used.iter().map(|(_, offset)| *offset).collect();
         for (buffer, _) in used {
-            if pool.len() < PREPARE_BUFFERS_POOLED {
-                pool.push(buffer);
+            // The newest buffers stay; the oldest (perhaps of a size no longer used) go.
+            pool.push(buffer);
+            while pool.len() > PREPARE_BUFFERS_POOLED
+                || pool.iter().map(|b| b.len()).sum::<usize>() > PREPARE_POOL_BYTES
+            {
+                pool.remove(0);
             }
         }
         self.prepare_buffers = pool;

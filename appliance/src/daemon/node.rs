@@ -322,6 +322,13 @@ impl Node {
     async fn on_tick(&mut self) -> Result<(), DaemonError> {
         self.ticks += 1;
         self.groups.on_tick();
+        // Appends carry the previous append's redundant headers with their own flush; an
+        // idle journal writes them here (see journal/README.md).
+        self.data
+            .journal
+            .tick()
+            .await
+            .map_err(|e| DaemonError::Runtime(format!("journal header sync: {e}")))?;
         for partition in self.partitions.by_group.values_mut() {
             partition
                 .log

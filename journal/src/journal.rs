@@ -1,11 +1,13 @@
 //! The metadata journal: a preallocated ring of prepare slots written with direct IO
-//! (glommio `DmaFile`, O_DIRECT, each write followed by fdatasync) and read through a
-//! read-only mmap. (fdatasync after the write measured several times faster than
-//! O_DSYNC writes through io_uring on ext4.)
+//! (glommio `DmaFile`, O_DIRECT, each group of writes followed by one fdatasync) and read
+//! through a read-only mmap. (fdatasync after the writes measured several times faster
+//! than O_DSYNC writes through io_uring on ext4.)
 //!
-//! An append writes the prepare durably, then its redundant header durably, and only then
-//! returns a [`Durable`] receipt: the caller sends PrepareOk only with one in hand. This
-//! order is what lets recovery (`crate::recovery`) tell a torn tail from a corrupt entry.
+//! An append writes its prepares, together with the redundant headers of the appends
+//! acknowledged before it, then one fdatasync, and only then returns a [`Durable`]
+//! receipt: the caller sends PrepareOk only with one in hand. A redundant header is
+//! written only once its prepare is durable (in a later flush), which is what lets
+//! recovery (`crate::recovery`) tell a torn tail from a corrupt entry.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -13,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::Poll;
+use std::time::Duration;
 
 use glommio::io::{DmaBuffer, DmaFile, OpenOptions};
 use memmap2::Mmap;
@@ -22,12 +25,14 @@ use crate::error::{JournalError, Result};
 use crate::format::{decode_meta_copies, encode_meta, scan_image};
 use crate::layout::{JournalLayout, HEADERS_PER_SECTOR, HEADER_SIZE, META_COPIES, SECTOR_SIZE};
 use crate::recovery::{recover, Recovery, SlotStatus};
-use crate::slot::{read_header, verify_prepare, EntryFault};
+use crate::slot::{read_header, verify_header, verify_prepare, EntryFault};
 
 /// Most prepares one group commit may hold (bounds concurrent writes and buffers).
 pub const APPEND_BATCH_MAX: u64 = 64;
-/// Prepare buffers kept for reuse.
-const PREPARE_BUFFERS_POOLED: usize = 16;
+/// Prepare buffers kept for reuse: up to a whole group commit's worth, within
+/// `PREPARE_POOL_BYTES` (a fresh buffer costs a page fault per 4 KiB on first use).
+const PREPARE_BUFFERS_POOLED: usize = APPEND_BATCH_MAX as usize;
+const PREPARE_POOL_BYTES: usize = 64 * 1024 * 1024;
 
 const _: () = {
     assert!(PREPARE_BUFFERS_POOLED as u64 <= APPEND_BATCH_MAX);
@@ -39,11 +44,14 @@ const _: () = {
 
 /// Bytes per write when formatting (zero-filling) a journal file.
 const FORMAT_CHUNK: u64 = 1024 * 1024;
+/// Bytes copied (and checksummed, while still in cache) per step into a write buffer.
+const COPY_CHUNK: usize = 64 * 1024;
 
 /// File name of the journal inside a data directory.
 pub const JOURNAL_FILE: &str = "journal";
 
-/// Proof that an op's prepare and redundant header are on stable storage.
+/// Proof that an op's prepare is on stable storage (its redundant header follows with
+/// the next flush; recovery keeps a durable, verified prepare without it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use = "a Durable receipt is what allows sending PrepareOk"]
 pub struct Durable {
@@ -77,6 +85,11 @@ pub struct Journal {
     ring: Vec<u8>,
     /// Prepare write buffers, reused when the next prepare needs the same size.
     prepare_buffers: Vec<Rc<DmaBuffer>>,
+    /// Header-ring sectors whose in-memory copy holds redundant headers of acknowledged
+    /// (durable) prepares that are not yet on disk: written with the next flush.
+    headers_pending: BTreeSet<u64>,
+    /// Whether an append ran since the last `tick`.
+    appended_since_tick: bool,
     op_checkpoint: u64,
     op_head: u64,
     faulty: BTreeSet<u64>,
@@ -215,6 +228,8 @@ impl Journal {
             map,
             ring,
             prepare_buffers: Vec::new(),
+            headers_pending: BTreeSet::new(),
+            appended_since_tick: false,
             op_checkpoint,
             op_head: recovery.op_head,
             faulty: recovery.faulty.iter().copied().collect(),
@@ -280,9 +295,13 @@ impl Journal {
     }
 
     /// Appends consecutive prepares (starting at `op_head + 1`) as one group commit: all
-    /// prepares are written concurrently and synced once, then their redundant headers,
-    /// synced once. Each is durable when this returns. A crash in between loses only
-    /// unacknowledged entries: recovery truncates from the first torn one.
+    /// prepares (and the redundant headers still pending from earlier appends) are
+    /// written concurrently and synced once. Each is durable when this returns; its
+    /// redundant header goes to disk with the next flush (next append, [`sync_headers`],
+    /// `truncate_after`, `write_repair` or `close`). A crash loses only unacknowledged
+    /// entries: recovery truncates from the first torn one.
+    ///
+    /// [`sync_headers`]: Journal::sync_headers
     pub async fn append_batch(&mut self, prepares: &[&[u8]]) -> Result<Vec<Durable>> {
         assert!(
             prepares.len() as u64 <= APPEND_BATCH_MAX,
@@ -308,13 +327,15 @@ impl Journal {
             headers.push(header);
         }
         let durable = self.write_entries(prepares, &headers).await?;
+        self.appended_since_tick = true;
         if let Some(last) = headers.last() {
             self.op_head = last.op;
         }
         Ok(durable)
     }
 
-    /// Writes a prepare fetched from a peer for a faulty op, durably.
+    /// Writes a prepare fetched from a peer for a faulty op, durably, and its redundant
+    /// header durably after it (a repair is rare and waits for both flushes).
     pub async fn write_repair(&mut self, prepare: &[u8]) -> Result<Durable> {
         let header = self.check_prepare(prepare)?;
         if !self.faulty.contains(&header.op) {
@@ -322,7 +343,42 @@ impl Journal {
         }
         let durable = self.write_entries(&[prepare], &[header]).await?;
         self.faulty.remove(&header.op);
+        self.sync_headers().await?;
         Ok(durable[0])
+    }
+
+    /// Call on a timer: writes the pending redundant headers ([`sync_headers`]) once a
+    /// whole tick has passed without an append. While appends keep coming they carry the
+    /// headers themselves, so a busy journal pays no extra flush; an idle one has no
+    /// pending header for longer than two ticks.
+    ///
+    /// [`sync_headers`]: Journal::sync_headers
+    pub async fn tick(&mut self) -> Result<()> {
+        if std::mem::take(&mut self.appended_since_tick) {
+            return Ok(());
+        }
+        self.sync_headers().await
+    }
+
+    /// Writes the redundant headers of acknowledged appends that are still only in memory,
+    /// durably (no IO when there are none). Appends carry them with their own flush, so
+    /// this matters only when the journal goes idle (see [`Journal::tick`]). Until then
+    /// a crash loses nothing, but a prepare of the last acknowledged append that is also
+    /// damaged before the restart cannot be told from a torn one (see README).
+    pub async fn sync_headers(&mut self) -> Result<()> {
+        self.appended_since_tick = false;
+        if self.headers_pending.is_empty() {
+            return Ok(());
+        }
+        let writes = self
+            .headers_pending
+            .iter()
+            .map(|sector| self.ring_sector_write(sector * HEADERS_PER_SECTOR))
+            .collect();
+        self.write_concurrently(writes).await?;
+        self.sync().await?;
+        self.headers_pending.clear();
+        Ok(())
     }
 
     /// Removes every op after `op` (a view change discarding an uncommitted suffix):
@@ -344,13 +400,15 @@ impl Journal {
             let at = (*slot * HEADER_SIZE) as usize;
             self.ring[at..at + HEADER_SIZE as usize].fill(0);
         }
-        let sectors: BTreeSet<u64> = removed.iter().map(|s| s / HEADERS_PER_SECTOR).collect();
+        let mut sectors: BTreeSet<u64> = removed.iter().map(|s| s / HEADERS_PER_SECTOR).collect();
+        sectors.extend(self.headers_pending.iter().copied());
         let writes = sectors
             .iter()
             .map(|sector| self.ring_sector_write(sector * HEADERS_PER_SECTOR))
             .collect();
         self.write_concurrently(writes).await?;
         self.sync().await?;
+        self.headers_pending.clear();
         let zero = self.zero_sector();
         let writes = removed
             .iter()
@@ -433,14 +491,16 @@ impl Journal {
         read_header(&self.ring[at..]).filter(|h| h.op == op && h.frame.checksum != 0)
     }
 
-    /// Closes the file.
-    pub async fn close(self) -> Result<()> {
+    /// Writes the pending redundant headers durably, then closes the file.
+    pub async fn close(mut self) -> Result<()> {
+        self.sync_headers().await?;
         self.file
             .close()
             .await
             .map_err(|e| JournalError::io("close", &self.path, e))
     }
 
+    /// Checks everything but the body seal, which `write_entries` checks as it copies.
     fn check_prepare(&self, prepare: &[u8]) -> Result<PrepareHeader> {
         let size = prepare.len() as u64;
         if size > self.layout.slot_size {
@@ -449,25 +509,13 @@ impl Journal {
                 slot_size: self.layout.slot_size,
             });
         }
-        let (id, frame) = verify_prepare(prepare, self.layout.slot_size).map_err(|fault| {
-            JournalError::PrepareInvalid {
-                reason: match fault {
-                    EntryFault::HeaderChecksum => "header identity checksum mismatch",
-                    EntryFault::NotPrepare => "command is not Prepare",
-                    EntryFault::SizeInvalid => "header size does not match the bytes",
-                    EntryFault::BodyChecksum => "body does not match checksum_body (unsealed?)",
-                },
-            }
-        })?;
-        if frame.len() != prepare.len() {
-            return Err(JournalError::PrepareInvalid {
-                reason: "header size does not match the bytes",
-            });
-        }
         let header = read_header(prepare).ok_or(JournalError::PrepareInvalid {
             reason: "shorter than a header",
         })?;
-        assert_eq!(header.op, id.op);
+        verify_header(&header, self.layout.slot_size).map_err(prepare_invalid)?;
+        if u64::from(header.frame.size) != size {
+            return Err(prepare_invalid(EntryFault::SizeInvalid));
+        }
         if header.op == 0 {
             return Err(JournalError::PrepareInvalid {
                 reason: "op 0 is the root and never journaled",
@@ -476,60 +524,90 @@ impl Journal {
         Ok(header)
     }
 
-    /// Writes prepares, syncs, writes their redundant headers, syncs.
+    /// Writes prepares (each submitted as soon as it is copied and its body seal checked,
+    /// so copying overlaps the device) together with the pending redundant headers of
+    /// earlier appends, then syncs once. The new prepares' headers become pending: they
+    /// must not reach the disk before the prepares are durable, which they now are.
     async fn write_entries(
         &mut self,
         prepares: &[&[u8]],
         headers: &[PrepareHeader],
     ) -> Result<Vec<Durable>> {
         assert_eq!(prepares.len(), headers.len());
-        // 1. The prepares, concurrently, then durably.
         for header in headers {
             self.forget_pages(
                 self.layout.prepare_offset(self.layout.slot_of(header.op)),
                 self.layout.slot_size,
             );
         }
-        let mut writes = Vec::with_capacity(prepares.len());
-        for (prepare, header) in prepares.iter().zip(headers) {
+        let pending = std::mem::take(&mut self.headers_pending);
+        let mut pool = std::mem::take(&mut self.prepare_buffers);
+        let mut inflight = Concurrent::with_capacity(pending.len() + prepares.len());
+        for sector in &pending {
+            let (buffer, offset) = self.ring_sector_write(sector * HEADERS_PER_SECTOR);
+            inflight.push(write_all(&self.file, &self.path, buffer, offset));
+        }
+        inflight.start().await;
+        let mut used = Vec::with_capacity(prepares.len());
+        let mut unsealed = false;
+        for (i, (prepare, header)) in prepares.iter().zip(headers).enumerate() {
             let padded = crate::layout::sector_ceil(prepare.len() as u64) as usize;
-            let position = self.prepare_buffers.iter().position(|b| b.len() == padded);
-            let mut buffer = match position {
-                Some(i) => self.prepare_buffers.swap_remove(i),
+            let mut buffer = match pool.iter().position(|b| b.len() == padded) {
+                Some(at) => pool.swap_remove(at),
                 None => Rc::new(self.file.alloc_dma_buffer(padded)),
             };
             let bytes = Rc::get_mut(&mut buffer)
                 .unwrap_or_else(|| unreachable!("pooled buffers are not shared"))
                 .as_bytes_mut();
-            bytes[..prepare.len()].copy_from_slice(prepare);
-            bytes[prepare.len()..].fill(0);
+            if !copy_sealed(prepare, bytes, header.frame.checksum_body) {
+                unsealed = true;
+                pool.push(buffer);
+                break;
+            }
             let offset = self.layout.prepare_offset(self.layout.slot_of(header.op));
-            writes.push((buffer, offset));
-        }
-        let buffers: Vec<Rc<DmaBuffer>> = writes.iter().map(|(b, _)| b.clone()).collect();
-        self.write_concurrently(writes).await?;
-        for buffer in buffers {
-            if self.prepare_buffers.len() < PREPARE_BUFFERS_POOLED {
-                self.prepare_buffers.push(buffer);
+            inflight.push(write_all(&self.file, &self.path, buffer.clone(), offset));
+            used.push((buffer, offset));
+            inflight.start().await;
+            if i + 1 < prepares.len() {
+                // Let the reactor submit it before copying the next one.
+                glommio::timer::sleep(Duration::from_micros(1)).await;
             }
         }
+        let written: Result<()> = inflight.join().await.into_iter().collect();
+        let offsets: Vec<u64> = used.iter().map(|(_, offset)| *offset).collect();
+        for (buffer, _) in used {
+            // The newest buffers stay; the oldest (perhaps of a size no longer used) go.
+            pool.push(buffer);
+            while pool.len() > PREPARE_BUFFERS_POOLED
+                || pool.iter().map(|b| b.len()).sum::<usize>() > PREPARE_POOL_BYTES
+            {
+                pool.remove(0);
+            }
+        }
+        self.prepare_buffers = pool;
+        // Until this flush succeeds, the pending headers are not known to be on disk.
+        self.headers_pending.extend(pending.iter().copied());
+        written?;
+        if unsealed {
+            // An earlier prepare of the group may have been written: invalidate it so
+            // nothing past the head can reappear as an entry after a restart.
+            let zero = self.zero_sector();
+            let writes = offsets.iter().map(|o| (zero.clone(), *o)).collect();
+            self.write_concurrently(writes).await?;
+            self.sync().await?;
+            return Err(prepare_invalid(EntryFault::BodyChecksum));
+        }
         self.sync().await?;
-        // 2. Their redundant headers, durably: from here on recovery treats a bad prepare
-        //    in these slots as corruption to repair, never as a torn tail.
-        let mut sectors = BTreeSet::new();
+        for sector in &pending {
+            self.headers_pending.remove(sector);
+        }
         for (prepare, header) in prepares.iter().zip(headers) {
             let slot = self.layout.slot_of(header.op);
             let at = (slot * HEADER_SIZE) as usize;
             self.ring[at..at + HEADER_SIZE as usize]
                 .copy_from_slice(&prepare[..HEADER_SIZE as usize]);
-            sectors.insert(slot / HEADERS_PER_SECTOR);
+            self.headers_pending.insert(slot / HEADERS_PER_SECTOR);
         }
-        let writes = sectors
-            .iter()
-            .map(|sector| self.ring_sector_write(sector * HEADERS_PER_SECTOR))
-            .collect();
-        self.write_concurrently(writes).await?;
-        self.sync().await?;
         Ok(headers
             .iter()
             .map(|h| Durable {
@@ -541,11 +619,11 @@ impl Journal {
 
     /// Submits every write at once and waits for all of them (not synced).
     async fn write_concurrently(&self, writes: Vec<(Rc<DmaBuffer>, u64)>) -> Result<()> {
-        let futures: Vec<_> = writes
-            .into_iter()
-            .map(|(buffer, offset)| Box::pin(write_all(&self.file, &self.path, buffer, offset)))
-            .collect();
-        join_all(futures).await.into_iter().collect()
+        let mut futures = Concurrent::with_capacity(writes.len());
+        for (buffer, offset) in writes {
+            futures.push(write_all(&self.file, &self.path, buffer, offset));
+        }
+        futures.join().await.into_iter().collect()
     }
 
     /// Drops this process's mapping and the page cache of a file range before a direct
@@ -601,12 +679,60 @@ impl Journal {
     }
 }
 
-/// Polls every future until all complete (writes to one file, submitted together).
-async fn join_all<F: Future>(mut futures: Vec<Pin<Box<F>>>) -> Vec<F::Output> {
-    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
+fn prepare_invalid(fault: EntryFault) -> JournalError {
+    JournalError::PrepareInvalid {
+        reason: match fault {
+            EntryFault::HeaderChecksum => "header identity checksum mismatch",
+            EntryFault::NotPrepare => "command is not Prepare",
+            EntryFault::SizeInvalid => "header size does not match the bytes",
+            EntryFault::BodyChecksum => "body does not match checksum_body (unsealed?)",
+        },
+    }
+}
+
+/// Copies `prepare` into the front of `buffer` and zeroes the rest, checking on the way
+/// that its body matches `checksum_body` (the seal of `replication::wire::frame::seal_of`,
+/// XxHash3-64, computed over each chunk just copied while it is still in cache).
+fn copy_sealed(prepare: &[u8], buffer: &mut [u8], checksum_body: u128) -> bool {
+    let header = HEADER_SIZE as usize;
+    buffer[..header].copy_from_slice(&prepare[..header]);
+    let mut hasher = xxhash_rust::xxh3::Xxh3Default::new();
+    for (from, to) in prepare[header..]
+        .chunks(COPY_CHUNK)
+        .zip(buffer[header..].chunks_mut(COPY_CHUNK))
+    {
+        let to = &mut to[..from.len()];
+        to.copy_from_slice(from);
+        hasher.update(to);
+    }
+    buffer[prepare.len()..].fill(0);
+    u128::from(hasher.digest()) == checksum_body
+}
+
+/// Futures (writes to one file) polled together: each is polled once as soon as it is
+/// added, which queues its IO, and all are then awaited together.
+struct Concurrent<F: Future> {
+    futures: Vec<Pin<Box<F>>>,
+    outputs: Vec<Option<F::Output>>,
+}
+
+impl<F: Future> Concurrent<F> {
+    fn with_capacity(capacity: usize) -> Concurrent<F> {
+        Concurrent {
+            futures: Vec::with_capacity(capacity),
+            outputs: Vec::with_capacity(capacity),
+        }
+    }
+
+    fn push(&mut self, future: F) {
+        self.futures.push(Box::pin(future));
+        self.outputs.push(None);
+    }
+
+    /// Polls every unfinished future once; Ready if all have finished.
+    fn poll_all(&mut self, cx: &mut std::task::Context<'_>) -> Poll<()> {
         let mut pending = false;
-        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+        for (future, output) in self.futures.iter_mut().zip(self.outputs.iter_mut()) {
             if output.is_none() {
                 match future.as_mut().poll(cx) {
                     Poll::Ready(value) => *output = Some(value),
@@ -619,9 +745,22 @@ async fn join_all<F: Future>(mut futures: Vec<Pin<Box<F>>>) -> Vec<F::Output> {
         } else {
             Poll::Ready(())
         }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
+    }
+
+    /// Polls the futures not yet finished once (queueing new IO) without waiting.
+    async fn start(&mut self) {
+        std::future::poll_fn(|cx| {
+            let _ = self.poll_all(cx);
+            Poll::Ready(())
+        })
+        .await;
+    }
+
+    /// Waits for every future and returns their outputs in order.
+    async fn join(mut self) -> Vec<F::Output> {
+        std::future::poll_fn(|cx| self.poll_all(cx)).await;
+        self.outputs.into_iter().flatten().collect()
+    }
 }
 
 /// Writes a whole sector-aligned buffer at `offset` (not yet durable: sync after).

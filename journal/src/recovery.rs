@@ -2,16 +2,23 @@
 //! recorded in the superblock, decide which ops the journal holds, which are faulty and
 //! must be repaired from peers, and which torn tail is truncated.
 //!
-//! Write order makes this decidable. An append writes the prepare durably, then its
-//! redundant header durably, then acknowledges. So:
+//! Write order makes this decidable. An append writes its prepares (with the redundant
+//! headers of earlier, already durable appends) and syncs once before acknowledging; a
+//! prepare's own redundant header is written only after that sync, with the next one.
+//! So:
 //! - a valid redundant header for op `n` means prepare `n` was once durable: if the
 //!   prepare no longer verifies, the entry is corrupt (faulty, repaired), not torn;
-//! - a prepare that fails verification where the header ring does not vouch for it, in
-//!   the slot after the head, is the torn last write of a crash: truncated, never acked;
+//! - only the ops above the highest vouched op can be torn: the acknowledged append
+//!   whose headers were still pending (its prepares all durable) and the one in flight;
+//!   the first of them that fails verification is where the crash tore, and it and
+//!   everything after it is the torn tail, truncated (never acknowledged unless a
+//!   durable prepare of the pending append was also damaged before the restart: the one
+//!   case a single flush per append cannot tell from a tear, see README);
 //! - every op between the checkpoint and the head must verify; a gap is faulty.
 //!
-//! A valid prepare is trusted even if its redundant header is damaged (a torn header
-//! sector write), and the header is rewritten from the prepare.
+//! A valid prepare is trusted even if its redundant header is damaged or was never
+//! written (a torn header sector, a crash before the next flush), and the header is
+//! rewritten from the prepare.
 
 use serde::Serialize;
 
@@ -439,6 +446,43 @@ mod tests {
             SlotStatus::TornTail { op: 6, fault: None }
         ));
         assert_eq!(r.header_repairs, vec![4]);
+    }
+
+    #[test]
+    fn acked_append_with_pending_headers_survives_a_torn_next_append() {
+        let mut image = Image::new();
+        (1..=6).for_each(|op| image.append(op));
+        // Ops 4..=6 were acknowledged after one flush; their headers were to be written
+        // with the next append (7..=8), which tore: 7 landed whole, 8 partly.
+        for slot in 4..=6 {
+            image.headers[slot].fill(0);
+        }
+        let frame = prepare(7, 71, 7);
+        image.prepares[7][..frame.len()].copy_from_slice(&frame);
+        let frame = prepare(8, 72, 8);
+        image.prepares[0][..100].copy_from_slice(&frame[..100]);
+        let r = image.recover(0);
+        assert_eq!(r.op_head, 7);
+        assert!(r.is_clean());
+        assert_eq!(r.torn, vec![0]);
+        assert_eq!(r.header_repairs, vec![4, 5, 6, 7]);
+    }
+
+    #[test]
+    fn vouched_prepare_is_faulty_but_an_unvouched_failing_one_is_the_torn_tail() {
+        // The window of one flush per append: op 6's header is pending when the crash
+        // comes; a damaged prepare 6 then reads as the torn tail, while damage to the
+        // vouched op 5 is still reported faulty.
+        let mut image = Image::new();
+        (1..=6).for_each(|op| image.append(op));
+        image.headers[6].fill(0);
+        image.prepares[5][300] ^= 1;
+        image.prepares[6][300] ^= 1;
+        let r = image.recover(0);
+        assert_eq!(
+            (r.op_head, r.faulty.clone(), r.torn.clone()),
+            (5, vec![5], vec![6])
+        );
     }
 
     #[test]

@@ -207,6 +207,57 @@ fn torn_append_after_the_head_is_truncated_and_the_journal_continues() {
 }
 
 #[test]
+fn torn_append_after_an_append_whose_headers_were_pending_loses_nothing() {
+    let (dir, ledger) = pristine();
+    let path = dir.path().join(JOURNAL_FILE);
+    let mut acked = ledger.clone();
+    let frames: Vec<Vec<u8>> = (OPS + 1..=OPS + 6)
+        .map(|op| prepare(op, &body(op, 0, body_len(op))))
+        .collect();
+    let crashed = copy_of(dir.path());
+    run(async {
+        let (mut journal, _) = Journal::open(&path, 0).await.unwrap();
+        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+        for durable in journal.append_batch(&refs[..3]).await.unwrap() {
+            acked.insert(durable.op, durable.checksum);
+        }
+        // A crash while the next group (OPS+4..) is in flight: snapshot the file now,
+        // with the acked group's headers pending, then tear the next group into it.
+        std::fs::copy(&path, crashed.path().join(JOURNAL_FILE)).unwrap();
+        journal.close().await.unwrap();
+    });
+    mutate(&crashed.path().join(JOURNAL_FILE), |image| {
+        for (i, op) in (OPS + 4..=OPS + 6).enumerate() {
+            let frame = &frames[3 + i];
+            let at = layout().prepare_offset(op % SLOTS) as usize;
+            // OPS+4 lands whole, OPS+5 tears after its first sector, OPS+6 lands whole.
+            let len = if op == OPS + 5 {
+                SECTOR_SIZE as usize
+            } else {
+                frame.len()
+            };
+            image[at..at + len].copy_from_slice(&frame[..len]);
+        }
+        // The pending headers' sector write tore too: the acked group has no header.
+        for op in OPS + 1..=OPS + 3 {
+            let at = layout().header_offset(op % SLOTS) as usize;
+            assert!(image[at..at + 256].iter().all(|b| *b == 0));
+        }
+    });
+    let recovery = assert_no_silent_loss(crashed.path(), &acked, "torn after pending");
+    assert!(recovery.faulty.is_empty(), "{recovery:?}");
+    assert_eq!(recovery.op_head, OPS + 4);
+    assert_eq!(recovery.torn, vec![(OPS + 5) % SLOTS, (OPS + 6) % SLOTS]);
+    // The same damage to an acked prepare once its header is on disk: faulty, not torn.
+    mutate(&dir.path().join(JOURNAL_FILE), |image| {
+        let at = layout().prepare_offset((OPS + 3) % SLOTS) as usize + 300;
+        image[at] ^= 0x08;
+    });
+    let recovery = assert_no_silent_loss(dir.path(), &acked, "flip after close");
+    assert_eq!(recovery.faulty, vec![OPS + 3]);
+}
+
+#[test]
 fn torn_header_ring_sector_loses_nothing() {
     let (dir, ledger) = pristine();
     mutate(&dir.path().join(JOURNAL_FILE), |image| {

@@ -55,12 +55,85 @@ fn appends_must_be_contiguous_sealed_and_fit_the_slot() {
             journal.append(&tampered).await,
             Err(JournalError::PrepareInvalid { .. })
         ));
+        // An unsealed prepare inside a group: nothing of the group is appended, and the
+        // valid op before it (already submitted) does not reappear after a reopen.
+        let valid = prepare(1, b"ok");
+        let mut unsealed = prepare(2, b"abc");
+        *unsealed.last_mut().unwrap() ^= 1;
+        assert!(matches!(
+            journal.append_batch(&[&valid, &unsealed]).await,
+            Err(JournalError::PrepareInvalid { .. })
+        ));
+        assert_eq!(journal.op_head(), 0);
         let huge = prepare(1, &vec![0; 20_000]);
         assert!(matches!(
             journal.append(&huge).await,
             Err(JournalError::PrepareTooLarge { .. })
         ));
         assert_eq!(journal.op_head(), 0);
+        journal.close().await.unwrap();
+        let (journal, recovery) = Journal::open(&path, 0).await.unwrap();
+        assert_eq!((journal.op_head(), recovery.is_clean()), (0, true));
+        assert!(recovery.torn.is_empty(), "{recovery:?}");
+    });
+}
+
+/// The on-disk write order of one flush per append: an append's redundant header reaches
+/// the disk with the next flush, never before its prepare is durable, and an
+/// acknowledged prepare whose header is still pending survives a crash.
+#[test]
+fn redundant_headers_follow_their_prepares_by_one_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let crashed = dir.path().join("crashed");
+    let layout = layout();
+    let frames: Vec<Vec<u8>> = (1..=9)
+        .map(|op| prepare(op, &body(op, 0, 700 * op as usize)))
+        .collect();
+    let header_on_disk = |image: &[u8], op: u64| {
+        let at = layout.header_offset(op % layout.slot_count) as usize;
+        image[at..at + 256] == frames[op as usize - 1][..256]
+    };
+    run(async {
+        let mut journal = Journal::create(&path, layout).await.unwrap();
+        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+        for frame in &refs[..4] {
+            let _ = journal.append(frame).await.unwrap();
+        }
+        let _ = journal.append_batch(&refs[4..7]).await.unwrap();
+        // A crash now: ops 1..=7 acknowledged, the headers of 5..=7 still pending.
+        std::fs::copy(&path, &crashed).unwrap();
+        let image = std::fs::read(&crashed).unwrap();
+        assert!((1..=4).all(|op| header_on_disk(&image, op)));
+        assert!((5..=7).all(|op| !header_on_disk(&image, op)));
+        // A tick right after an append leaves them to the next append; a tick that
+        // finds the journal idle writes them.
+        journal.tick().await.unwrap();
+        let image = std::fs::read(&path).unwrap();
+        assert!((5..=7).all(|op| !header_on_disk(&image, op)));
+        journal.tick().await.unwrap();
+        let image = std::fs::read(&path).unwrap();
+        assert!((1..=7).all(|op| header_on_disk(&image, op)));
+        journal.sync_headers().await.unwrap();
+        let _ = journal.append_batch(&refs[7..]).await.unwrap();
+        journal.close().await.unwrap();
+        let image = std::fs::read(&path).unwrap();
+        assert!((1..=9).all(|op| header_on_disk(&image, op)));
+
+        let (journal, recovery) = Journal::open(&crashed, 0).await.unwrap();
+        assert!(
+            recovery.is_clean() && recovery.torn.is_empty(),
+            "{recovery:?}"
+        );
+        assert_eq!(recovery.op_head, 7);
+        assert_eq!(recovery.header_repairs, vec![5, 6, 7]);
+        for op in 1..=7 {
+            assert_eq!(journal.entry(op).unwrap(), &frames[op as usize - 1][..]);
+        }
+        journal.close().await.unwrap();
+        // Open rewrote the missing headers durably.
+        let image = std::fs::read(&crashed).unwrap();
+        assert!((1..=7).all(|op| header_on_disk(&image, op)));
     });
 }
 

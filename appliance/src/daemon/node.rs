@@ -414,6 +414,13 @@ impl Node {
         }
         self.checkpoint_metadata().await?;
         self.groups.on_tick();
+        // Appends carry the previous append's redundant headers with their own flush; an
+        // idle journal writes them here (see journal/README.md).
+        self.data
+            .journal
+            .tick()
+            .await
+            .map_err(|e| DaemonError::Runtime(format!("journal header sync: {e}")))?;
         for partition in self.partitions.by_group.values_mut() {
             partition
                 .log

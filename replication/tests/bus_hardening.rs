@@ -581,3 +581,34 @@ fn client_connections_beyond_the_limit_are_closed_and_counted() {
         bus.shutdown();
     });
 }
+
+#[test]
+fn a_client_that_stalls_a_frame_body_is_cut_off_and_others_are_served() {
+    run(|| async {
+        let (bus, seen) = acceptor(|mut c| {
+            c.client_listen = Some(loopback(0));
+            c.client_body_timeout = Duration::from_millis(300);
+            c
+        });
+        let addr = bus.client_addr().unwrap();
+        // A header announcing 64 KiB of body, then a few bytes and silence.
+        let mut header = RequestHeader::new();
+        header.client = 9;
+        header.session = 1;
+        header.request = 1;
+        header.operation = Operation::CreateStream as u8;
+        let frame = Frame::build(&header, &vec![0u8; 64 * 1024]);
+        let mut staller = TcpStream::connect(addr).await.unwrap();
+        staller
+            .write_all(&frame.as_bytes()[..256 + 10])
+            .await
+            .unwrap();
+        assert!(closed_within(&mut staller, Duration::from_secs(5)).await);
+        assert_eq!(bus.stats().snapshot().rejected("client_body_timeout"), 1);
+        assert_eq!(bus.client_frame_memory(), 0, "its reservation was released");
+        let mut other = TcpStream::connect(addr).await.unwrap();
+        other.write_all(request(7).as_bytes()).await.unwrap();
+        assert!(wait_until(LINK_WAIT, || seen.seen.borrow().client_frames.len() == 1).await);
+        bus.shutdown();
+    });
+}

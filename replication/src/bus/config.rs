@@ -18,6 +18,8 @@ pub const HANDSHAKES_IN_FLIGHT_MAX: usize = 256;
 pub const CLIENT_FRAME_MEMORY_MAX_DEFAULT: usize = 1 << 30;
 /// Client-listener connections beyond this are closed at accept and counted.
 pub const CLIENT_CONNECTIONS_MAX_DEFAULT: usize = 4096;
+/// Default bound on a client frame body's arrival (BusConfig::client_body_timeout).
+pub const CLIENT_BODY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 /// A roster holds at most this many replicas (ids are a u8; DVC bitsets stay u128).
 pub const REPLICA_COUNT_MAX: usize = 128;
 /// The reconnect delay doubles per failed attempt up to this multiple of reconnect_period.
@@ -108,6 +110,9 @@ pub struct BusConfig {
     /// limits.frame_memory_max: bytes of client frames held at once. A frame that would
     /// exceed it is skipped unread and refused (`Handler::on_client_refused`).
     pub client_frame_memory_max: usize,
+    /// How long a client frame's body may take to arrive once its header has reserved
+    /// frame memory; a slower sender is disconnected (counted client_body_timeout).
+    pub client_body_timeout: Duration,
     /// cluster.auth.
     pub auth: AuthConfig,
     /// cluster.tls.
@@ -137,6 +142,7 @@ impl BusConfig {
             handshakes_max: HANDSHAKES_IN_FLIGHT_MAX,
             client_frame_max: MAX_MESSAGE_SIZE_DEFAULT,
             client_frame_memory_max: CLIENT_FRAME_MEMORY_MAX_DEFAULT,
+            client_body_timeout: CLIENT_BODY_TIMEOUT_DEFAULT,
             auth: AuthConfig::default(),
             tls: TlsConfig::default(),
         }

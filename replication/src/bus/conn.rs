@@ -458,6 +458,11 @@ impl FrameReader {
     }
 }
 
+/// Client frames up to this size may use all of the frame memory.
+pub(crate) const SMALL_FRAME_MAX: usize = 64 * 1024;
+/// Larger frames may use this fraction (numerator, denominator) of it.
+pub(crate) const LARGE_FRAME_SHARE: (usize, usize) = (3, 4);
+
 /// The bytes of client frames held at once, bounded (limits.frame_memory_max). Atomic
 /// so a `VerifiedFrame` stays `Send`; the bus itself runs on one executor.
 pub(crate) struct FrameMemory {
@@ -477,11 +482,18 @@ impl FrameMemory {
         self.used.load(Relaxed)
     }
 
-    /// Reserves `bytes` for one frame, or None when that would pass the bound.
+    /// Reserves `bytes` for one frame, or None when that would pass the bound. Frames
+    /// above SMALL_FRAME_MAX may fill only LARGE_FRAME_SHARE of it, so senders of large
+    /// frames (or a slow-sending flood of them) cannot starve ordinary requests.
     pub(crate) fn reserve(self: &Arc<Self>, bytes: usize) -> Option<Charge> {
+        let bound = if bytes > SMALL_FRAME_MAX {
+            self.max / LARGE_FRAME_SHARE.1 * LARGE_FRAME_SHARE.0
+        } else {
+            self.max
+        };
         self.used
             .fetch_update(Relaxed, Relaxed, |used| {
-                used.checked_add(bytes).filter(|total| *total <= self.max)
+                used.checked_add(bytes).filter(|total| *total <= bound)
             })
             .ok()?;
         Some(Charge {
@@ -519,5 +531,24 @@ impl BufPool {
         if free.len() < POOL_BUFFERS_MAX && buf.len() <= POOL_BUFFER_LEN_MAX {
             free.push(buf);
         }
+    }
+}
+
+#[cfg(test)]
+mod frame_memory_tests {
+    use super::*;
+
+    #[test]
+    fn large_frames_leave_a_quarter_of_frame_memory_to_small_ones() {
+        let memory = Arc::new(FrameMemory::new(1 << 20));
+        let large = 128 * 1024;
+        let held: Vec<Charge> = std::iter::from_fn(|| memory.reserve(large)).collect();
+        assert_eq!(held.len(), 6, "3/4 of 1 MiB in 128 KiB frames");
+        assert!(memory.reserve(large).is_none());
+        let small: Vec<Charge> = std::iter::from_fn(|| memory.reserve(SMALL_FRAME_MAX)).collect();
+        assert_eq!(small.len(), 4, "the last quarter still takes small frames");
+        drop(held);
+        assert_eq!(memory.used(), 4 * SMALL_FRAME_MAX);
+        assert!(memory.reserve(large).is_some());
     }
 }

@@ -326,9 +326,22 @@ pub(crate) async fn run_client_link(
                 .on_client_refused(client, buf.as_bytes(), reasons::FRAME_MEMORY_LIMIT);
             continue;
         };
-        if let Err(error) = reader.read_rest(&stream, &mut buf, size).await {
-            counted(error);
-            break;
+        // The reservation is held while the body arrives: a sender that stalls is cut
+        // off rather than allowed to sit on frame memory.
+        let body = glommio::timer::timeout(inner.config.client_body_timeout, async {
+            Ok(reader.read_rest(&stream, &mut buf, size).await)
+        })
+        .await;
+        match body {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                counted(error);
+                break;
+            }
+            Err(_) => {
+                inner.stats.reject(reasons::CLIENT_BODY_TIMEOUT);
+                break;
+            }
         }
         if let Err(error) = decode(buf.as_bytes(), &limits) {
             inner.stats.reject(error.reason());

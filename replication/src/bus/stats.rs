@@ -198,6 +198,9 @@ pub mod reasons {
     /// A client frame arrived while limits.frame_memory_max bytes of client frames were
     /// held: it was skipped unread and refused.
     pub const FRAME_MEMORY_LIMIT: &str = "frame_memory_limit";
+    /// A client frame's body did not arrive within BusConfig::client_body_timeout: the
+    /// connection was closed.
+    pub const CLIENT_BODY_TIMEOUT: &str = "client_body_timeout";
     /// A frame to a peer found its queue holding peer_queue_capacity frames: dropped.
     pub const PEER_QUEUE_FULL: &str = "peer_queue_full";
     /// A dial to a peer failed (refused, unreachable); a link failure, not a rejection.

@@ -330,3 +330,36 @@ fn metadata_checkpoints_let_the_journal_wrap_across_restarts() {
     let log = log_of(&files.log(0));
     assert!(log.contains("metadata checkpoint"), "log: {log}");
 }
+
+#[test]
+fn runtime_pin_cpus_pins_the_replica_executor_to_one_cpu() {
+    let files = ClusterFiles::new(1);
+    let mut daemon = Daemon::start_with_env(
+        &files,
+        0,
+        &[
+            ("APPLIANCE_RUNTIME__PIN_CPUS", "true"),
+            ("APPLIANCE_RUNTIME__SPIN_BEFORE_PARK", "50us"),
+        ],
+    );
+    wait_healthy(&files, &mut daemon, Duration::from_secs(30));
+    // The replica executor runs on the daemon's main thread.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid()))
+        .expect("status of the daemon");
+    let cpus = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap_or("")
+        .trim()
+        .to_owned();
+    assert!(
+        cpus.parse::<usize>().is_ok(),
+        "the replica executor is pinned to one CPU, not {cpus:?}"
+    );
+    // It still serves.
+    let mut client = logged_in(&files, 0xd1);
+    let reply = client
+        .call(Operation::CreateStream as u8, 0, 1, &short("pinned"))
+        .expect("reply");
+    assert_eq!(reply.status(), 0);
+}

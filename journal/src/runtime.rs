@@ -34,7 +34,12 @@ pub fn raise_memlock(bytes: u64) {
 
 /// A single-threaded glommio executor configured for this crate's IO.
 pub fn executor_builder() -> LocalExecutorBuilder {
-    LocalExecutorBuilder::default()
+    executor_builder_on(glommio::Placement::Unbound)
+}
+
+/// As `executor_builder`, placed as `placement` says (e.g. pinned to one CPU).
+pub fn executor_builder_on(placement: glommio::Placement) -> LocalExecutorBuilder {
+    LocalExecutorBuilder::new(placement)
         .io_memory(IO_MEMORY_BYTES)
         .ring_depth(RING_DEPTH)
 }

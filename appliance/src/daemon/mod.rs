@@ -288,6 +288,31 @@ fn bus_config(config: &Config, replica_id: u8) -> Result<BusConfig, DaemonError>
     Ok(bus)
 }
 
+/// Where the replica executor runs: with `runtime.pin_cpus`, on the last CPU this
+/// process may use (the stats thread and the kernel keep the others), else unbound.
+fn replica_placement(pin_cpus: bool) -> glommio::Placement {
+    if !pin_cpus {
+        return glommio::Placement::Unbound;
+    }
+    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity only writes into it.
+    let allowed: Vec<usize> = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return glommio::Placement::Unbound;
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|cpu| libc::CPU_ISSET(*cpu, &set))
+            .collect()
+    };
+    match allowed.last() {
+        Some(cpu) => {
+            tracing::info!(cpu, "replica executor pinned");
+            glommio::Placement::Fixed(*cpu)
+        }
+        None => glommio::Placement::Unbound,
+    }
+}
+
 /// Runs the daemon until SIGTERM/SIGINT. Formats the data directory first when it is
 /// absent (`policy` chooses the root password).
 pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), DaemonError> {
@@ -320,9 +345,14 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
         SocketAddr::new(node_config.ip, node_config.ports.http),
         shared.clone(),
     )?;
-    let executor = journal::runtime::executor_builder()
+    let placement = replica_placement(config.runtime.pin_cpus);
+    let mut builder = journal::runtime::executor_builder_on(placement)
         .io_memory(io_memory)
-        .name("replica")
+        .name("replica");
+    if !config.runtime.spin_before_park.0.is_zero() {
+        builder = builder.spin_before_park(config.runtime.spin_before_park.0);
+    }
+    let executor = builder
         .make()
         .map_err(|e| DaemonError::Runtime(format!("replica executor: {e}")))?;
     executor.run(async move {

@@ -433,6 +433,29 @@ fn three_nodes_replicate_a_partition_and_every_node_serves_it() {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+    // It caught up by journal repair, and /stats says so on both sides.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let restarted = stats(&files, partition_primary)["repair"].clone();
+        let served: u64 = others
+            .iter()
+            .map(|r| {
+                stats(&files, *r)["repair"]["prepares_served"]
+                    .as_u64()
+                    .unwrap_or(0)
+            })
+            .sum();
+        let sent = restarted["requests_sent"].as_u64().unwrap_or(0);
+        let received = restarted["prepares_received"].as_u64().unwrap_or(0);
+        if sent > 0 && received > 0 && served > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "repair figures: restarted node {restarted}, served by the others {served}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]

@@ -59,12 +59,16 @@ pub fn shared() -> SharedSnapshot {
 pub fn snapshot(node: &Node) -> Snapshot {
     let bus = node.bus.stats().snapshot();
     let mut groups = Vec::new();
-    let mut repairs_accepted = 0;
+    let mut repair = replication::vsr::Counters::default();
     for group in node.group_ids() {
         let Some(replica) = node.groups.get(group) else {
             continue;
         };
-        repairs_accepted += replica.counters().repairs_accepted;
+        let counters = replica.counters();
+        repair.repairs_accepted += counters.repairs_accepted;
+        repair.repair_requests_sent += counters.repair_requests_sent;
+        repair.repairs_served += counters.repairs_served;
+        repair.ranges_evicted += counters.ranges_evicted;
         let status = match replica.status() {
             VsrStatus::Normal => GroupStatus::Normal,
             VsrStatus::ViewChange => GroupStatus::ViewChange,
@@ -117,10 +121,12 @@ pub fn snapshot(node: &Node) -> Snapshot {
         peers,
         nodes: node.settings.nodes.clone(),
         rejected,
+        // Summed over the node's groups.
         repair: RepairStats {
-            // Prepares accepted from repair, summed over the node's groups.
-            prepares_received: repairs_accepted,
-            ..RepairStats::default()
+            requests_sent: repair.repair_requests_sent,
+            prepares_received: repair.repairs_accepted,
+            prepares_served: repair.repairs_served,
+            ranges_evicted: repair.ranges_evicted,
         },
         latency_us: Latencies {
             request: Latency::of(&node.latencies.request),

@@ -242,6 +242,12 @@ pub struct Counters {
     pub batch_stamp_mismatch: u64,
     pub repairs_accepted: u64,
     pub view_changes: u64,
+    /// RequestPrepares sent, prepares served to peers by repair, and RangeEvicted answers.
+    pub repair_requests_sent: u64,
+    pub repairs_served: u64,
+    pub ranges_evicted: u64,
+    /// StateTransfer actions emitted.
+    pub state_transfers_requested: u64,
 }
 
 /// The headers a DVC or StartView carries, highest op first.

@@ -76,6 +76,7 @@ impl Replica {
         header.to_op = to;
         header.group = self.config.group;
         let frame = Frame::build(&header, &[]);
+        self.counters.repair_requests_sent += 1;
         self.actions.push_back(Action::Send { to: peer, frame });
     }
 
@@ -139,6 +140,7 @@ impl Replica {
             result.frame.command = crate::wire::Command::RangeEvicted as u8;
             result.op = self.log.op_min();
             let frame = Frame::build(&result, &[]);
+            self.counters.ranges_evicted += 1;
             self.actions.push_back(Action::Send { to, frame });
             return;
         }
@@ -151,6 +153,7 @@ impl Replica {
                 continue;
             };
             let frame = Frame::repair_of(frame.as_bytes());
+            self.counters.repairs_served += 1;
             self.actions.push_back(Action::Send { to, frame });
             served = op;
         }
@@ -243,6 +246,7 @@ impl Replica {
         let enough = self.evicted.1.count_ones() >= (others / 2).max(1);
         if enough || self.connected & !self.evicted.1 == 0 {
             self.state_transfer_requested = true;
+            self.counters.state_transfers_requested += 1;
             self.actions.push_back(Action::StateTransfer {
                 from: header.frame.replica,
                 op_min: header.op,

@@ -408,6 +408,17 @@ impl Node {
             return self.invalid(connection, header, "partition_key_invalid");
         };
         let frame = Self::core_request(header, user, body);
+        if self.groups.get(group).is_none() {
+            // Unknown here: gone, or created by metadata this node has not applied yet.
+            let behind = self
+                .metadata()
+                .is_some_and(|m| m.op() > m.commit() || m.commit() < m.commit_max());
+            if behind {
+                self.reject("metadata_behind");
+                return self.answer(connection, header, Status::Unavailable, &[]);
+            }
+            return self.answer(connection, header, Status::NotFound, &[]);
+        }
         let Some(replica) = self.groups.get_mut(group) else {
             return self.answer(connection, header, Status::NotFound, &[]);
         };

@@ -150,6 +150,9 @@ const _: () = assert!(PARTITION_REPAIR_WINDOW_OPS > vsr::PIPELINE_MAX);
 /// Prepare records kept before a checkpoint compacts the prepare log.
 const PREPARE_RECORDS_KEPT: usize = 4096;
 
+/// Events taken into one round of actions at most (bounds the latency of the first).
+const EVENTS_PER_ROUND_MAX: usize = 256;
+
 /// Ticks between partition checkpoints (with 10 ms ticks: one second).
 const CHECKPOINT_TICKS: u64 = 100;
 
@@ -186,8 +189,11 @@ pub struct Node {
     pub(super) forward_nonces: u64,
     /// Primary: clients whose forwarded Register/Logout is in flight here.
     pub(super) forwarded: HashMap<u128, forward::Forwarded>,
-    /// Request numbers of internal auto-commit writes (client 0).
+    /// Request numbers of internal auto-commit writes.
     pub(super) auto_commits: u64,
+    /// Partition prepares written this round, reported durable at its group commit.
+    pub(super) unsynced: Vec<(u64, u64, u128)>,
+    pub(super) partitions_written: std::collections::BTreeSet<u64>,
 }
 
 impl Node {
@@ -289,6 +295,8 @@ impl Node {
             forward_nonces: 0,
             forwarded: HashMap::new(),
             auto_commits: 0,
+            unsynced: Vec::new(),
+            partitions_written: std::collections::BTreeSet::new(),
         };
         node.sync_partitions().await?;
         node.pump().await?;
@@ -315,6 +323,14 @@ impl Node {
             .await;
             if let Some(event) = event {
                 self.on_event(event);
+                // Whatever else is already queued joins this round, so the journal
+                // writes of many requests share one flush (group commit).
+                for _ in 0..EVENTS_PER_ROUND_MAX {
+                    match futures_lite::future::poll_once(events.recv()).await {
+                        Some(Some(event)) => self.on_event(event),
+                        _ => break,
+                    }
+                }
                 self.pump().await?;
             }
             if Instant::now() >= next_tick {
@@ -447,11 +463,24 @@ impl Node {
         loop {
             let actions = self.groups.drain_actions();
             if actions.is_empty() {
-                return Ok(());
+                if self.unsynced.is_empty() && self.partitions_written.is_empty() {
+                    return Ok(());
+                }
+                self.flush_partition_journals().await?;
+                continue;
             }
             for (group, action) in actions {
+                // A truncation or a new view must not overtake writes still unsynced.
+                let ordered = matches!(
+                    action,
+                    Action::JournalTruncate { .. } | Action::PersistSuperblock(_)
+                );
+                if ordered && self.partitions_written.contains(&group) {
+                    self.flush_partition_journals().await?;
+                }
                 self.execute(group, action).await?;
             }
+            self.flush_partition_journals().await?;
         }
     }
 
@@ -465,12 +494,15 @@ impl Node {
             }
             Action::JournalAppend { op, frame } => {
                 self.prepared_at.insert((group, op), Instant::now());
+                if group != METADATA_GROUP {
+                    // Reported durable by the round's group commit.
+                    if let Some(checksum) = self.partition_journal(group, op, &frame).await? {
+                        self.unsynced.push((group, op, checksum));
+                    }
+                    return Ok(());
+                }
                 let started = Instant::now();
-                let checksum = if group == METADATA_GROUP {
-                    self.journal_write(op, &frame).await?
-                } else {
-                    self.partition_journal(group, op, &frame).await?
-                };
+                let checksum = self.journal_write(op, &frame).await?;
                 let _ = self
                     .latencies
                     .journal_fsync
@@ -862,7 +894,7 @@ impl Node {
         let body = frame.as_bytes().get(256..).unwrap_or(&[]);
         let before = partition.log.position();
         let record = if header.operation == Operation::SendMessages as u8 {
-            let receipt = match partition.log.append(body).await {
+            let receipt = match partition.log.append_deferred(body).await {
                 Ok(receipt) => receipt,
                 Err(error) => {
                     // The core checked the stamp against its own position: a mismatch
@@ -893,10 +925,48 @@ impl Node {
             }
         };
         partition.prepares.append(&record).await.map_err(fail)?;
-        if self.settings.partition.durability == Durability::EveryBatch {
+        // Not synced here: `flush_partition_journals` syncs every partition written in
+        // this round once (group commit) before any of it is reported durable.
+        self.partitions_written.insert(group);
+        Ok(Some(checksum))
+    }
+
+    /// Group commit: syncs the segment logs and prepare records written since the last
+    /// flush (under message_durability = every), then reports their prepares durable to
+    /// the consensus, which sends the PrepareOks.
+    async fn flush_partition_journals(&mut self) -> Result<(), DaemonError> {
+        if self.unsynced.is_empty() && self.partitions_written.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        for group in std::mem::take(&mut self.partitions_written) {
+            let Some(partition) = self.partitions.by_group.get_mut(&group) else {
+                continue;
+            };
+            if !partition.log.syncs_every_batch() {
+                continue;
+            }
+            let fail = |e: String| DaemonError::Runtime(format!("partition group {group}: {e}"));
+            partition
+                .log
+                .sync()
+                .await
+                .map_err(|e| fail(e.to_string()))?;
             partition.prepares.sync().await.map_err(fail)?;
         }
-        Ok(Some(checksum))
+        let pending = std::mem::take(&mut self.unsynced);
+        if !pending.is_empty() {
+            let _ = self
+                .latencies
+                .journal_fsync
+                .record(started.elapsed().as_micros() as u64);
+        }
+        for (group, op, checksum) in pending {
+            if let Some(replica) = self.groups.get_mut(group) {
+                replica.on_journal_durable(op, checksum);
+            }
+        }
+        Ok(())
     }
 
     /// Truncates a partition group's journal above `op_max` (a view change discarded

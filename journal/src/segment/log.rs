@@ -314,6 +314,22 @@ impl PartitionLog {
     /// Appends a stamped batch (it must verify and follow the log), rolling the segment
     /// first if it would grow past `segment_size_max`. Synced per `message_durability`.
     pub async fn append(&mut self, batch: &[u8]) -> Result<AppendReceipt> {
+        self.append_inner(batch, true).await
+    }
+
+    /// As `append`, but never syncs: the caller groups several appends under one
+    /// `sync` (group commit) and must call it before treating them as durable (under
+    /// `EveryBatch`; the interval policies sync on `tick` as usual).
+    pub async fn append_deferred(&mut self, batch: &[u8]) -> Result<AppendReceipt> {
+        self.append_inner(batch, false).await
+    }
+
+    /// Whether the policy wants every write synced before it is acknowledged.
+    pub fn syncs_every_batch(&self) -> bool {
+        self.config.durability == Durability::EveryBatch
+    }
+
+    async fn append_inner(&mut self, batch: &[u8], sync_now: bool) -> Result<AppendReceipt> {
         let info =
             check_stamp(batch, &self.position()).map_err(|e| JournalError::BatchRejected {
                 base_offset: self.next_offset(),
@@ -375,7 +391,8 @@ impl PartitionLog {
         segment.len = end;
         segment.next_offset = entry.next_offset();
         self.last_timestamp = info.base_timestamp;
-        let durable = if self.schedule.written(Instant::now()) {
+        let due = self.schedule.written(Instant::now());
+        let durable = if due && sync_now {
             self.sync().await?;
             true
         } else {

@@ -50,6 +50,10 @@ const INDEX_BITS: u32 = 40;
 const POLL_COUNT: u32 = 100_000;
 /// Highest latency the histograms hold (an hour, in microseconds).
 const LATENCY_MAX_US: u64 = 3_600_000_000;
+/// How long finding the stream and topic is retried (stale metadata on a backup).
+const RESOLVE_RETRY: Duration = Duration::from_secs(3);
+/// Wait between registering the producers' sessions and their first write.
+const SESSION_SPREAD: Duration = Duration::from_millis(500);
 /// How long roundtrip polls for a batch that was acked before calling it lost.
 const ROUNDTRIP_SEEN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -169,7 +173,26 @@ struct Target {
 }
 
 impl Target {
+    /// Finds (or creates) the stream and topic. Lists may come from a node that has not
+    /// applied the latest metadata yet (a stream just created elsewhere is missing, and
+    /// creating it answers AlreadyExists): runtime failures are retried for a while.
     fn resolve(client: &mut Client, args: &BenchArgs, create: bool) -> Result<Target, CliError> {
+        let started = Instant::now();
+        loop {
+            match Target::resolve_once(client, args, create) {
+                Err(CliError::Runtime { .. }) if started.elapsed() < RESOLVE_RETRY => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                result => return result,
+            }
+        }
+    }
+
+    fn resolve_once(
+        client: &mut Client,
+        args: &BenchArgs,
+        create: bool,
+    ) -> Result<Target, CliError> {
         let stream = match args.stream.parse::<u32>() {
             Ok(id) => id,
             Err(_) => match client
@@ -344,11 +367,23 @@ fn sleep_until(t: Instant) {
 fn spawn_workers<T: Send + 'static>(
     global: &Global,
     args: &BenchArgs,
+    register: bool,
     work: impl Fn(u32, Client, Instant) -> Result<T, String> + Send + Sync + 'static,
 ) -> Result<(Vec<T>, Instant), CliError> {
     let mut clients = Vec::new();
     for _ in 0..args.producers {
-        clients.push(bench_client(global, args)?);
+        let mut client = bench_client(global, args)?;
+        if register {
+            client.register()?;
+        }
+        clients.push(client);
+    }
+    if register {
+        // A partition's primary learns sessions from committed metadata: on a node that
+        // is not the metadata primary, up to cluster.commit_broadcast_interval after the
+        // Register was answered, and until then it answers NoSession (the client then
+        // registers again, restarting the wait). Let the sessions spread first.
+        std::thread::sleep(SESSION_SPREAD);
     }
     let barrier = Arc::new(Barrier::new(clients.len() + 1));
     let work = Arc::new(work);
@@ -450,7 +485,7 @@ fn drive(
 
 fn produce(global: &Global, args: &BenchArgs, target: &Target) -> Result<Report, CliError> {
     let (a, t) = (args.clone(), target.clone());
-    let (results, start) = spawn_workers(global, args, move |w, mut client, start| {
+    let (results, start) = spawn_workers(global, args, true, move |w, mut client, start| {
         drive(&a, w, &mut client, start, &t, |_, _, _| Ok(()))
     })?;
     producers_report("produce", global, args, target, results, start)
@@ -668,7 +703,7 @@ fn consume(global: &Global, args: &BenchArgs, target: &Target) -> Result<Report,
     let a = args.clone();
     let threads = args.producers;
     let keys: Vec<PartitionKey> = target.partitions.iter().map(|p| target.key(*p)).collect();
-    let (results, start) = spawn_workers(global, args, move |w, mut client, start| {
+    let (results, start) = spawn_workers(global, args, false, move |w, mut client, start| {
         let deadline = start + a.duration;
         let mut result = ConsumerResult {
             histogram: histogram(),
@@ -790,7 +825,7 @@ fn consume(global: &Global, args: &BenchArgs, target: &Target) -> Result<Report,
 
 fn roundtrip(global: &Global, args: &BenchArgs, target: &Target) -> Result<Report, CliError> {
     let (a, t) = (args.clone(), target.clone());
-    let (results, start) = spawn_workers(global, args, move |w, mut client, start| {
+    let (results, start) = spawn_workers(global, args, true, move |w, mut client, start| {
         drive(&a, w, &mut client, start, &t, |client, key, ack| {
             poll_until_seen(&a, client, key, ack)
         })

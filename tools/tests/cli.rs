@@ -497,3 +497,129 @@ fn status_reads_every_member_and_shows_a_dead_one_down() {
     let run = cli(&["status", "--http", "no-port-here"]);
     assert_eq!(run.code, 2, "{}", run.stderr);
 }
+
+/// `bench MODE` on stream "b", topic "t" with small messages and short windows.
+fn bench(cluster: &FakeCluster, mode: &str, extra: &[&str]) -> Run {
+    let mut args = vec![
+        "bench", mode, "--stream", "b", "--topic", "t", "--size", "64", "--batch", "10", "--seed",
+        "3",
+    ];
+    args.extend_from_slice(extra);
+    at(cluster, &args)
+}
+
+#[test]
+fn bench_produce_and_consume_report_and_check_what_was_acked() {
+    let cluster = FakeCluster::start(3).unwrap();
+    let run = bench(
+        &cluster,
+        "produce",
+        &[
+            "--partitions",
+            "2",
+            "--producers",
+            "2",
+            "--duration",
+            "300ms",
+            "--warmup",
+            "100ms",
+        ],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let report = run.json();
+    assert_eq!(report["mode"], "produce");
+    let acked = report["acked_total"].as_u64().unwrap();
+    assert!(acked >= 40, "{report}");
+    assert!(report["messages"].as_u64().unwrap() <= acked);
+    // First and last batch of both partitions were read back and compared.
+    assert_eq!(report["checked_batches"], 4, "{report}");
+    let latency = &report["latency_us"];
+    assert!(latency["p50"].as_u64().unwrap() <= latency["max"].as_u64().unwrap());
+    assert!(latency["count"].as_u64().unwrap() > 0);
+    let stored: u64 = (0..2)
+        .map(|partition| {
+            cluster
+                .state()
+                .stored_messages(replication::wire::PartitionKey {
+                    stream: 1,
+                    topic: 1,
+                    partition,
+                })
+        })
+        .sum();
+    assert_eq!(stored, acked);
+
+    let expect = acked.to_string();
+    let args = ["--partitions", "2", "--consumers", "2", "--verify"];
+    let run = bench(
+        &cluster,
+        "consume",
+        &[&args[..], &["--expect", &expect]].concat(),
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.json()["messages"].as_u64(), Some(acked));
+    assert_eq!(run.json()["bytes"].as_u64(), Some(acked * 64));
+
+    let more = (acked + 1).to_string();
+    let run = bench(
+        &cluster,
+        "consume",
+        &[&args[..], &["--expect", &more]].concat(),
+    );
+    assert_eq!(run.code, 1);
+    assert!(run.stderr.contains("expected"), "{}", run.stderr);
+}
+
+#[test]
+fn bench_produce_open_loop_sends_what_the_rate_schedules() {
+    let cluster = FakeCluster::start(1).unwrap();
+    // 200 messages/s in batches of 10: one batch every 50 ms, due at 0, 50, ... 550 ms
+    // of the 600 ms run: 12 batches, however fast or slow the server answers.
+    let run = bench(
+        &cluster,
+        "produce",
+        &[
+            "--partitions",
+            "1",
+            "--rate",
+            "200",
+            "--duration",
+            "400ms",
+            "--warmup",
+            "200ms",
+        ],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.json()["acked_total"], 120, "{}", run.stdout);
+    assert_eq!(run.json()["open_loop"], true);
+}
+
+#[test]
+fn bench_fails_on_a_gap_in_the_acks_and_on_corrupted_data() {
+    let cluster = FakeCluster::start(1).unwrap();
+    cluster.state().faults.gap_at = Some(30);
+    let quick = [
+        "--partitions",
+        "1",
+        "--duration",
+        "300ms",
+        "--warmup",
+        "0ms",
+    ];
+    let run = bench(&cluster, "produce", &quick);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert!(run.stderr.contains("gap"), "{}", run.stderr);
+
+    let cluster = FakeCluster::start(1).unwrap();
+    let run = bench(&cluster, "produce", &quick);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    cluster.state().faults.corrupt_payload_at = Some(42);
+    let run = bench(&cluster, "consume", &["--partitions", "1", "--verify"]);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert!(run.stderr.contains("offset 42"), "{}", run.stderr);
+
+    let run = bench(&cluster, "roundtrip", &quick);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.json()["mode"], "roundtrip");
+    assert!(run.json()["messages"].as_u64().unwrap() > 0);
+}

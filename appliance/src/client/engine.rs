@@ -278,8 +278,9 @@ impl Client {
         self.jitter
     }
 
-    /// Where a request for `group` goes: its cached primary, else the current node.
-    fn target(&self, group: u64) -> SocketAddr {
+    /// Where the next request for `group` goes: its cached primary, else the current
+    /// node. Right after a successful call, the node that answered it.
+    pub fn target(&self, group: u64) -> SocketAddr {
         if let Some(addr) = self.primaries.get(&group) {
             return *addr;
         }

@@ -4,6 +4,8 @@
 //! is a frame this node built and sealed: the only way to get one is through the
 //! builders here, so an unsealed frame cannot be sent by mistake.
 
+use std::sync::Arc;
+
 use xxhash_rust::xxh3::xxh3_64;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
@@ -114,10 +116,12 @@ pub fn prepare_body_sealed(header: &PrepareHeader) -> bool {
     header.group == METADATA_GROUP
 }
 
-/// A frame built and sealed by this node, ready to send or journal.
+/// A frame built and sealed by this node, ready to send or journal. Immutable once
+/// built, so clones share one buffer: a prepare is held in the log, handed to the
+/// journal, broadcast and committed without copying its (up to 64 MiB) bytes.
 #[derive(Clone, Debug)]
 pub struct Frame {
-    buf: FrameBuf,
+    buf: Arc<FrameBuf>,
 }
 
 impl Frame {
@@ -137,7 +141,7 @@ impl Frame {
             frame.command = H::COMMANDS[0] as u8;
         }
         seal_in_place(buf.as_bytes_mut());
-        Frame { buf }
+        Frame { buf: Arc::new(buf) }
     }
 
     /// RepairPrepare from a journaled Prepare: byte-identical but for the command byte,
@@ -145,7 +149,7 @@ impl Frame {
     pub fn repair_of(prepare: &[u8]) -> Frame {
         let mut buf = FrameBuf::from_bytes(prepare);
         buf.as_bytes_mut()[60] = Command::RepairPrepare as u8;
-        Frame { buf }
+        Frame { buf: Arc::new(buf) }
     }
 
     /// The frame's bytes (16-byte aligned).
@@ -165,9 +169,9 @@ impl Frame {
             .unwrap_or_else(|_| unreachable!("a Frame always holds an aligned header"))
     }
 
-    /// Gives the buffer back (for pooling).
+    /// Gives the buffer back (for pooling); a copy while clones of the frame live on.
     pub fn into_buf(self) -> FrameBuf {
-        self.buf
+        Arc::try_unwrap(self.buf).unwrap_or_else(|shared| (*shared).clone())
     }
 }
 

@@ -1,6 +1,7 @@
 //! appliance-cli: arguments, connecting and logging in, name resolution, and the
 //! create/produce/consume commands (INTERFACES.md, "appliance-cli").
 
+pub mod bench;
 pub mod consume;
 pub mod derive;
 pub mod produce;
@@ -78,6 +79,11 @@ pub enum Cmd {
     Consume(consume::ConsumeArgs),
     /// The cluster at a glance from any node's stats endpoint (--http).
     Status(status::StatusArgs),
+    /// Benchmarks: latency histograms and throughput, results checked.
+    Bench {
+        #[command(subcommand)]
+        action: bench::BenchCmd,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -182,6 +188,14 @@ fn password(global: &Global) -> Result<String, CliError> {
 
 /// Connects to any of the servers and logs in.
 pub fn connect(global: &Global) -> Result<Client, CliError> {
+    connect_with(global, |retry| retry)
+}
+
+/// `connect` with the retry policy the global options give, adjusted by `retry`.
+pub fn connect_with(
+    global: &Global,
+    retry: impl FnOnce(RetryPolicy) -> RetryPolicy,
+) -> Result<Client, CliError> {
     let servers = servers(global)?;
     let password = password(global)?;
     if global.attempts == 0 {
@@ -189,11 +203,11 @@ pub fn connect(global: &Global) -> Result<Client, CliError> {
     }
     let options = ClientOptions {
         request_timeout: Duration::from_millis(global.request_timeout_ms.max(1)),
-        retry: RetryPolicy {
+        retry: retry(RetryPolicy {
             attempts_max: global.attempts,
             total_timeout: Duration::from_millis(global.retry_timeout_ms),
             ..RetryPolicy::default()
-        },
+        }),
         ..ClientOptions::default()
     };
     let mut client = Client::connect(&servers, options)?;
@@ -266,5 +280,6 @@ pub fn run(cli: &Cli) -> Result<Report, CliError> {
         Cmd::Produce(args) => produce::run(&cli.global, args),
         Cmd::Consume(args) => consume::run(&cli.global, args),
         Cmd::Status(args) => status::run(&cli.global, args),
+        Cmd::Bench { action } => bench::run(&cli.global, action),
     }
 }

@@ -59,30 +59,37 @@ struct Acked {
     last_offset: Option<u64>,
 }
 
-fn check(args: &ProduceArgs) -> Result<(), CliError> {
-    if args.count == 0 {
-        return Err(CliError::Usage("--count must be at least 1".into()));
-    }
-    if args.batch == 0 || args.batch > BATCH_MAX {
+/// Checks --batch and --size: a batch must fit one SendMessages frame.
+pub fn check_batch_shape(batch: u32, size: usize) -> Result<(), CliError> {
+    if batch == 0 || batch > BATCH_MAX {
         return Err(CliError::Usage(format!("--batch must be 1 to {BATCH_MAX}")));
     }
-    if args.size > SIZE_MAX {
+    if size > SIZE_MAX {
         return Err(CliError::Usage(format!(
             "--size must be at most {SIZE_MAX}"
         )));
     }
-    if u64::from(args.batch) * (args.size as u64 + 48) + 256 > BATCH_BYTES_MAX {
+    if u64::from(batch) * (size as u64 + 48) + 256 > BATCH_BYTES_MAX {
         return Err(CliError::Usage(
             "--batch x --size exceeds the 64 MiB frame; use smaller batches".into(),
         ));
     }
+    Ok(())
+}
+
+fn check(args: &ProduceArgs) -> Result<(), CliError> {
+    if args.count == 0 {
+        return Err(CliError::Usage("--count must be at least 1".into()));
+    }
+    check_batch_shape(args.batch, args.size)?;
     if args.start_index.checked_add(args.count).is_none() {
         return Err(CliError::Usage("--start-index + --count overflows".into()));
     }
     Ok(())
 }
 
-fn build_batch(seed: u64, first_index: u64, count: u32, size: usize) -> Vec<u8> {
+/// A batch of `count` messages derived from (`seed`, index) from `first_index` on.
+pub fn build_batch(seed: u64, first_index: u64, count: u32, size: usize) -> Vec<u8> {
     let mut builder = BatchBuilder::with_capacity(count as usize * (48 + size));
     let mut payload = vec![0u8; size];
     for i in 0..u64::from(count) {

@@ -82,7 +82,7 @@ fn check(args: &ProduceArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-fn build_batch(seed: u64, first_index: u64, count: u32, size: usize) -> Vec<u8> {
+pub fn build_batch(seed: u64, first_index: u64, count: u32, size: usize) -> Vec<u8> {
     let mut builder = BatchBuilder::with_capacity(count as usize * (48 + size));
     let mut payload = vec![0u8; size];
     for i in 0..u64::from(count) {

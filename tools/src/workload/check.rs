@@ -309,6 +309,27 @@ pub fn analyze(
     }
 
     let recovery = recovery_times(params, records, events, &mut v);
+    // Why batches failed, most frequent first: the first thing to read when writes stall.
+    let mut errors: HashMap<String, u64> = HashMap::new();
+    let mut batches_by_partition: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    for r in records {
+        let entry = batches_by_partition.entry(r.partition).or_default();
+        if r.outcome == Outcome::Acked {
+            entry.0 += 1;
+        } else {
+            entry.1 += 1;
+        }
+        if let Some(e) = &r.error {
+            *errors.entry(e.chars().take(160).collect()).or_default() += 1;
+        }
+    }
+    let mut errors: Vec<(String, u64)> = errors.into_iter().collect();
+    errors.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    errors.truncate(EXAMPLES_MAX);
+    let producer = json!({
+        "batches_acked_failed": batches_by_partition.iter().map(|(p, (a, f))| (p.to_string(), json!([a, f]))).collect::<serde_json::Map<_, _>>(),
+        "errors": errors.iter().map(|(e, n)| json!({"error": e, "count": n})).collect::<Vec<_>>(),
+    });
     let per_node: Vec<Value> = replicas
         .iter()
         .enumerate()
@@ -333,6 +354,7 @@ pub fn analyze(
         "failover_ms": recovery["failover_ms"].clone(),
         "recovery_ms": recovery["recovery_ms"].clone(),
         "max_write_gap_ms": recovery["max_write_gap_ms"].clone(),
+        "producer": producer,
         "violation_count": total,
         "violations_by_kind": v.counts,
         "violations": v.examples,

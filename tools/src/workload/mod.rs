@@ -233,6 +233,39 @@ fn read_replica(
     Ok(logs)
 }
 
+/// The workload topic's (stream, topic) ids, from the first node that can tell (each
+/// node serves these reads from its own metadata, so one slow node does not matter).
+fn topic_ids(nodes: &[SocketAddr], conn: &ConnectArgs) -> Result<(u32, u32), String> {
+    let mut errors = Vec::new();
+    for node in nodes {
+        let found = connect_to(&[*node], conn).and_then(|mut c| {
+            let stream = c
+                .list_streams()?
+                .streams
+                .into_iter()
+                .find(|s| s.name == STREAM);
+            let Some(stream) = stream else {
+                return Ok(None);
+            };
+            let topic = c
+                .list_topics(stream.stream_id)?
+                .topics
+                .into_iter()
+                .find(|t| t.name == TOPIC);
+            Ok(topic.map(|t| (stream.stream_id, t.topic_id)))
+        });
+        match found {
+            Ok(Some(ids)) => return Ok(ids),
+            Ok(None) => errors.push(format!("{node}: no topic {STREAM}/{TOPIC}")),
+            Err(e) => errors.push(format!("{node}: {e}")),
+        }
+    }
+    Err(format!(
+        "no node names the workload topic: {}",
+        errors.join("; ")
+    ))
+}
+
 fn lengths(r: &ReplicaLogs) -> Option<Vec<usize>> {
     r.as_ref().ok().map(|l| l.values().map(Vec::len).collect())
 }
@@ -247,9 +280,7 @@ fn read_replicas(
     settle: Duration,
 ) -> Result<Vec<ReplicaLogs>, String> {
     let nodes = addrs(&conn.servers)?;
-    let mut client = connect_all(conn)?;
-    let (stream, topic) =
-        produce::ensure_topic(&mut client, partitions).map_err(|e| format!("topic: {e}"))?;
+    let (stream, topic) = topic_ids(&nodes, conn)?;
     let key = |partition| PartitionKey {
         stream,
         topic,

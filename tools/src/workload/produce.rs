@@ -95,10 +95,13 @@ fn partition_loop(
         }
         next = Instant::now().max(next) + pause;
         if client.is_none() {
-            client = connect_all(conn).ok();
-            if client.is_none() {
-                std::thread::sleep(Duration::from_millis(200));
-                continue;
+            match connect_all(conn) {
+                Ok(c) => client = Some(c),
+                Err(e) => {
+                    eprintln!("partition {}: connect: {e}", key.partition);
+                    std::thread::sleep(Duration::from_millis(200));
+                    continue;
+                }
             }
         }
         let Some(c) = client.as_mut() else { continue };
@@ -122,6 +125,10 @@ fn partition_loop(
                 acked += u64::from(params.batch);
             }
             Err(e) => {
+                eprintln!(
+                    "partition {}: batch at index {first_index}: {e}",
+                    key.partition
+                );
                 r.outcome = outcome_of(&e);
                 r.error = Some(e.to_string());
                 failed += u64::from(params.batch);

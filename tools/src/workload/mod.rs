@@ -57,8 +57,9 @@ pub struct ConnectArgs {
     /// Password (default: $APPLIANCE_PASSWORD).
     #[arg(long, env = "APPLIANCE_PASSWORD", hide_env_values = true)]
     pub password: String,
-    /// Per-attempt reply timeout, milliseconds.
-    #[arg(long, default_value_t = 3_000)]
+    /// Per-attempt reply timeout, milliseconds. Short enough to fail over from an
+    /// isolated node quickly, long enough that a slow (TCG) VM is not taken for one.
+    #[arg(long, default_value_t = 5_000)]
     pub request_timeout_ms: u64,
     /// Time per request across its retries, milliseconds.
     #[arg(long, default_value_t = 20_000)]

@@ -2,3 +2,4 @@
 
 pub mod cli;
 pub mod inspect;
+pub mod workload;

@@ -1,0 +1,611 @@
+//! The checker: what the producer recorded (every batch it sent and whether it was
+//! acknowledged), what the fault schedule did (events), and what every replica holds,
+//! turned into a report and a list of violations. Pure: reading replicas and files is
+//! done by the caller, so every rule is unit-tested on hand-made histories.
+//!
+//! Rules (each violation names the partition, offset or event it is about):
+//! - `lost`: an acknowledged message is not at the offset its ack named on the longest
+//!   replica log (found elsewhere: `moved`).
+//! - `duplicate`: one message index appears twice (any partition).
+//! - `reordered`: within a partition the indices of one producer do not increase with
+//!   the offset (every partition has one sequential producer).
+//! - `misplaced`: a message is in a partition other than the one it was sent to.
+//! - `foreign`: a message nobody sent (bad tag, or an index never produced).
+//! - `corrupt`: a payload that differs from its derivation.
+//! - `refused_but_present`: a batch whose every attempt was refused unapplied is stored.
+//! - `offset_gap`: a replica log whose offsets do not run 0, 1, 2 ...
+//! - `replica_divergence`: two replicas hold different messages at one offset.
+//! - `replica_behind`: a replica still shorter than the longest one after the settle
+//!   time (with no state transfer yet, a node too far behind cannot catch up).
+//! - `replica_unreachable`: a replica could not be read at all.
+//! - `no_writes_after_fault`: after an event that leaves a quorum, no write sent after it
+//!   was acknowledged within the recovery bound.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::cli::derive;
+
+/// Bits of a message index below the partition number: index = partition << 48 | seq.
+pub const SEQ_BITS: u32 = 48;
+
+/// The index of the `seq`th message the producer of `partition` sends.
+pub fn index_of(partition: u32, seq: u64) -> u64 {
+    u64::from(partition) << SEQ_BITS | seq
+}
+
+/// The partition an index was produced for.
+pub fn partition_of(index: u64) -> u32 {
+    (index >> SEQ_BITS) as u32
+}
+
+/// How one batch ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Acknowledged at `base_offset`.
+    Acked,
+    /// Failed after an attempt that may have reached the primary: may be stored, once.
+    Unknown,
+    /// Every attempt was refused unapplied or never delivered: must not be stored.
+    Refused,
+}
+
+/// One batch the producer sent: a line of the acks file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchRecord {
+    pub partition: u32,
+    pub first_index: u64,
+    pub count: u32,
+    pub outcome: Outcome,
+    /// Where the batch landed (acked only).
+    #[serde(default)]
+    pub base_offset: Option<u64>,
+    /// Wall clock (ms since the epoch) when the send started and when it ended.
+    pub sent_ms: u64,
+    pub done_ms: u64,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// One step of the fault schedule: a line of the events file, written by the script.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    pub t_ms: u64,
+    /// kill, start, stop, link_down, link_up, netem_on, netem_off, wipe, kill_all, ...
+    pub kind: String,
+    /// The node it was done to (absent for cluster-wide events).
+    #[serde(default)]
+    pub node: Option<u32>,
+    /// Whether a quorum is up and connected after it: writes must then resume within
+    /// the recovery bound.
+    pub expect_writes: bool,
+}
+
+/// One stored message as a replica served it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stored {
+    pub offset: u64,
+    pub id: u128,
+    /// XxHash3-64 of the payload (replicas are compared by it).
+    pub payload_hash: u64,
+    /// The payload equals derive::payload(seed, index, size) for its id.
+    pub payload_ok: bool,
+}
+
+/// What one replica served: its log per partition, or why it could not be read.
+pub type ReplicaLogs = Result<BTreeMap<u32, Vec<Stored>>, String>;
+
+/// Settings of one check.
+#[derive(Clone, Copy, Debug)]
+pub struct CheckParams {
+    pub seed: u64,
+    pub partitions: u32,
+    /// Longest time a write may take to be acknowledged after an event that leaves a
+    /// quorum (the failover or recovery time bound).
+    pub recovery_bound_ms: u64,
+}
+
+/// Examples kept per violation kind (the count is always complete).
+const EXAMPLES_MAX: usize = 5;
+
+#[derive(Default)]
+struct Violations {
+    counts: BTreeMap<&'static str, u64>,
+    examples: Vec<Value>,
+    shown: HashMap<&'static str, usize>,
+}
+
+impl Violations {
+    fn add(&mut self, kind: &'static str, detail: Value) {
+        *self.counts.entry(kind).or_default() += 1;
+        let shown = self.shown.entry(kind).or_default();
+        if *shown < EXAMPLES_MAX {
+            *shown += 1;
+            let mut detail = detail;
+            detail["kind"] = json!(kind);
+            self.examples.push(detail);
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.counts.values().sum()
+    }
+}
+
+/// The longest log of each partition over the replicas that could be read: the
+/// reference the others are compared with.
+fn reference_logs(replicas: &[ReplicaLogs], partitions: u32) -> BTreeMap<u32, Vec<Stored>> {
+    let mut out = BTreeMap::new();
+    for p in 0..partitions {
+        let longest = replicas
+            .iter()
+            .filter_map(|r| r.as_ref().ok())
+            .filter_map(|logs| logs.get(&p))
+            .max_by_key(|log| log.len())
+            .cloned()
+            .unwrap_or_default();
+        out.insert(p, longest);
+    }
+    out
+}
+
+fn check_replicas(
+    replicas: &[ReplicaLogs],
+    reference: &BTreeMap<u32, Vec<Stored>>,
+    v: &mut Violations,
+) {
+    for (node, replica) in replicas.iter().enumerate() {
+        let logs = match replica {
+            Ok(logs) => logs,
+            Err(error) => {
+                v.add("replica_unreachable", json!({"node": node, "error": error}));
+                continue;
+            }
+        };
+        for (p, reference_log) in reference {
+            let empty = Vec::new();
+            let log = logs.get(p).unwrap_or(&empty);
+            for (position, stored) in log.iter().enumerate() {
+                if stored.offset != position as u64 {
+                    v.add(
+                        "offset_gap",
+                        json!({"node": node, "partition": p, "expected_offset": position, "offset": stored.offset}),
+                    );
+                    break;
+                }
+            }
+            if let Some(at) = log
+                .iter()
+                .zip(reference_log)
+                .position(|(a, b)| (a.id, a.payload_hash) != (b.id, b.payload_hash))
+            {
+                v.add(
+                    "replica_divergence",
+                    json!({"node": node, "partition": p, "offset": log[at].offset,
+                           "id": log[at].id.to_string(), "reference_id": reference_log[at].id.to_string()}),
+                );
+            }
+            if log.len() < reference_log.len() {
+                v.add(
+                    "replica_behind",
+                    json!({"node": node, "partition": p, "messages": log.len(), "reference_messages": reference_log.len()}),
+                );
+            }
+        }
+    }
+}
+
+/// Runs every rule; returns the report (`"ok"` false when anything was violated).
+pub fn analyze(
+    params: CheckParams,
+    records: &[BatchRecord],
+    events: &[Event],
+    replicas: &[ReplicaLogs],
+) -> Value {
+    let mut v = Violations::default();
+    let reference = reference_logs(replicas, params.partitions);
+    check_replicas(replicas, &reference, &mut v);
+
+    // Every index that was sent, with the batch outcome.
+    let mut sent: HashMap<u64, Outcome> = HashMap::new();
+    for r in records {
+        for i in 0..u64::from(r.count) {
+            sent.insert(r.first_index + i, r.outcome);
+        }
+    }
+    let tag = derive::tag(params.seed);
+    // Where each index is stored on the reference logs: (partition, offset).
+    let mut found: HashMap<u64, (u32, u64)> = HashMap::new();
+    let mut stored_total = 0u64;
+    for (p, log) in &reference {
+        let mut last_index: Option<u64> = None;
+        for s in log {
+            stored_total += 1;
+            let (id_tag, index) = derive::split_id(s.id);
+            if id_tag != tag || !sent.contains_key(&index) {
+                v.add(
+                    "foreign",
+                    json!({"partition": p, "offset": s.offset, "id": s.id.to_string()}),
+                );
+                continue;
+            }
+            if !s.payload_ok {
+                v.add(
+                    "corrupt",
+                    json!({"partition": p, "offset": s.offset, "index": index}),
+                );
+            }
+            if partition_of(index) != *p {
+                v.add(
+                    "misplaced",
+                    json!({"partition": p, "offset": s.offset, "index": index, "sent_to": partition_of(index)}),
+                );
+            }
+            if let Some((fp, fo)) = found.get(&index).copied() {
+                v.add(
+                    "duplicate",
+                    json!({"index": index, "first": {"partition": fp, "offset": fo}, "again": {"partition": p, "offset": s.offset}}),
+                );
+            } else {
+                found.insert(index, (*p, s.offset));
+                if let Some(last) = last_index.filter(|l| index <= *l && partition_of(index) == *p)
+                {
+                    v.add(
+                        "reordered",
+                        json!({"partition": p, "offset": s.offset, "index": index, "after_index": last}),
+                    );
+                }
+            }
+            if partition_of(index) == *p {
+                last_index = Some(last_index.map_or(index, |l| l.max(index)));
+            }
+            if sent.get(&index) == Some(&Outcome::Refused) {
+                v.add(
+                    "refused_but_present",
+                    json!({"partition": p, "offset": s.offset, "index": index}),
+                );
+            }
+        }
+    }
+
+    let mut acked = 0u64;
+    let mut unacked = 0u64;
+    let mut unacked_stored = 0u64;
+    for r in records {
+        for i in 0..u64::from(r.count) {
+            let index = r.first_index + i;
+            match (r.outcome, r.base_offset) {
+                (Outcome::Acked, Some(base)) => {
+                    acked += 1;
+                    let want = (r.partition, base + i);
+                    match found.get(&index) {
+                        Some(at) if *at == want => {}
+                        Some(at) => v.add(
+                            "moved",
+                            json!({"index": index, "acked_partition": want.0, "acked_offset": want.1, "stored_partition": at.0, "stored_offset": at.1}),
+                        ),
+                        None => v.add(
+                            "lost",
+                            json!({"index": index, "partition": want.0, "offset": want.1, "acked_ms": r.done_ms}),
+                        ),
+                    }
+                }
+                (Outcome::Acked, None) => {
+                    acked += 1;
+                    v.add(
+                        "lost",
+                        json!({"index": index, "partition": r.partition, "offset": null}),
+                    );
+                }
+                _ => {
+                    unacked += 1;
+                    unacked_stored += u64::from(found.contains_key(&index));
+                }
+            }
+        }
+    }
+
+    let recovery = recovery_times(params, records, events, &mut v);
+    // Why batches failed, most frequent first: the first thing to read when writes stall.
+    let mut errors: HashMap<String, u64> = HashMap::new();
+    let mut batches_by_partition: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    for r in records {
+        let entry = batches_by_partition.entry(r.partition).or_default();
+        if r.outcome == Outcome::Acked {
+            entry.0 += 1;
+        } else {
+            entry.1 += 1;
+        }
+        if let Some(e) = &r.error {
+            *errors.entry(e.chars().take(160).collect()).or_default() += 1;
+        }
+    }
+    let mut errors: Vec<(String, u64)> = errors.into_iter().collect();
+    errors.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    errors.truncate(EXAMPLES_MAX);
+    let producer = json!({
+        "batches_acked_failed": batches_by_partition.iter().map(|(p, (a, f))| (p.to_string(), json!([a, f]))).collect::<serde_json::Map<_, _>>(),
+        "errors": errors.iter().map(|(e, n)| json!({"error": e, "count": n})).collect::<Vec<_>>(),
+    });
+    let per_node: Vec<Value> = replicas
+        .iter()
+        .enumerate()
+        .map(|(node, r)| match r {
+            Ok(logs) => {
+                json!({"node": node, "messages": logs.values().map(Vec::len).sum::<usize>(),
+                               "partitions": logs.values().map(Vec::len).collect::<Vec<_>>()})
+            }
+            Err(e) => json!({"node": node, "error": e}),
+        })
+        .collect();
+    let total = v.total();
+    json!({
+        "ok": total == 0,
+        "messages_acked": acked,
+        "messages_unacked": unacked,
+        "messages_unacked_stored": unacked_stored,
+        "messages_stored": stored_total,
+        "batches": records.len(),
+        "replicas": per_node,
+        "faults": recovery["events"].clone(),
+        "failover_ms": recovery["failover_ms"].clone(),
+        "recovery_ms": recovery["recovery_ms"].clone(),
+        "max_write_gap_ms": recovery["max_write_gap_ms"].clone(),
+        "producer": producer,
+        "violation_count": total,
+        "violations_by_kind": v.counts,
+        "violations": v.examples,
+    })
+}
+
+/// For each event: how long until a write sent after it was acknowledged, per
+/// partition (the slowest partition counts). Kill, stop and isolation events that
+/// leave a quorum give failover times; start and heal events give recovery times.
+fn recovery_times(
+    params: CheckParams,
+    records: &[BatchRecord],
+    events: &[Event],
+    v: &mut Violations,
+) -> Value {
+    let last_sent = records.iter().map(|r| r.sent_ms).max().unwrap_or(0);
+    let mut by_partition: BTreeMap<u32, Vec<&BatchRecord>> = BTreeMap::new();
+    for r in records {
+        by_partition.entry(r.partition).or_default().push(r);
+    }
+    let mut out_events = Vec::new();
+    let mut failover = Vec::new();
+    let mut recovery = Vec::new();
+    for event in events {
+        let mut slowest: Option<u64> = Some(0);
+        let mut measured = true;
+        for p in 0..params.partitions {
+            let first_ack = by_partition
+                .get(&p)
+                .into_iter()
+                .flatten()
+                .filter(|r| r.outcome == Outcome::Acked && r.sent_ms >= event.t_ms)
+                .map(|r| r.done_ms.saturating_sub(event.t_ms))
+                .min();
+            match first_ack {
+                Some(ms) => slowest = slowest.map(|s| s.max(ms)),
+                None => {
+                    slowest = None;
+                    // Nothing sent long enough after it to tell.
+                    measured = last_sent.saturating_sub(event.t_ms) >= params.recovery_bound_ms;
+                }
+            }
+        }
+        let mut entry = json!({"t_ms": event.t_ms, "kind": event.kind, "node": event.node,
+                               "expect_writes": event.expect_writes, "writes_resumed_ms": slowest});
+        if event.expect_writes {
+            match slowest {
+                Some(ms) if ms <= params.recovery_bound_ms => {}
+                None if !measured => entry["unmeasured"] = json!(true),
+                _ => v.add(
+                    "no_writes_after_fault",
+                    json!({"event": event.kind, "node": event.node, "t_ms": event.t_ms,
+                           "writes_resumed_ms": slowest, "bound_ms": params.recovery_bound_ms}),
+                ),
+            }
+            if let Some(ms) = slowest {
+                let heal = matches!(
+                    event.kind.as_str(),
+                    "start" | "start_all" | "link_up" | "netem_off" | "restart"
+                );
+                if heal {
+                    recovery.push(ms)
+                } else {
+                    failover.push(ms)
+                }
+            }
+        }
+        out_events.push(entry);
+    }
+    let mut gaps = BTreeMap::new();
+    for (p, rs) in &by_partition {
+        let mut done: Vec<u64> = rs
+            .iter()
+            .filter(|r| r.outcome == Outcome::Acked)
+            .map(|r| r.done_ms)
+            .collect();
+        done.sort_unstable();
+        let gap = done.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+        gaps.insert(p.to_string(), gap);
+    }
+    json!({"events": out_events, "failover_ms": failover, "recovery_ms": recovery, "max_write_gap_ms": gaps})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEED: u64 = 9;
+    const SIZE: usize = 16;
+
+    fn stored(offset: u64, index: u64) -> Stored {
+        let payload = derive::payload(SEED, index, SIZE);
+        Stored {
+            offset,
+            id: derive::message_id(SEED, index),
+            payload_hash: xxhash_rust::xxh3::xxh3_64(&payload),
+            payload_ok: true,
+        }
+    }
+
+    fn acked(partition: u32, seq: u64, count: u32, base: u64, t: u64) -> BatchRecord {
+        BatchRecord {
+            partition,
+            first_index: index_of(partition, seq),
+            count,
+            outcome: Outcome::Acked,
+            base_offset: Some(base),
+            sent_ms: t,
+            done_ms: t + 5,
+            error: None,
+        }
+    }
+
+    /// Partition 0 of every replica holds `indices` (seqs) at offsets 0, 1, 2 ...
+    fn replicas(nodes: usize, seqs: &[u64]) -> Vec<ReplicaLogs> {
+        let log: Vec<Stored> = seqs
+            .iter()
+            .enumerate()
+            .map(|(o, s)| stored(o as u64, index_of(0, *s)))
+            .collect();
+        (0..nodes)
+            .map(|_| Ok(BTreeMap::from([(0u32, log.clone())])))
+            .collect()
+    }
+
+    fn params() -> CheckParams {
+        CheckParams {
+            seed: SEED,
+            partitions: 1,
+            recovery_bound_ms: 1_000,
+        }
+    }
+
+    fn kinds(report: &Value) -> Vec<String> {
+        report["violations_by_kind"]
+            .as_object()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        let records = vec![acked(0, 0, 2, 0, 100), acked(0, 2, 2, 2, 200)];
+        let report = analyze(params(), &records, &[], &replicas(3, &[0, 1, 2, 3]));
+        assert_eq!(report["ok"], true, "{report}");
+        assert_eq!(report["messages_acked"], 4);
+    }
+
+    #[test]
+    fn lost_duplicated_and_reordered_messages_are_violations() {
+        let records = vec![acked(0, 0, 2, 0, 100), acked(0, 2, 2, 2, 200)];
+        let lost = analyze(params(), &records, &[], &replicas(3, &[0, 1, 2]));
+        assert_eq!(kinds(&lost), ["lost"], "{lost}");
+        let dup = analyze(params(), &records, &[], &replicas(3, &[0, 1, 2, 3, 3]));
+        assert_eq!(kinds(&dup), ["duplicate"], "{dup}");
+        let reordered = analyze(params(), &records, &[], &replicas(3, &[0, 2, 1, 3]));
+        assert!(
+            kinds(&reordered).contains(&"reordered".to_string()),
+            "{reordered}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_batch_may_be_stored_but_a_refused_one_may_not() {
+        let mut unknown = acked(0, 2, 1, 2, 200);
+        unknown.outcome = Outcome::Unknown;
+        unknown.base_offset = None;
+        let records = vec![acked(0, 0, 2, 0, 100), unknown.clone()];
+        let stored_once = analyze(params(), &records, &[], &replicas(3, &[0, 1, 2]));
+        assert_eq!(stored_once["ok"], true, "{stored_once}");
+        assert_eq!(stored_once["messages_unacked_stored"], 1);
+        unknown.outcome = Outcome::Refused;
+        let refused = analyze(
+            params(),
+            &[records[0].clone(), unknown],
+            &[],
+            &replicas(3, &[0, 1, 2]),
+        );
+        assert_eq!(kinds(&refused), ["refused_but_present"], "{refused}");
+    }
+
+    #[test]
+    fn replicas_that_differ_or_lag_are_violations() {
+        let records = vec![acked(0, 0, 3, 0, 100)];
+        let mut reps = replicas(3, &[0, 1, 2]);
+        if let Ok(logs) = &mut reps[1] {
+            logs.get_mut(&0).expect("p0")[2].payload_hash ^= 1;
+        }
+        if let Ok(logs) = &mut reps[2] {
+            logs.get_mut(&0).expect("p0").pop();
+        }
+        let report = analyze(params(), &records, &[], &reps);
+        assert_eq!(
+            kinds(&report),
+            ["replica_behind", "replica_divergence"],
+            "{report}"
+        );
+        reps[2] = Err("connection refused".into());
+        let unreachable = analyze(params(), &records, &[], &reps);
+        assert!(kinds(&unreachable).contains(&"replica_unreachable".to_string()));
+    }
+
+    #[test]
+    fn a_foreign_or_corrupt_message_is_a_violation() {
+        let records = vec![acked(0, 0, 2, 0, 100)];
+        let mut reps = replicas(1, &[0, 1]);
+        if let Ok(logs) = &mut reps[0] {
+            logs.get_mut(&0).expect("p0")[1].payload_ok = false;
+            logs.get_mut(&0)
+                .expect("p0")
+                .push(stored(2, index_of(0, 77)));
+        }
+        let report = analyze(params(), &records, &[], &reps);
+        assert_eq!(kinds(&report), ["corrupt", "foreign"], "{report}");
+    }
+
+    #[test]
+    fn writes_must_resume_within_the_bound_after_a_fault_that_leaves_a_quorum() {
+        let kill = Event {
+            t_ms: 1_000,
+            kind: "kill".into(),
+            node: Some(0),
+            expect_writes: true,
+        };
+        let slow = vec![
+            acked(0, 0, 1, 0, 500),
+            acked(0, 1, 1, 1, 1_100),
+            acked(0, 2, 1, 2, 9_000),
+        ];
+        let mut records = slow.clone();
+        records[1].done_ms = 4_000;
+        let late = analyze(
+            params(),
+            &records,
+            std::slice::from_ref(&kill),
+            &replicas(3, &[0, 1, 2]),
+        );
+        assert_eq!(kinds(&late), ["no_writes_after_fault"], "{late}");
+        let fast = analyze(
+            params(),
+            &slow,
+            std::slice::from_ref(&kill),
+            &replicas(3, &[0, 1, 2]),
+        );
+        assert_eq!(fast["ok"], true, "{fast}");
+        assert_eq!(fast["failover_ms"], json!([105]));
+        let no_quorum = Event {
+            expect_writes: false,
+            ..kill
+        };
+        let report = analyze(params(), &records, &[no_quorum], &replicas(3, &[0, 1, 2]));
+        assert_eq!(report["ok"], true, "{report}");
+    }
+}

@@ -363,3 +363,65 @@ fn runtime_pin_cpus_pins_the_replica_executor_to_one_cpu() {
         .expect("reply");
     assert_eq!(reply.status(), 0);
 }
+
+#[test]
+fn a_new_sessions_request_numbers_are_never_taken_for_an_old_sessions_retries() {
+    let files = ClusterFiles::new(1);
+    let mut daemon = Daemon::start(&files, 0);
+    wait_healthy(&files, &mut daemon, Duration::from_secs(30));
+    let mut client = logged_in(&files, 0xe1);
+    let stream = u32_at(
+        &client
+            .write(Operation::CreateStream, &short("s"))
+            .expect("stream")
+            .body,
+        0,
+    );
+    let mut body = stream.to_le_bytes().to_vec();
+    body.extend_from_slice(&short("t"));
+    body.extend_from_slice(&1u32.to_le_bytes());
+    let topic = u32_at(
+        &client
+            .write(Operation::CreateTopic, &body)
+            .expect("topic")
+            .body,
+        0,
+    );
+    // Session 1 writes batches under request numbers 3 and 4.
+    for first in [0, PER_BATCH] {
+        let reply = send(&mut client, stream, topic, 0, first);
+        assert_eq!((reply.status(), u64_at(&reply.body, 0)), (0, first));
+    }
+    // The client registers again (e.g. after its session was lost) and numbers its
+    // requests from 1: the same numbers are new writes of the new session, not retries
+    // answered from the old session's cached replies.
+    assert_eq!(client.register().expect("register").status(), 0);
+    for (request, first) in [
+        (1u64, 2 * PER_BATCH),
+        (2, 3 * PER_BATCH),
+        (3, 4 * PER_BATCH),
+        (4, 5 * PER_BATCH),
+    ] {
+        let mut body = partition_key(stream, topic, 0);
+        body.extend_from_slice(&batch_for(0, first));
+        let reply = client
+            .call(Operation::SendMessages as u8, 0, request, &body)
+            .expect("reply");
+        assert_eq!(reply.status(), 0, "request {request} of the new session");
+        assert_eq!(
+            reply.header.request, request,
+            "the reply names the client's number"
+        );
+        assert_eq!(
+            u64_at(&reply.body, 0),
+            first,
+            "request {request} was applied"
+        );
+    }
+    let stored = consume(&mut client, stream, topic, 0);
+    assert_eq!(
+        stored.len() as u64,
+        6 * PER_BATCH,
+        "every write applied once"
+    );
+}

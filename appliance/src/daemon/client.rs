@@ -47,6 +47,16 @@ fn limit_key(reason: &'static str) -> &'static str {
     }
 }
 
+/// The request number a partition group's core sees for `request` of `session`.
+pub fn partition_request_number(session: u32, request: u32) -> u64 {
+    (u64::from(session) << 32) | u64::from(request)
+}
+
+/// The client's own request number back from `partition_request_number`'s.
+pub fn client_request_number(numbered: u64) -> u64 {
+    numbered & u64::from(u32::MAX)
+}
+
 fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -407,7 +417,19 @@ impl Node {
         let Ok(group) = key.pack() else {
             return self.invalid(connection, header, "partition_key_invalid");
         };
-        let frame = Self::core_request(header, user, body);
+        // Partition prepares carry no session: the core deduplicates by client and
+        // request number, so the request number it sees puts the session (an increasing
+        // op number) above the client's: a new session's request 1 is newer than any
+        // request of an older session, never a retry of it.
+        let (Ok(session), Ok(request)) =
+            (u32::try_from(header.session), u32::try_from(header.request))
+        else {
+            self.reject("request_number_too_large");
+            return self.answer(connection, header, Status::LimitReached, b"request");
+        };
+        let mut numbered = *header;
+        numbered.request = partition_request_number(session, request);
+        let frame = Self::core_request(&numbered, user, body);
         if self.groups.get(group).is_none() {
             // Unknown here: gone, or created by metadata this node has not applied yet.
             let behind = self

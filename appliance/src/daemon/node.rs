@@ -732,6 +732,9 @@ impl Node {
         };
         // The client asked with its own operation; the prepare may carry the internal one.
         header.operation = client_operation(header.operation);
+        if group != METADATA_GROUP {
+            header.request = super::client::client_request_number(header.request);
+        }
         match self.replies.get(&(group, client)) {
             Some(cached) if cached.op == header.op => {
                 header.status = cached.status as u32;

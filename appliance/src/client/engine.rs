@@ -82,6 +82,11 @@ pub struct Client {
     credentials: Option<(String, Vec<u8>)>,
     user_id: Option<u32>,
     session: Option<Session>,
+    /// The highest request number this client id ever used, in any session: a new
+    /// session continues above it, so no number is ever reused (partition groups order
+    /// a client's requests by number, and a re-Register answered with the same session
+    /// must not restart the count).
+    request_high: u64,
     jitter: u64,
 }
 
@@ -155,6 +160,7 @@ impl Client {
             credentials: None,
             user_id: None,
             session: None,
+            request_high: 0,
             jitter: 0,
         };
         client.jitter = client.client_id as u64;
@@ -253,7 +259,7 @@ impl Client {
             RegisterReply::decode(&body).map_err(|e| ClientError::body(server, "Register", e))?;
         self.session = Some(Session {
             id: reply.session,
-            request: 0,
+            request: self.request_high,
         });
         Ok(reply.session)
     }
@@ -480,6 +486,7 @@ impl Client {
                 Kind::Replicated => (session.id, number),
                 Kind::Read | Kind::Register => (0, 0),
             };
+            self.request_high = self.request_high.max(request_number);
             let frame = self.frame(operation, read_command, session_id, request_number, &body);
             let incoming = self
                 .ensure_conn(addr)

@@ -23,6 +23,20 @@ fn payload(index: u64) -> Vec<u8> {
     bytes
 }
 
+/// Messages `first..first + count`: ids index + 1, payloads `payload(index)`.
+fn numbered_batch(first: u64, count: u64) -> Vec<u8> {
+    let mut builder = BatchBuilder::with_capacity(count as usize * 200);
+    for index in first..first + count {
+        builder.push(NewMessage {
+            id: u128::from(index) + 1,
+            timestamp_delta: 0,
+            payload: &payload(index),
+            user_headers: &[],
+        });
+    }
+    builder.finish(1)
+}
+
 fn connect(files: &ClusterFiles) -> Client {
     let mut client =
         Client::connect(&[files.client_addr(0)], ClientOptions::default()).expect("connect");
@@ -95,17 +109,8 @@ fn one_hundred_thousand_messages_survive_a_restart_through_the_client_library() 
     let mut placed: Vec<Vec<u64>> = vec![Vec::new(); PARTITIONS as usize];
     for (b, first) in (0..MESSAGES).step_by(PER_BATCH as usize).enumerate() {
         let partition = b as u32 % PARTITIONS;
-        let mut builder = BatchBuilder::with_capacity(PER_BATCH as usize * 200);
-        for index in first..first + PER_BATCH {
-            builder.push(NewMessage {
-                id: u128::from(index) + 1,
-                timestamp_delta: 0,
-                payload: &payload(index),
-                user_headers: &[],
-            });
-        }
         let reply = client
-            .send_messages(key(partition), &builder.finish(1))
+            .send_messages(key(partition), &numbered_batch(first, PER_BATCH))
             .expect("send");
         let placed = &mut placed[partition as usize];
         assert_eq!(
@@ -152,16 +157,9 @@ fn polling_with_auto_commit_stores_the_consumer_offset() {
         partition: 0,
     };
     for b in 0..5u64 {
-        let mut builder = BatchBuilder::with_capacity(4096);
-        for i in 0..10 {
-            builder.push(NewMessage {
-                id: u128::from(b * 10 + i + 1),
-                timestamp_delta: 0,
-                payload: &payload(b * 10 + i),
-                user_headers: &[],
-            });
-        }
-        client.send_messages(key, &builder.finish(1)).expect("send");
+        client
+            .send_messages(key, &numbered_batch(b * 10, 10))
+            .expect("send");
     }
     let consumer = Consumer::Single(9);
     let mut seen = Vec::new();
@@ -279,17 +277,8 @@ fn three_nodes_keep_every_acknowledged_message_when_the_primary_is_killed_mid_pr
             killed = Some(primary);
         }
         let partition = b as u32 % PARTITIONS;
-        let mut builder = BatchBuilder::with_capacity(PER_BATCH as usize * 200);
-        for index in first..first + PER_BATCH {
-            builder.push(NewMessage {
-                id: u128::from(index) + 1,
-                timestamp_delta: 0,
-                payload: &payload(index),
-                user_headers: &[],
-            });
-        }
         let reply = client
-            .send_messages(keys[partition as usize], &builder.finish(1))
+            .send_messages(keys[partition as usize], &numbered_batch(first, PER_BATCH))
             .expect("send (the library fails over)");
         let placed = &mut placed[partition as usize];
         assert_eq!(

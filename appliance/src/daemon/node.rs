@@ -949,13 +949,10 @@ impl Node {
             if !partition.log.syncs_every_batch() {
                 continue;
             }
-            let fail = |e: String| DaemonError::Runtime(format!("partition group {group}: {e}"));
             partition
-                .log
-                .sync()
+                .sync_journal()
                 .await
-                .map_err(|e| fail(e.to_string()))?;
-            partition.prepares.sync().await.map_err(fail)?;
+                .map_err(|e| DaemonError::Runtime(format!("partition group {group}: {e}")))?;
         }
         let pending = std::mem::take(&mut self.unsynced);
         if !pending.is_empty() {
@@ -1052,12 +1049,7 @@ impl Node {
                 continue;
             };
             let fail = |e: String| DaemonError::Runtime(format!("partition checkpoint: {e}"));
-            partition
-                .log
-                .sync()
-                .await
-                .map_err(|e| fail(e.to_string()))?;
-            partition.prepares.sync().await.map_err(fail)?;
+            partition.sync_journal().await.map_err(fail)?;
             partition.offsets.flush().map_err(|e| fail(e.to_string()))?;
             let stored = files::StoredCheckpoint {
                 op: checkpoint.op,

@@ -37,6 +37,12 @@ pub struct Partition {
 }
 
 impl Partition {
+    /// Forces the segment log and the prepare records to stable storage.
+    pub async fn sync_journal(&mut self) -> Result<(), String> {
+        self.log.sync().await.map_err(|e| e.to_string())?;
+        self.prepares.sync().await
+    }
+
     /// Drops every journaled prepare above `op_max`: records first (none may point past
     /// the log), then their batches.
     pub async fn truncate_after(&mut self, op_max: u64) -> Result<(), String> {

@@ -56,6 +56,25 @@ fn wait_streams(files: &ClusterFiles, replica: usize, want: &[&str], within: Dur
     }
 }
 
+/// Waits until `replica`'s /stats shows every peer link up (a backup forwards sessions
+/// only over a connected link; before that it redirects).
+fn wait_peers_connected(files: &ClusterFiles, replica: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let peers = stats(files, replica)["peers"].clone();
+        let up = peers.as_array().map_or(0, |p| {
+            p.iter()
+                .filter(|p| p["connected"].as_bool() == Some(true))
+                .count()
+        });
+        if up == NODES - 1 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "node {replica} peers: {peers}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Sends the write (fixed request number) to each live node in turn until one answers
 /// Ok; follows NotPrimary, retries Unavailable, PipelineFull and connection failures.
 /// One client write: who sends it, under which session and request number.
@@ -151,6 +170,7 @@ fn three_nodes_redirect_replicate_survive_a_primary_kill_and_catch_up() {
     let others: Vec<usize> = (0..NODES).filter(|r| *r != primary).collect();
 
     // A backup forwards Register, and redirects a write to the primary with its address.
+    wait_peers_connected(&files, others[0]);
     let mut backup = Client::connect(files.client_addr(others[0]), 0x77).expect("connect");
     assert_eq!(
         backup.login("root", ROOT_PASSWORD).expect("login").status(),
@@ -556,6 +576,7 @@ fn register_and_logout_through_a_backup_are_forwarded_to_the_primary() {
     }
     let primary = agreed_primary(&files, Duration::from_secs(60));
     let backup = (primary + 1) % NODES;
+    wait_peers_connected(&files, backup);
     let id = 0xf0f0;
     let mut client = Client::connect(files.client_addr(backup), id).expect("connect");
     let _ = client
@@ -673,6 +694,7 @@ fn login_through_a_backup_never_sends_the_password_over_the_replica_plane() {
     }
     let primary = agreed_primary(&files, Duration::from_secs(60));
     let backup = (primary + 2) % NODES;
+    wait_peers_connected(&files, backup);
     let id: u128 = 0x5eed_c0de_0000_0000_0000_0000_1234_5678;
     let mut client = Client::connect(files.client_addr(backup), id).expect("connect");
     let _ = client

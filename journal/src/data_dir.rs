@@ -99,6 +99,18 @@ impl DataDir {
         .await
     }
 
+    /// Installs a metadata snapshot received by state transfer at commit op `op`.
+    pub async fn install_checkpoint(&mut self, op: u64, state: &[u8]) -> Result<SnapshotInfo> {
+        crate::snapshot::install(
+            &self.path.join(SNAPSHOTS_DIR),
+            &mut self.superblock,
+            &mut self.journal,
+            op,
+            state,
+        )
+        .await
+    }
+
     /// Closes the journal and superblock files.
     pub async fn close(self) -> Result<()> {
         self.journal.close().await?;

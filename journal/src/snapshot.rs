@@ -160,6 +160,40 @@ pub async fn checkpoint(
             reason: "ops at or below it are still faulty",
         });
     }
+    record(dir, superblock, journal, op, state).await
+}
+
+/// Installs a snapshot received by state transfer at commit op `op`, which may lie
+/// beyond the journal's head: snapshot, superblock, then the journal moves its checkpoint
+/// there (prepares above `op` that it already holds are kept: they may be promises).
+/// A crash before the superblock write leaves the old checkpoint in force.
+pub async fn install(
+    dir: &Path,
+    superblock: &mut SuperblockFile,
+    journal: &mut Journal,
+    op: u64,
+    state: &[u8],
+) -> Result<SnapshotInfo> {
+    let current = *superblock.current();
+    if op <= current.op_checkpoint {
+        return Err(JournalError::CheckpointInvalid {
+            op,
+            reason: "an installed snapshot must be above the last checkpoint",
+        });
+    }
+    record(dir, superblock, journal, op, state).await
+}
+
+/// Writes the snapshot, then the superblock naming it (the step that makes it count),
+/// then moves the journal's checkpoint and removes older snapshots.
+async fn record(
+    dir: &Path,
+    superblock: &mut SuperblockFile,
+    journal: &mut Journal,
+    op: u64,
+    state: &[u8],
+) -> Result<SnapshotInfo> {
+    let current = *superblock.current();
     let info = write_snapshot(dir, op, state)?;
     superblock
         .write(Superblock {

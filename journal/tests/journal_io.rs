@@ -423,3 +423,51 @@ fn repair_serving_streams_contiguous_verified_prepares_or_range_evicted() {
         journal.close().await.unwrap();
     });
 }
+
+/// A snapshot installed by state transfer lands beyond the journal's head: after a
+/// reopen the superblock names it, the journal continues right after it, and entries
+/// below it are no longer required.
+#[test]
+fn a_snapshot_installed_beyond_the_head_survives_reopen_and_the_journal_continues() {
+    let dir = tempfile::tempdir().unwrap();
+    let identity = journal::Superblock {
+        cluster: 1,
+        replica: 2,
+        replica_count: 3,
+        ..Default::default()
+    };
+    run(async {
+        journal::data_dir::format(dir.path(), layout(), identity)
+            .await
+            .unwrap();
+        let mut data = journal::data_dir::open(dir.path()).await.unwrap();
+        for op in 1..=3 {
+            let durable = data.journal.append(&prepare(op, &body(op, 0, 100))).await;
+            assert_eq!(durable.unwrap().op, op);
+        }
+        // Not above the current checkpoint: refused.
+        data.install_checkpoint(50, b"state at 50").await.unwrap();
+        assert!(data.install_checkpoint(50, b"again").await.is_err());
+        assert_eq!(data.journal.op_checkpoint(), 50);
+        assert_eq!(data.journal.op_head(), 50);
+        let durable = data.journal.append(&prepare(51, &body(51, 0, 100))).await;
+        assert_eq!(
+            durable.unwrap().op,
+            51,
+            "the journal continues after the snapshot"
+        );
+        data.close().await.unwrap();
+
+        let data = journal::data_dir::open(dir.path()).await.unwrap();
+        let (info, payload) = data.checkpoint.clone().expect("installed snapshot");
+        assert_eq!((info.op, payload.as_slice()), (50, &b"state at 50"[..]));
+        assert_eq!(data.superblock.current().op_checkpoint, 50);
+        assert_eq!(data.journal.op_head(), 51);
+        assert_eq!(data.journal.header(51).unwrap().op, 51);
+        assert!(
+            data.journal.entry(3).is_err(),
+            "ops below the snapshot are gone"
+        );
+        data.close().await.unwrap();
+    });
+}

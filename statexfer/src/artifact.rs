@@ -38,6 +38,13 @@ pub trait ArtifactSink {
     fn begin(&mut self, index: u32) -> std::io::Result<()>;
     /// Appends the next chunk of artifact `index` (chunks arrive in order).
     fn append(&mut self, index: u32, bytes: &[u8]) -> std::io::Result<()>;
+    /// Offers to stage artifact `index` from bytes this node already holds (a sealed
+    /// segment it shares with the server, say). True only when the staged bytes match
+    /// `entry` by length and checksum; the fetcher then skips fetching it.
+    fn reuse(&mut self, index: u32, entry: &crate::ManifestEntry) -> bool {
+        let _ = (index, entry);
+        false
+    }
 }
 
 /// An in-memory source and sink, for tests and the simulator.

@@ -57,6 +57,8 @@ pub struct Progress {
     pub stalls: u64,
     pub peer_switches: u64,
     pub stale_frames: u64,
+    /// Bytes staged from what this node already held instead of fetched.
+    pub bytes_reused: u64,
 }
 
 /// Why a transfer failed for good.
@@ -306,18 +308,22 @@ impl Fetcher {
             }
         };
         let mut artifacts = Vec::with_capacity(manifest.entries.len());
+        let mut reused = 0;
         for (index, entry) in manifest.entries.iter().enumerate() {
-            if let Err(e) = sink.begin(index as u32) {
+            let done = entry.len > 0 && sink.reuse(index as u32, entry);
+            if done {
+                reused += entry.len;
+            } else if let Err(e) = sink.begin(index as u32) {
                 self.state = State::Finished(Outcome::Failed(FetchError::Sink(e.to_string())));
                 return;
             }
             artifacts.push(Artifact {
                 len: entry.len,
                 checksum: entry.checksum,
-                received: 0,
+                received: if done { entry.len } else { 0 },
                 hasher: Xxh3Default::new(),
                 in_flight: None,
-                done: false,
+                done,
                 refetches: 0,
             });
         }
@@ -325,7 +331,8 @@ impl Fetcher {
         self.progress.artifacts_total = artifacts.len() as u64;
         self.progress.artifacts_done = 0;
         self.progress.bytes_total = manifest.entries.iter().map(|e| e.len).sum();
-        self.progress.bytes_done = 0;
+        self.progress.bytes_done = reused;
+        self.progress.bytes_reused += reused;
         // Zero-length artifacts are complete once their checksum matches the empty hash.
         for artifact in &mut artifacts {
             if artifact.len == 0 {

@@ -68,7 +68,8 @@ impl ArtifactSink for FileSink {
     }
 }
 
-fn fsync_dir(dir: &Path) -> std::io::Result<()> {
+/// fsyncs a directory (its entries are then durable).
+pub fn fsync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
@@ -126,6 +127,13 @@ pub fn install(
     if stop_after == Some(InstallStep::Synced) {
         return Ok(());
     }
+    swap(staging, live, stop_after == Some(InstallStep::Swapped))
+}
+
+/// Makes the durable directory `staging` live at `live` in one atomic step (an exchange
+/// when `live` exists, a rename otherwise), then removes the old state now at `staging`
+/// unless `keep_old`. Everything in `staging` must already be synced.
+pub fn swap(staging: &Path, live: &Path, keep_old: bool) -> std::io::Result<()> {
     let parent = live.parent().unwrap_or(Path::new("."));
     if live.exists() {
         exchange(staging, live)?;
@@ -133,7 +141,7 @@ pub fn install(
         fs::rename(staging, live)?;
     }
     fsync_dir(parent)?;
-    if stop_after == Some(InstallStep::Swapped) {
+    if keep_old {
         return Ok(());
     }
     if staging.exists() {

@@ -358,3 +358,67 @@ fn a_crash_at_any_install_step_leaves_the_old_state_or_the_new_one() {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// A sink that already holds the bytes of some artifacts (sealed segments shared with
+/// the server) and offers them instead of fetching; `wrong` holds bytes that differ.
+struct ReusingSink {
+    inner: MemoryArtifacts,
+    held: HashMap<u32, Vec<u8>>,
+    offered: Vec<u32>,
+}
+
+impl statexfer::ArtifactSink for ReusingSink {
+    fn begin(&mut self, index: u32) -> std::io::Result<()> {
+        self.inner.begin(index)
+    }
+    fn append(&mut self, index: u32, bytes: &[u8]) -> std::io::Result<()> {
+        self.inner.append(index, bytes)
+    }
+    fn reuse(&mut self, index: u32, entry: &statexfer::ManifestEntry) -> bool {
+        self.offered.push(index);
+        let Some(bytes) = self.held.get(&index) else {
+            return false;
+        };
+        if !entry.matches(bytes) {
+            return false;
+        }
+        self.inner.begin(index).expect("begin");
+        self.inner.append(index, bytes).expect("append");
+        true
+    }
+}
+
+#[test]
+fn artifacts_the_fetcher_already_holds_are_reused_and_mismatching_ones_fetched() {
+    let src = source(4);
+    let mut net = Net::new(&[(1, src.clone())], 4096);
+    let mut wrong = src.artifacts[0].clone();
+    wrong[17] ^= 1;
+    let mut sink = ReusingSink {
+        inner: MemoryArtifacts::default(),
+        // The segment is held as it is; the snapshot is held with one byte different.
+        held: HashMap::from([(2, src.artifacts[2].clone()), (0, wrong)]),
+        offered: Vec::new(),
+    };
+    let mut fetcher = Fetcher::start(CLUSTER, 0, GROUP, vec![1], config(), 21, 0);
+    let outcome = net.run(&mut fetcher, &mut sink, 1_000);
+    assert!(matches!(outcome, Outcome::Complete { .. }), "{outcome:?}");
+    assert_same(&sink.inner, &src);
+    let segment = src.artifacts[2].len() as u64;
+    assert_eq!(fetcher.progress.bytes_reused, segment);
+    assert_eq!(fetcher.progress.bytes_done, fetcher.progress.bytes_total);
+    // Only the segment's chunks were never asked for.
+    assert!(
+        !net.pending.contains_key(&2),
+        "the reused segment was fetched"
+    );
+    assert!(
+        net.pending.contains_key(&0),
+        "the differing snapshot was fetched"
+    );
+    assert_eq!(
+        sink.offered,
+        vec![0, 2, 3],
+        "every non-empty artifact is offered"
+    );
+}

@@ -23,6 +23,7 @@ pub const CHECKPOINT_FILE: &str = "vsr-checkpoint";
 const MAGIC_GENESIS: &[u8; 4] = b"AGN1";
 const MAGIC_CHECKPOINT: &[u8; 4] = b"ACP1";
 const MAGIC_VSR: &[u8; 4] = b"AVS1";
+const MAGIC_CLIENT_TABLE: &[u8; 4] = b"ACT1";
 /// The suffix never exceeds the DVC bitset width.
 const SUFFIX_HEADERS_MAX: usize = replication::vsr::SUFFIX_MAX;
 
@@ -239,6 +240,76 @@ pub fn decode_metadata_checkpoint(
     Ok((parts[0], parts[1], parts[2]))
 }
 
+/// A group's CLIENT_TABLE state-transfer artifact: the checkpoint it was taken at
+/// (commit op, stamp position), the encoded client table and the committed prepare of
+/// the op (the hash-chain anchor the receiver restarts from). docs/client-protocol.md
+/// ("State-transfer artifacts") lists the layout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientTableArtifact {
+    pub op: u64,
+    pub position: replication::wire::batch::PartitionPosition,
+    pub clients: Vec<u8>,
+    pub anchor: Vec<u8>,
+}
+
+impl ClientTableArtifact {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(48 + self.clients.len() + self.anchor.len());
+        out.extend_from_slice(MAGIC_CLIENT_TABLE);
+        out.extend_from_slice(&self.op.to_le_bytes());
+        out.extend_from_slice(&self.position.partition_id.to_le_bytes());
+        out.extend_from_slice(&self.position.next_offset.to_le_bytes());
+        out.extend_from_slice(&self.position.last_timestamp.to_le_bytes());
+        for part in [&self.clients, &self.anchor] {
+            out.extend_from_slice(&(part.len() as u32).to_le_bytes());
+            out.extend_from_slice(part);
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<ClientTableArtifact, &'static str> {
+        let rest = bytes
+            .strip_prefix(&MAGIC_CLIENT_TABLE[..])
+            .ok_or("client table artifact: bad magic")?;
+        let u64_at = |at: usize| -> Result<u64, &'static str> {
+            rest.get(at..at + 8)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_le_bytes)
+                .ok_or("client table artifact truncated")
+        };
+        let (op, partition_id, next_offset, last_timestamp) =
+            (u64_at(0)?, u64_at(8)?, u64_at(16)?, u64_at(24)?);
+        let mut rest = &rest[32..];
+        let mut parts: [Vec<u8>; 2] = Default::default();
+        for part in &mut parts {
+            let len = rest
+                .get(..4)
+                .and_then(|b| b.try_into().ok())
+                .map(u32::from_le_bytes)
+                .ok_or("client table artifact truncated")? as usize;
+            *part = rest
+                .get(4..4 + len)
+                .ok_or("client table artifact truncated")?
+                .to_vec();
+            rest = &rest[4 + len..];
+        }
+        if !rest.is_empty() {
+            return Err("client table artifact has trailing bytes");
+        }
+        let [clients, anchor] = parts;
+        Ok(ClientTableArtifact {
+            op,
+            position: replication::wire::batch::PartitionPosition {
+                partition_id,
+                next_offset,
+                last_timestamp,
+            },
+            clients,
+            anchor,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,6 +350,34 @@ mod tests {
         bytes[6] ^= 1;
         std::fs::write(&path, bytes).expect("write");
         assert!(read_vsr_superblock(dir.path()).is_err());
+    }
+
+    #[test]
+    fn client_table_artifact_round_trips_and_damage_is_refused() {
+        let artifact = ClientTableArtifact {
+            op: 42,
+            position: replication::wire::batch::PartitionPosition {
+                partition_id: 7,
+                next_offset: 1000,
+                last_timestamp: 99,
+            },
+            clients: b"clients".to_vec(),
+            anchor: vec![5; 300],
+        };
+        let bytes = artifact.encode();
+        assert_eq!(ClientTableArtifact::decode(&bytes), Ok(artifact));
+        for cut in [0, 3, 20, 40, bytes.len() - 1] {
+            assert!(
+                ClientTableArtifact::decode(&bytes[..cut]).is_err(),
+                "cut {cut}"
+            );
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(ClientTableArtifact::decode(&longer).is_err());
+        let mut magic = bytes;
+        magic[0] ^= 1;
+        assert!(ClientTableArtifact::decode(&magic).is_err());
     }
 
     #[test]

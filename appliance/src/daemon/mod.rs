@@ -15,14 +15,17 @@ pub mod partitions;
 pub mod prepares;
 pub mod stats;
 pub mod system;
+pub mod xfer;
 
 mod client;
 mod forward;
+mod xfer_node;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use journal::segment::PartitionConfig;
@@ -355,6 +358,28 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
     let executor = builder
         .make()
         .map_err(|e| DaemonError::Runtime(format!("replica executor: {e}")))?;
+    xfer::clean_data_dir(&dir).map_err(|e| {
+        DaemonError::Runtime(format!("{}: state-transfer leftovers: {e}", dir.display()))
+    })?;
+    let xfer_stats = Arc::new(Mutex::new(crate::stats::StateTransferStats::default()));
+    let channels = xfer::channels();
+    let (to_xfer, xfer_inbox) = channels.to_xfer;
+    let (xfer_outbox, from_xfer) = channels.from_xfer;
+    xfer::start(
+        xfer::XferSettings {
+            cluster: settings.cluster,
+            replica: settings.replica,
+            data_dir: dir.clone(),
+            partition: settings.partition,
+            chunk_max: statexfer::server::CHUNK_MAX_DEFAULT,
+            max_message_size: bus_config.max_message_size,
+            fetcher: xfer::fetcher_config(),
+        },
+        xfer_inbox,
+        xfer_outbox,
+        xfer_stats.clone(),
+    )
+    .map_err(DaemonError::Runtime)?;
     executor.run(async move {
         let data = journal::data_dir::open(&dir)
             .await
@@ -362,14 +387,23 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
         check_identity(&data.superblock.current().clone(), &settings, &dir)?;
         let (events_tx, events_rx) = glommio::channels::local_channel::new_unbounded();
         let events_tx = Rc::new(events_tx);
+        let to_xfer = Rc::new(to_xfer.connect().await);
+        let from_xfer = from_xfer.connect().await;
+        let forward_to = events_tx.clone();
+        glommio::spawn_local(async move {
+            while let Some(message) = from_xfer.recv().await {
+                let _ = forward_to.try_send(node::Event::Xfer(message));
+            }
+        })
+        .detach();
         let handler = BusHandler {
             events: events_tx.clone(),
         };
         let bus = Bus::start(bus_config, Rc::new(handler))
             .map_err(|e| DaemonError::Runtime(format!("message bus: {e}")))?;
-        let node = Node::open(settings, bus.clone(), data, events_tx).await?;
+        let node = Node::open(settings, bus.clone(), data, events_tx, Some(to_xfer)).await?;
         let transitions = stats::Transitions::default();
-        stats::publish(&shared, &node, &transitions);
+        stats::publish(&shared, &node, &transitions, &xfer_stats);
         tracing::info!(
             replica = bus.replica_addr().to_string(),
             client = bus.client_addr().map(|a| a.to_string()),
@@ -378,7 +412,7 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
         system::sd_notify("READY=1");
         let result = node
             .run(events_rx, |node| {
-                stats::publish(&shared, node, &transitions)
+                stats::publish(&shared, node, &transitions, &xfer_stats)
             })
             .await;
         system::sd_notify("STOPPING=1");

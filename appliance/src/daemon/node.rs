@@ -10,6 +10,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use glommio::channels::local_channel::{LocalReceiver, LocalSender};
+use glommio::channels::shared_channel::ConnectedSender;
 use journal::data_dir::DataDir;
 use journal::segment::PartitionConfig;
 use journal::Durability;
@@ -68,6 +69,8 @@ pub enum Event {
     ClientRefused(ClientId, Box<RequestHeader>, &'static str),
     ClientClosed(ClientId),
     PeerConnected(u8, bool),
+    /// A request from the statexfer executor.
+    Xfer(super::xfer::FromXfer),
     /// A password check finished on the blocking pool.
     LoginChecked {
         connection: ClientId,
@@ -194,6 +197,14 @@ pub struct Node {
     /// Partition prepares written this round, reported durable at its group commit.
     pub(super) unsynced: Vec<(u64, u64, u128)>,
     pub(super) partitions_written: std::collections::BTreeSet<u64>,
+    /// The statexfer executor's inbox (None: state transfer is off, e.g. in tools).
+    pub(super) xfer: Option<Rc<ConnectedSender<super::xfer::ToXfer>>>,
+    pub(super) xfer_work: super::xfer_node::XferWork,
+    pub(super) xfer_freezes: u64,
+    /// Groups fetching state, since when.
+    pub(super) transferring: BTreeMap<u64, Instant>,
+    /// The highest metadata op applied to `state`.
+    pub(super) metadata_applied: u64,
 }
 
 impl Node {
@@ -205,6 +216,7 @@ impl Node {
         bus: Bus,
         data: DataDir,
         events: Rc<LocalSender<Event>>,
+        xfer: Option<Rc<ConnectedSender<super::xfer::ToXfer>>>,
     ) -> Result<Node, DaemonError> {
         let superblock =
             files::read_vsr_superblock(&settings.data_dir).map_err(DaemonError::runtime)?;
@@ -218,6 +230,7 @@ impl Node {
             && superblock == vsr::Superblock::default()
             && data.checkpoint.is_none();
         let restarted = !fresh;
+        let metadata_applied = data.checkpoint.as_ref().map_or(0, |(info, _)| info.op);
         let (state, replica) = match &data.checkpoint {
             // The state at the last checkpoint, then the journal above it.
             Some((info, payload)) => {
@@ -297,6 +310,11 @@ impl Node {
             auto_commits: 0,
             unsynced: Vec::new(),
             partitions_written: std::collections::BTreeSet::new(),
+            xfer,
+            xfer_work: Default::default(),
+            xfer_freezes: 0,
+            transferring: BTreeMap::new(),
+            metadata_applied,
         };
         node.sync_partitions().await?;
         node.pump().await?;
@@ -332,6 +350,8 @@ impl Node {
                     }
                 }
                 self.pump().await?;
+                self.xfer_round().await?;
+                self.pump().await?;
             }
             if Instant::now() >= next_tick {
                 next_tick += tick;
@@ -352,6 +372,10 @@ impl Node {
     fn on_event(&mut self, event: Event) {
         match event {
             Event::Replica(peer, frame) => {
+                if super::xfer_node::is_state_transfer(frame.command()) {
+                    self.route_to_xfer(peer, frame);
+                    return;
+                }
                 if self.on_forward_frame(peer, &frame) {
                     self.bus.recycle(frame.into_buf());
                     return;
@@ -390,6 +414,7 @@ impl Node {
                 request,
                 user,
             } => self.on_login_checked(connection, &request, user),
+            Event::Xfer(message) => self.on_xfer(message),
             Event::PeerConnected(peer, up) => {
                 for group in self.group_ids() {
                     if let Some(replica) = self.groups.get_mut(group) {
@@ -558,13 +583,8 @@ impl Node {
             }
             Action::Evict { client, frame } => self.send_to_client(client, frame),
             Action::StateTransfer { from, op_min } => {
-                self.reject("state_transfer_needed");
-                tracing::warn!(
-                    group,
-                    from,
-                    op_min,
-                    "group needs state transfer, which this build does not run yet"
-                );
+                tracing::info!(group, from, op_min, "group needs state transfer");
+                self.start_state_transfer(group, from);
             }
         }
         Ok(())
@@ -647,6 +667,7 @@ impl Node {
             None => (Status::InvalidRequest, Vec::new()),
         };
         self.remember_reply(METADATA_GROUP, header.client, op, status, reply_body);
+        self.metadata_applied = op;
         self.sync_partitions().await
     }
 
@@ -762,31 +783,43 @@ impl Node {
             if self.partitions.by_group.contains_key(&group) {
                 continue;
             }
-            let opened = partitions::open(
-                &self.settings.data_dir,
-                key,
-                group,
-                self.settings.partition,
-                self.settings.offset_durability,
-            )
-            .await
-            .map_err(|e| DaemonError::Runtime(format!("partition {key:?}: {e}")))?;
-            let mut config = self.settings.vsr.clone();
-            config.group = group;
-            let mut replica = self.partition_replica(config, &opened)?;
-            for peer in (0..self.settings.replica_count).filter(|p| *p != self.settings.replica) {
-                replica.set_connected(peer, self.bus.is_connected(peer));
-            }
-            tracing::info!(
-                ?key,
-                group,
-                checkpoint = opened.partition.checkpoint_op,
-                journaled = opened.records.len(),
-                "partition group started"
-            );
-            self.groups.insert(replica);
-            self.partitions.by_group.insert(group, opened.partition);
+            self.start_partition_group(key, group).await?;
         }
+        Ok(())
+    }
+
+    /// Opens a partition's storage and starts its VSR group as the storage left it
+    /// (at start, when the metadata creates it, and after a state transfer).
+    pub(super) async fn start_partition_group(
+        &mut self,
+        key: PartitionKey,
+        group: u64,
+    ) -> Result<(), DaemonError> {
+        let opened = partitions::open(
+            &self.settings.data_dir,
+            key,
+            group,
+            self.settings.partition,
+            self.settings.offset_durability,
+        )
+        .await
+        .map_err(|e| DaemonError::Runtime(format!("partition {key:?}: {e}")))?;
+        let mut config = self.settings.vsr.clone();
+        config.group = group;
+        let mut replica = self.partition_replica(config, &opened)?;
+        for peer in (0..self.settings.replica_count).filter(|p| *p != self.settings.replica) {
+            replica.set_connected(peer, self.bus.is_connected(peer));
+        }
+        tracing::info!(
+            ?key,
+            group,
+            checkpoint = opened.partition.checkpoint_op,
+            journaled = opened.records.len(),
+            end = opened.partition.committed_end,
+            "partition group started"
+        );
+        self.groups.insert(replica);
+        self.partitions.by_group.insert(group, opened.partition);
         Ok(())
     }
 

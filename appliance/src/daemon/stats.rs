@@ -13,7 +13,10 @@ use replication::wire::METADATA_GROUP;
 use super::node::Node;
 use super::DaemonError;
 use crate::stats::http::{self, HttpLimits, HttpStats, SharedSnapshot};
-use crate::stats::{GroupStats, GroupStatus, Latencies, Latency, PeerStats, RepairStats, Snapshot};
+use crate::stats::{
+    GroupStats, GroupStatus, Latencies, Latency, PeerStats, RepairStats, Snapshot,
+    StateTransferStats,
+};
 
 /// Starts the stats thread listening on `addr`; the listener is bound before this
 /// returns, so a port conflict is reported at start.
@@ -70,6 +73,7 @@ pub fn snapshot(node: &Node) -> Snapshot {
         repair.repairs_served += counters.repairs_served;
         repair.ranges_evicted += counters.ranges_evicted;
         let status = match replica.status() {
+            _ if node.transferring.contains_key(&group) => GroupStatus::StateTransfer,
             VsrStatus::Normal => GroupStatus::Normal,
             VsrStatus::ViewChange => GroupStatus::ViewChange,
             VsrStatus::Recovering => GroupStatus::Recovering,
@@ -176,8 +180,17 @@ impl Transitions {
 }
 
 /// Publishes the node's snapshot for the stats thread, logging group state changes.
-pub fn publish(shared: &SharedSnapshot, node: &Node, transitions: &Transitions) {
-    let next = snapshot(node);
+pub fn publish(
+    shared: &SharedSnapshot,
+    node: &Node,
+    transitions: &Transitions,
+    state_transfer: &Mutex<StateTransferStats>,
+) {
+    let mut next = snapshot(node);
+    next.state_transfer = match state_transfer.lock() {
+        Ok(guard) => guard.clone(),
+        Err(poisoned) => poisoned.into_inner().clone(),
+    };
     transitions.log_changes(&next);
     match shared.lock() {
         Ok(mut guard) => *guard = next,

@@ -71,8 +71,9 @@ pub fn sd_notify(state: &str) {
 /// configure: the configured amount if the limit allows it, else the journal crate's
 /// small default that fits the usual 8 MiB limit.
 pub fn io_memory_bytes(configured: u64) -> usize {
-    // Two executors (replica, stats) lock their pools.
-    let want = configured.saturating_mul(2) + (1 << 20);
+    // The replica executor locks `configured`; stats and statexfer lock the default
+    // pool each.
+    let want = configured.saturating_add(2 * journal::runtime::IO_MEMORY_BYTES as u64) + (1 << 20);
     journal::runtime::raise_memlock(want);
     let mut limit = libc::rlimit {
         rlim_cur: 0,

@@ -81,18 +81,43 @@ pub struct RepairStats {
     pub ranges_evicted: u64,
 }
 
-/// State transfer progress.
+/// State transfer progress (the statexfer executor publishes it).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct StateTransferStats {
+    /// This node is fetching state; the fields down to `rate_bytes_per_s` describe the
+    /// transfers under way (summed over groups).
     pub active: bool,
     pub commit_op: u64,
     pub artifacts_total: u64,
     pub artifacts_done: u64,
     pub bytes_total: u64,
     pub bytes_done: u64,
+    /// Bytes fetched over the network per second since the transfer started.
     pub rate_bytes_per_s: f64,
+    /// Fetching, since start: transfers begun, installed, failed; whole artifacts
+    /// refetched after a checksum mismatch; stalled requests; peer switches; bytes of
+    /// sealed segments staged from local copies instead of fetched.
+    pub transfers_started: u64,
+    pub transfers_completed: u64,
+    pub transfers_failed: u64,
+    pub refetches: u64,
+    pub stalls: u64,
+    pub peer_switches: u64,
+    pub bytes_reused: u64,
+    /// Bytes and seconds of the last completed transfer.
+    pub last_bytes: u64,
+    pub last_seconds: f64,
+    /// Serving: frozen offers held, transfers being served, targets offered and
+    /// refused, chunks and bytes served, chunk requests refused (unknown transfer).
+    pub offers: u64,
+    pub transfers_serving: u64,
+    pub targets_offered: u64,
+    pub targets_refused: u64,
     pub chunks_served: u64,
     pub bytes_served: u64,
+    pub chunks_refused: u64,
+    /// Frames dropped because the queue to the replica executor was full.
+    pub frames_dropped: u64,
 }
 
 /// Percentiles of one latency histogram, microseconds.

@@ -289,6 +289,35 @@ pub fn render(s: &Snapshot) -> String {
         "Bytes served to peers.",
         st.bytes_served,
     );
+    for (name, help, value) in [
+        (
+            "appliance_state_transfer_started_total",
+            "State transfers this node began fetching.",
+            st.transfers_started,
+        ),
+        (
+            "appliance_state_transfer_completed_total",
+            "State transfers staged, verified and handed over for install.",
+            st.transfers_completed,
+        ),
+        (
+            "appliance_state_transfer_failed_total",
+            "State transfers that failed (peers exhausted or staging failed).",
+            st.transfers_failed,
+        ),
+        (
+            "appliance_state_transfer_refetches_total",
+            "Artifacts refetched after a length or checksum mismatch.",
+            st.refetches,
+        ),
+        (
+            "appliance_state_transfer_reused_bytes_total",
+            "Bytes staged from matching local segments instead of fetched.",
+            st.bytes_reused,
+        ),
+    ] {
+        out.one(name, "counter", help, value);
+    }
 
     out.latency(
         "appliance_request_latency_seconds",

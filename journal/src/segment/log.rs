@@ -300,6 +300,49 @@ impl PartitionLog {
             .collect()
     }
 
+    /// The segments holding the offsets below `end` (a batch boundary, such as the
+    /// commit point) with their byte lengths up to `end`, oldest first: what a state
+    /// transfer freezes. Bytes below a committed `end` never change (truncation stays
+    /// above it), so these prefixes can be read while the log goes on. An empty range
+    /// gives the segment `end` falls in, with length 0, so the base offset travels.
+    pub fn segments_until(&self, end: u64) -> Result<Vec<(u64, PathBuf, u64)>> {
+        let (start, next) = (self.start_offset(), self.next_offset());
+        if end < start || end > next {
+            return Err(JournalError::OffsetOutOfRange {
+                offset: end,
+                start,
+                end: next,
+            });
+        }
+        let path = |s: &Segment| self.dir.join(segment_file_name(s.base_offset, "log"));
+        let mut out = Vec::new();
+        for segment in self.segments.iter().filter(|s| s.base_offset < end) {
+            if segment.next_offset <= end {
+                out.push((segment.base_offset, path(segment), segment.len));
+                continue;
+            }
+            let mut found = None;
+            let from = segment.index.position_for_offset(end - segment.base_offset);
+            self.read_batches(segment, from, &mut |_, entry| {
+                if entry.base_offset == end {
+                    found = Some(entry.position);
+                }
+                entry.base_offset < end
+            })?;
+            let len = found.ok_or_else(|| JournalError::BatchRejected {
+                base_offset: end,
+                reason: "not a batch boundary".into(),
+            })?;
+            out.push((segment.base_offset, path(segment), len));
+        }
+        if out.is_empty() {
+            let holder = self.segments.partition_point(|s| s.base_offset <= end);
+            let segment = &self.segments[holder.saturating_sub(1)];
+            out.push((segment.base_offset, path(segment), 0));
+        }
+        Ok(out)
+    }
+
     fn active_segment(&self) -> &Segment {
         self.segments
             .last()

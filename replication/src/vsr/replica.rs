@@ -230,6 +230,16 @@ impl Replica {
     pub fn commit_max(&self) -> u64 {
         self.commit_max
     }
+    /// Whether a StateTransfer action was emitted and no transfer has finished since.
+    pub fn state_transfer_requested(&self) -> bool {
+        self.state_transfer_requested
+    }
+    /// The driver's transfer failed: repair goes on, and the next RangeEvicted quorum
+    /// asks for a state transfer again.
+    pub fn on_state_transfer_failed(&mut self) {
+        self.state_transfer_requested = false;
+        self.evicted = (0, 0);
+    }
     /// The log.
     pub fn log(&self) -> &Log {
         &self.log

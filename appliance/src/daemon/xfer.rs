@@ -1,0 +1,970 @@
+//! The "statexfer" executor (DESIGN.md, "Runtime"; replica-plane.md, "State transfer"):
+//! its own thread, so reading, hashing and writing bulk state never stalls consensus.
+//!
+//! - Server: a RequestStateTransfer asks the replica executor to freeze the group at its
+//!   commit point (hard links to the segment files and the committed length of each,
+//!   the consumer offsets, the metadata snapshot and the client table as bytes); this
+//!   thread hashes the frozen artifacts into a manifest and answers; until then it
+//!   answers "unavailable, transient". Chunks are read from the frozen offer the
+//!   requester's nonce was given, so a newer freeze never changes a transfer under way.
+//! - Fetcher: one `statexfer::Fetcher` per group that asked, staging artifacts beside the
+//!   live directory (sealed segments this node already holds are copied locally when
+//!   they match the manifest), then turning the staged artifacts into a complete
+//!   partition directory (segments, indexes rebuilt, consumer offsets, checkpoint and
+//!   anchor prepare record), synced, before the replica executor swaps it in.
+//!
+//! The replica executor owns the bus: frames travel between the two threads over
+//! bounded shared channels (`ToXfer`, `FromXfer`).
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use glommio::channels::shared_channel::{ConnectedSender, SharedReceiver, SharedSender};
+use journal::segment::log::segment_file_name;
+use journal::segment::{PartitionConfig, PartitionLog};
+use replication::wire::{
+    batch, Command, Frame, FrameBuf, FrameHeader, Operation, PrepareHeader,
+    RequestStateChunkHeader, RequestStateTransferHeader, StateChunkHeader,
+    StateTransferTargetHeader, HEADER_SIZE,
+};
+use statexfer::install::{artifact_file, fsync_dir, FileSink};
+use statexfer::{
+    ArtifactKind, ArtifactSink, ArtifactSource, FetchError, Fetcher, FetcherConfig, Manifest,
+    ManifestEntry, Offer, Outcome, Server, Unavailable,
+};
+use xxhash_rust::xxh3::Xxh3Default;
+use zerocopy::FromBytes;
+
+use super::files::{self, ClientTableArtifact, StoredCheckpoint};
+use super::prepares::{self, PrepareLog};
+use crate::stats::StateTransferStats;
+
+/// The statexfer executor's tick (fetcher stall detection, progress publishing).
+pub const TICK: Duration = Duration::from_millis(50);
+/// A frozen offer is handed to new transfers for this long; then a fresh one is taken.
+const OFFER_FRESH: Duration = Duration::from_secs(10);
+/// A transfer that asked for no chunk for this long is forgotten (its offer released).
+const TRANSFER_IDLE_MAX: Duration = Duration::from_secs(60);
+/// Frames and requests queued between the two executors, each way.
+pub const QUEUE_CAPACITY: usize = 1024;
+/// Frozen offers live here (hard links), inside the data directory.
+pub const OUT_DIR: &str = "statexfer-out";
+/// The metadata group's staging directory, inside the data directory.
+pub const METADATA_STAGING_DIR: &str = "statexfer-metadata";
+/// Partition staging directories sit beside the live ones under this prefix.
+pub const STAGING_PREFIX: &str = ".xfer-";
+/// Test hook: the first N chunks this node receives have one byte flipped, so the
+/// artifact check must catch them and refetch.
+pub const CORRUPT_CHUNKS_ENV: &str = "STATEXFER_TEST_CORRUPT_CHUNKS";
+/// Bytes read per step when hashing or copying local files.
+const COPY_BUFFER: usize = 1 << 20;
+
+/// What the replica executor sends this thread.
+pub enum ToXfer {
+    /// A state-transfer frame (commands 22 to 25) from a peer.
+    Frame { peer: u8, frame: FrameBuf },
+    /// The answer to `FromXfer::Freeze`.
+    Frozen(Frozen),
+    /// The group cannot be frozen now (`transient`) or is not held here.
+    FreezeRefused { group: u64, transient: bool },
+    /// Start fetching a group's state.
+    Fetch(FetchRequest),
+}
+
+/// What this thread asks of the replica executor.
+pub enum FromXfer {
+    /// Send a frame to a peer over the bus.
+    Send { to: u8, frame: Frame },
+    /// Freeze a group at its commit point and answer with `ToXfer::Frozen`.
+    Freeze { group: u64 },
+    /// A verified state is staged in `staging`: swap it in and restart the group.
+    Install {
+        group: u64,
+        staging: PathBuf,
+        commit_op: u64,
+        manifest: Manifest,
+    },
+    /// The transfer failed for good (every peer refused, stalled or served bad data).
+    FetchFailed { group: u64, error: String },
+}
+
+/// Which state machine a group's artifacts rebuild.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arm {
+    Metadata,
+    Partition,
+}
+
+/// A transfer to start.
+pub struct FetchRequest {
+    pub group: u64,
+    pub arm: Arm,
+    /// Peers in preference order (the one that reported the range evicted first).
+    pub peers: Vec<u8>,
+    /// The live directory (partition arm: reused sealed segments are read from here).
+    pub live: PathBuf,
+    pub staging: PathBuf,
+}
+
+/// Where a frozen artifact's bytes are.
+pub enum Content {
+    Bytes(Vec<u8>),
+    /// The first `len` bytes of a file (a hard link the offer owns).
+    File {
+        path: PathBuf,
+        len: u64,
+    },
+}
+
+impl Content {
+    fn len(&self) -> u64 {
+        match self {
+            Content::Bytes(bytes) => bytes.len() as u64,
+            Content::File { len, .. } => *len,
+        }
+    }
+}
+
+/// One group frozen at its commit point.
+pub struct Frozen {
+    pub group: u64,
+    pub commit_op: u64,
+    pub commit_max: u64,
+    pub artifacts: Vec<(ArtifactKind, u64, Content)>,
+    /// The directory of hard links the offer owns (removed when it is released).
+    pub links: Option<PathBuf>,
+}
+
+/// Settings of the statexfer executor.
+#[derive(Clone, Debug)]
+pub struct XferSettings {
+    pub cluster: u128,
+    pub replica: u8,
+    pub data_dir: PathBuf,
+    pub partition: PartitionConfig,
+    pub chunk_max: u32,
+    pub max_message_size: u32,
+    pub fetcher: FetcherConfig,
+}
+
+/// The fetcher bounds the daemon uses, in statexfer ticks.
+pub fn fetcher_config() -> FetcherConfig {
+    FetcherConfig {
+        chunk_len: statexfer::server::CHUNK_MAX_DEFAULT,
+        artifacts_in_flight_max: 4,
+        // 2 s without an answer; 4 resends, then the next peer.
+        stall_ticks: 40,
+        retries_max: 4,
+        refetches_max: 2,
+        peer_rounds_max: 3,
+    }
+}
+
+/// The channel ends each executor keeps.
+pub struct Channels {
+    pub to_xfer: (SharedSender<ToXfer>, SharedReceiver<ToXfer>),
+    pub from_xfer: (SharedSender<FromXfer>, SharedReceiver<FromXfer>),
+}
+
+pub fn channels() -> Channels {
+    Channels {
+        to_xfer: glommio::channels::shared_channel::new_bounded(QUEUE_CAPACITY),
+        from_xfer: glommio::channels::shared_channel::new_bounded(QUEUE_CAPACITY),
+    }
+}
+
+/// Clears what a crash left: frozen offers and staging directories (a staged state
+/// not yet swapped in, or an old state swapped out but not yet removed).
+pub fn clean_data_dir(data_dir: &Path) -> std::io::Result<()> {
+    statexfer::install::recover(&data_dir.join(OUT_DIR))?;
+    statexfer::install::recover(&data_dir.join(METADATA_STAGING_DIR))?;
+    let partitions = data_dir.join(journal::data_dir::PARTITIONS_DIR);
+    let Ok(entries) = std::fs::read_dir(&partitions) else {
+        return Ok(());
+    };
+    for entry in entries.filter_map(|e| e.ok()) {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(STAGING_PREFIX)
+        {
+            statexfer::install::recover(&entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// Starts the statexfer executor thread.
+pub fn start(
+    settings: XferSettings,
+    inbox: SharedReceiver<ToXfer>,
+    outbox: SharedSender<FromXfer>,
+    stats: Arc<Mutex<StateTransferStats>>,
+) -> Result<(), String> {
+    journal::runtime::executor_builder()
+        .name("statexfer")
+        .spawn(move || async move {
+            let inbox = inbox.connect().await;
+            let outbox = outbox.connect().await;
+            let mut xfer = Xfer::new(settings, outbox, stats);
+            let mut next_tick = Instant::now() + TICK;
+            loop {
+                let wait = next_tick.saturating_duration_since(Instant::now());
+                let message = futures_lite::future::or(async { Some(inbox.recv().await) }, async {
+                    glommio::timer::sleep(wait).await;
+                    None
+                })
+                .await;
+                match message {
+                    Some(None) => break,
+                    Some(Some(message)) => xfer.on_message(message),
+                    None => {}
+                }
+                if Instant::now() >= next_tick {
+                    next_tick = Instant::now() + TICK;
+                    xfer.on_tick();
+                }
+                xfer.finish_fetches().await;
+                xfer.flush();
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| format!("statexfer executor: {e}"))
+}
+
+/// An offer the server hands out: the manifest and where each artifact's bytes are.
+struct ReadyOffer {
+    offer: Offer,
+    contents: Vec<Content>,
+    links: Option<PathBuf>,
+    created: Instant,
+}
+
+impl Drop for ReadyOffer {
+    fn drop(&mut self) {
+        if let Some(links) = &self.links {
+            let _ = std::fs::remove_dir_all(links);
+        }
+    }
+}
+
+/// Reads from one offer (the one a transfer's nonce was given), or refuses.
+struct OfferSource<'a> {
+    offer: Result<&'a ReadyOffer, Unavailable>,
+}
+
+impl ArtifactSource for OfferSource<'_> {
+    fn offer(&mut self, _group: u64) -> Result<Offer, Unavailable> {
+        self.offer.map(|o| o.offer.clone())
+    }
+
+    fn read(&mut self, _group: u64, index: u32, offset: u64, buf: &mut [u8]) -> Option<usize> {
+        let offer = self.offer.ok()?;
+        let content = offer.contents.get(index as usize)?;
+        let len = content.len();
+        let start = offset.min(len);
+        let n = (buf.len() as u64).min(len - start) as usize;
+        match content {
+            Content::Bytes(bytes) => {
+                buf[..n].copy_from_slice(&bytes[start as usize..start as usize + n]);
+                Some(n)
+            }
+            Content::File { path, .. } => {
+                let file = File::open(path).ok()?;
+                file.read_exact_at(&mut buf[..n], start).ok()?;
+                Some(n)
+            }
+        }
+    }
+}
+
+/// A transfer being served: its offer, and when it last asked for something.
+struct Serving {
+    offer: Rc<ReadyOffer>,
+    last: Instant,
+}
+
+/// A transfer this node is fetching.
+struct Fetch {
+    request: FetchRequest,
+    fetcher: Fetcher,
+    sink: StagingSink,
+    started: Instant,
+}
+
+/// Stages artifacts as files, reusing local copies of matching sealed segments.
+struct StagingSink {
+    files: FileSink,
+    staging: PathBuf,
+    live: PathBuf,
+    arm: Arm,
+    kinds: Vec<(ArtifactKind, u64)>,
+}
+
+impl StagingSink {
+    /// Copies the first `entry.len` bytes of the local segment at `frontier` into the
+    /// staged artifact, hashing them; true when they match the manifest entry.
+    fn copy_local(&mut self, index: u32, entry: &ManifestEntry) -> std::io::Result<bool> {
+        let source = self.live.join(segment_file_name(entry.frontier, "log"));
+        let Ok(mut source) = File::open(&source) else {
+            return Ok(false);
+        };
+        if source.metadata()?.len() < entry.len {
+            return Ok(false);
+        }
+        let mut target = File::create(self.staging.join(artifact_file(index)))?;
+        let mut hasher = Xxh3Default::new();
+        let mut buffer = vec![0u8; COPY_BUFFER];
+        let mut left = entry.len;
+        while left > 0 {
+            let n = (left as usize).min(buffer.len());
+            source.read_exact(&mut buffer[..n])?;
+            hasher.update(&buffer[..n]);
+            target.write_all(&buffer[..n])?;
+            left -= n as u64;
+        }
+        Ok(hasher.digest() == entry.checksum)
+    }
+}
+
+impl ArtifactSink for StagingSink {
+    fn begin(&mut self, index: u32) -> std::io::Result<()> {
+        self.files.begin(index)
+    }
+
+    fn append(&mut self, index: u32, bytes: &[u8]) -> std::io::Result<()> {
+        self.files.append(index, bytes)
+    }
+
+    fn reuse(&mut self, index: u32, entry: &ManifestEntry) -> bool {
+        if self.kinds.len() <= index as usize {
+            self.kinds.resize(index as usize + 1, (entry.kind, 0));
+        }
+        self.kinds[index as usize] = (entry.kind, entry.frontier);
+        if self.arm != Arm::Partition || entry.kind != ArtifactKind::SegmentLog {
+            return false;
+        }
+        match self.copy_local(index, entry) {
+            Ok(true) => true,
+            // A local copy that differs (or cannot be read) is fetched instead.
+            _ => false,
+        }
+    }
+}
+
+/// Incremental checksums of frozen file prefixes, by (device, inode): a segment that
+/// grew since the last freeze is hashed from where it was left.
+#[derive(Default)]
+struct Hashes {
+    by_file: HashMap<(u64, u64), (u64, Xxh3Default)>,
+}
+
+const HASHES_MAX: usize = 1 << 16;
+
+impl Hashes {
+    fn checksum(&mut self, path: &Path, len: u64) -> std::io::Result<u64> {
+        let file = File::open(path)?;
+        let meta = file.metadata()?;
+        let key = (meta.dev(), meta.ino());
+        let (mut done, mut hasher) = match self.by_file.get(&key) {
+            Some((cached, hasher)) if *cached <= len => (*cached, hasher.clone()),
+            _ => (0, Xxh3Default::new()),
+        };
+        let mut buffer = vec![0u8; COPY_BUFFER];
+        while done < len {
+            let n = ((len - done) as usize).min(buffer.len());
+            file.read_exact_at(&mut buffer[..n], done)?;
+            hasher.update(&buffer[..n]);
+            done += n as u64;
+        }
+        let digest = hasher.digest();
+        if self.by_file.len() >= HASHES_MAX {
+            self.by_file.clear();
+        }
+        self.by_file.insert(key, (len, hasher));
+        Ok(digest)
+    }
+}
+
+struct Xfer {
+    settings: XferSettings,
+    outbox: ConnectedSender<FromXfer>,
+    pending: RefCell<Vec<FromXfer>>,
+    stats: Arc<Mutex<StateTransferStats>>,
+    server: Server,
+    hashes: Hashes,
+    /// The newest offer of each group.
+    offers: HashMap<u64, Rc<ReadyOffer>>,
+    /// Freezes asked of the replica executor and not yet answered.
+    freezing: HashMap<u64, Instant>,
+    /// A group the replica executor refused to freeze: (when, transient).
+    refused: HashMap<u64, (Instant, bool)>,
+    /// Transfers served, by (peer, nonce).
+    serving: HashMap<(u8, u128), Serving>,
+    fetches: BTreeMap<u64, Fetch>,
+    ticks: u64,
+    corrupt_left: u64,
+    totals: StateTransferStats,
+}
+
+impl Xfer {
+    fn new(
+        settings: XferSettings,
+        outbox: ConnectedSender<FromXfer>,
+        stats: Arc<Mutex<StateTransferStats>>,
+    ) -> Xfer {
+        let server = Server::new(
+            settings.cluster,
+            settings.replica,
+            settings.chunk_max,
+            settings.max_message_size,
+        );
+        let corrupt_left = std::env::var(CORRUPT_CHUNKS_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        Xfer {
+            settings,
+            outbox,
+            pending: RefCell::new(Vec::new()),
+            stats,
+            server,
+            hashes: Hashes::default(),
+            offers: HashMap::new(),
+            freezing: HashMap::new(),
+            refused: HashMap::new(),
+            serving: HashMap::new(),
+            fetches: BTreeMap::new(),
+            ticks: 0,
+            corrupt_left,
+            totals: StateTransferStats::default(),
+        }
+    }
+
+    fn send(&self, message: FromXfer) {
+        self.pending.borrow_mut().push(message);
+    }
+
+    /// Hands queued messages to the replica executor (a full queue drops frames, which
+    /// the lockstep protocol resends; control messages wait for room).
+    fn flush(&mut self) {
+        let pending = std::mem::take(&mut *self.pending.borrow_mut());
+        let mut kept = Vec::new();
+        for message in pending {
+            let Err(error) = self.outbox.try_send(message) else {
+                continue;
+            };
+            let (glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(message))
+            | glommio::GlommioError::Closed(glommio::ResourceType::Channel(message))) = error
+            else {
+                continue;
+            };
+            match message {
+                FromXfer::Send { .. } => self.totals.frames_dropped += 1,
+                other => kept.push(other),
+            }
+        }
+        *self.pending.borrow_mut() = kept;
+    }
+
+    fn on_message(&mut self, message: ToXfer) {
+        match message {
+            ToXfer::Frame { peer, frame } => self.on_frame(peer, frame),
+            ToXfer::Frozen(frozen) => self.on_frozen(frozen),
+            ToXfer::FreezeRefused { group, transient } => {
+                self.freezing.remove(&group);
+                self.refused.insert(group, (Instant::now(), transient));
+            }
+            ToXfer::Fetch(request) => self.start_fetch(request),
+        }
+    }
+
+    fn on_frame(&mut self, peer: u8, frame: FrameBuf) {
+        let bytes = frame.as_bytes();
+        let Ok((header, _)) = FrameHeader::read_from_prefix(bytes) else {
+            return;
+        };
+        let end = (header.size as usize).min(bytes.len());
+        let body = bytes.get(HEADER_SIZE..end).unwrap_or(&[]);
+        match Command::from_u8(header.command) {
+            Some(Command::RequestStateTransfer) => {
+                if let Ok((request, _)) = RequestStateTransferHeader::read_from_prefix(bytes) {
+                    self.on_request_transfer(peer, &request);
+                }
+            }
+            Some(Command::RequestStateChunk) => {
+                if let Ok((request, _)) = RequestStateChunkHeader::read_from_prefix(bytes) {
+                    self.on_request_chunk(peer, &request);
+                }
+            }
+            Some(Command::StateTransferTarget) => {
+                if let Ok((target, _)) = StateTransferTargetHeader::read_from_prefix(bytes) {
+                    if let Some(fetch) = self.fetches.get_mut(&target.group) {
+                        fetch.fetcher.on_target(&target, body, &mut fetch.sink);
+                    }
+                }
+            }
+            Some(Command::StateChunk) => {
+                if let Ok((chunk, _)) = StateChunkHeader::read_from_prefix(bytes) {
+                    let Some(fetch) = self.fetches.get_mut(&chunk.group) else {
+                        return;
+                    };
+                    if self.corrupt_left > 0 && !body.is_empty() {
+                        self.corrupt_left -= 1;
+                        let mut damaged = body.to_vec();
+                        damaged[body.len() / 2] ^= 0x40;
+                        fetch.fetcher.on_chunk(&chunk, &damaged, &mut fetch.sink);
+                    } else {
+                        fetch.fetcher.on_chunk(&chunk, body, &mut fetch.sink);
+                    }
+                }
+            }
+            _ => {}
+        }
+        self.drain_fetchers();
+    }
+
+    fn on_request_transfer(&mut self, peer: u8, request: &RequestStateTransferHeader) {
+        let group = request.group;
+        let fresh = self
+            .offers
+            .get(&group)
+            .filter(|o| o.created.elapsed() < OFFER_FRESH)
+            .cloned();
+        let answer = match fresh {
+            Some(offer) => {
+                let frame = self
+                    .server
+                    .on_request_transfer(request, &mut OfferSource { offer: Ok(&offer) });
+                self.serving.insert(
+                    (peer, request.nonce),
+                    Serving {
+                        offer,
+                        last: Instant::now(),
+                    },
+                );
+                frame
+            }
+            None => {
+                let refusal = self
+                    .refused
+                    .get(&group)
+                    .filter(|(at, _)| at.elapsed() < OFFER_FRESH)
+                    .map(|(_, transient)| *transient);
+                let unavailable = match refusal {
+                    Some(false) => Unavailable::Permanent,
+                    _ => {
+                        if let std::collections::hash_map::Entry::Vacant(entry) =
+                            self.freezing.entry(group)
+                        {
+                            entry.insert(Instant::now());
+                            self.send(FromXfer::Freeze { group });
+                        }
+                        Unavailable::Transient
+                    }
+                };
+                self.server.on_request_transfer(
+                    request,
+                    &mut OfferSource {
+                        offer: Err(unavailable),
+                    },
+                )
+            }
+        };
+        self.send(FromXfer::Send {
+            to: peer,
+            frame: answer,
+        });
+    }
+
+    fn on_request_chunk(&mut self, peer: u8, request: &RequestStateChunkHeader) {
+        let Some(serving) = self.serving.get_mut(&(peer, request.nonce)) else {
+            self.server.stats.chunks_refused += 1;
+            return;
+        };
+        serving.last = Instant::now();
+        let offer = serving.offer.clone();
+        if let Some(frame) = self
+            .server
+            .on_request_chunk(request, &mut OfferSource { offer: Ok(&offer) })
+        {
+            self.send(FromXfer::Send { to: peer, frame });
+        }
+    }
+
+    /// Hashes a frozen group into a manifest; the next RequestStateTransfer gets it.
+    fn on_frozen(&mut self, frozen: Frozen) {
+        self.freezing.remove(&frozen.group);
+        self.refused.remove(&frozen.group);
+        let mut entries = Vec::with_capacity(frozen.artifacts.len());
+        let mut contents = Vec::with_capacity(frozen.artifacts.len());
+        for (kind, frontier, content) in frozen.artifacts {
+            let checksum = match &content {
+                Content::Bytes(bytes) => xxhash_rust::xxh3::xxh3_64(bytes),
+                Content::File { path, len } => match self.hashes.checksum(path, *len) {
+                    Ok(checksum) => checksum,
+                    Err(error) => {
+                        tracing::warn!(group = frozen.group, path = %path.display(), %error,
+                            "state transfer: a frozen artifact cannot be read");
+                        if let Some(links) = &frozen.links {
+                            let _ = std::fs::remove_dir_all(links);
+                        }
+                        self.refused.insert(frozen.group, (Instant::now(), true));
+                        return;
+                    }
+                },
+            };
+            entries.push(ManifestEntry {
+                kind,
+                frontier,
+                len: content.len(),
+                checksum,
+            });
+            contents.push(content);
+        }
+        let offer = ReadyOffer {
+            offer: Offer {
+                commit_op: frozen.commit_op,
+                commit_max: frozen.commit_max,
+                manifest: Manifest { entries },
+            },
+            contents,
+            links: frozen.links,
+            created: Instant::now(),
+        };
+        tracing::info!(
+            group = frozen.group,
+            commit_op = frozen.commit_op,
+            artifacts = offer.contents.len(),
+            bytes = offer.contents.iter().map(Content::len).sum::<u64>(),
+            "state transfer: offer frozen"
+        );
+        self.offers.insert(frozen.group, Rc::new(offer));
+    }
+
+    fn start_fetch(&mut self, request: FetchRequest) {
+        if self.fetches.contains_key(&request.group) {
+            return;
+        }
+        let sink = match FileSink::create(&request.staging) {
+            Ok(files) => StagingSink {
+                files,
+                staging: request.staging.clone(),
+                live: request.live.clone(),
+                arm: request.arm,
+                kinds: Vec::new(),
+            },
+            Err(error) => {
+                self.send(FromXfer::FetchFailed {
+                    group: request.group,
+                    error: format!("{}: {error}", request.staging.display()),
+                });
+                return;
+            }
+        };
+        tracing::info!(group = request.group, peers = ?request.peers, "state transfer: fetching");
+        self.totals.transfers_started += 1;
+        let fetcher = Fetcher::start(
+            self.settings.cluster,
+            self.settings.replica,
+            request.group,
+            request.peers.clone(),
+            self.settings.fetcher,
+            fastrand::u128(..),
+            self.ticks,
+        );
+        self.fetches.insert(
+            request.group,
+            Fetch {
+                request,
+                fetcher,
+                sink,
+                started: Instant::now(),
+            },
+        );
+        self.drain_fetchers();
+    }
+
+    fn drain_fetchers(&mut self) {
+        let mut out = Vec::new();
+        for fetch in self.fetches.values_mut() {
+            while let Some((to, frame)) = fetch.fetcher.poll_send() {
+                out.push(FromXfer::Send { to, frame });
+            }
+        }
+        for message in out {
+            self.send(message);
+        }
+    }
+
+    fn on_tick(&mut self) {
+        self.ticks += 1;
+        for fetch in self.fetches.values_mut() {
+            fetch.fetcher.tick(self.ticks);
+        }
+        self.drain_fetchers();
+        self.serving
+            .retain(|_, s| s.last.elapsed() < TRANSFER_IDLE_MAX);
+        self.freezing.retain(|_, at| at.elapsed() < OFFER_FRESH);
+        // An offer nobody uses is released (its hard links removed) once stale.
+        let serving = &self.serving;
+        self.offers.retain(|_, offer| {
+            offer.created.elapsed() < OFFER_FRESH
+                || serving.values().any(|s| Rc::ptr_eq(&s.offer, offer))
+        });
+        self.publish();
+    }
+
+    /// Finished transfers: a complete one is materialized and handed over for install;
+    /// a failed one is reported so the group asks again later.
+    async fn finish_fetches(&mut self) {
+        let finished: Vec<u64> = self
+            .fetches
+            .iter()
+            .filter(|(_, f)| f.fetcher.outcome() != Outcome::InProgress)
+            .map(|(g, _)| *g)
+            .collect();
+        for group in finished {
+            let Some(fetch) = self.fetches.remove(&group) else {
+                continue;
+            };
+            self.totals.refetches += fetch.fetcher.progress.refetches;
+            self.totals.stalls += fetch.fetcher.progress.stalls;
+            self.totals.peer_switches += fetch.fetcher.progress.peer_switches;
+            self.totals.bytes_reused += fetch.fetcher.progress.bytes_reused;
+            match fetch.fetcher.outcome() {
+                Outcome::Complete {
+                    commit_op,
+                    manifest,
+                } => {
+                    let staging = fetch.request.staging.clone();
+                    let result = match fetch.request.arm {
+                        Arm::Partition => {
+                            materialize_partition(
+                                &staging,
+                                &manifest,
+                                group,
+                                self.settings.partition,
+                            )
+                            .await
+                        }
+                        Arm::Metadata => sync_staged(&staging, &manifest),
+                    };
+                    let progress = fetch.fetcher.progress;
+                    let seconds = fetch.started.elapsed().as_secs_f64();
+                    match result {
+                        Ok(()) => {
+                            tracing::info!(
+                                group,
+                                commit_op,
+                                bytes = progress.bytes_total,
+                                reused = progress.bytes_reused,
+                                seconds,
+                                "state transfer: state staged and verified"
+                            );
+                            self.totals.transfers_completed += 1;
+                            self.totals.last_bytes = progress.bytes_total;
+                            self.totals.last_seconds = seconds;
+                            self.send(FromXfer::Install {
+                                group,
+                                staging,
+                                commit_op,
+                                manifest,
+                            });
+                        }
+                        Err(error) => {
+                            self.totals.transfers_failed += 1;
+                            let _ = statexfer::install::recover(&staging);
+                            self.send(FromXfer::FetchFailed { group, error });
+                        }
+                    }
+                }
+                Outcome::Failed(error) => {
+                    self.totals.transfers_failed += 1;
+                    let _ = statexfer::install::recover(&fetch.request.staging);
+                    let progress = fetch.fetcher.progress;
+                    let error = match error {
+                        FetchError::PeersExhausted { .. } | FetchError::Sink(_) => format!(
+                            "{error} (refetches {}, stalls {}, peer switches {}, stale \
+                             frames {}, {} of {} bytes)",
+                            progress.refetches,
+                            progress.stalls,
+                            progress.peer_switches,
+                            progress.stale_frames,
+                            progress.bytes_done,
+                            progress.bytes_total
+                        ),
+                    };
+                    self.send(FromXfer::FetchFailed { group, error });
+                }
+                Outcome::InProgress => {}
+            }
+        }
+    }
+
+    fn publish(&self) {
+        let mut stats = self.totals.clone();
+        stats.active = !self.fetches.is_empty();
+        let mut rate_bytes = 0u64;
+        let mut rate_seconds = 0f64;
+        for fetch in self.fetches.values() {
+            let p = fetch.fetcher.progress;
+            stats.commit_op = stats.commit_op.max(p.commit_op);
+            stats.artifacts_total += p.artifacts_total;
+            stats.artifacts_done += p.artifacts_done;
+            stats.bytes_total += p.bytes_total;
+            stats.bytes_done += p.bytes_done;
+            stats.refetches += p.refetches;
+            stats.stalls += p.stalls;
+            rate_bytes += p.bytes_done.saturating_sub(p.bytes_reused);
+            rate_seconds = rate_seconds.max(fetch.started.elapsed().as_secs_f64());
+        }
+        if rate_seconds > 0.0 {
+            stats.rate_bytes_per_s = rate_bytes as f64 / rate_seconds;
+        }
+        stats.offers = self.offers.len() as u64;
+        stats.transfers_serving = self.serving.len() as u64;
+        stats.targets_offered = self.server.stats.targets_offered;
+        stats.targets_refused = self.server.stats.targets_refused;
+        stats.chunks_served = self.server.stats.chunks_served;
+        stats.bytes_served = self.server.stats.bytes_served;
+        stats.chunks_refused = self.server.stats.chunks_refused;
+        match self.stats.lock() {
+            Ok(mut guard) => *guard = stats,
+            Err(poisoned) => *poisoned.into_inner() = stats,
+        }
+    }
+}
+
+/// Syncs every staged artifact and the staging directory.
+fn sync_staged(staging: &Path, manifest: &Manifest) -> Result<(), String> {
+    for index in 0..manifest.entries.len() as u32 {
+        let path = staging.join(artifact_file(index));
+        File::open(&path)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    fsync_dir(staging).map_err(|e| format!("{}: {e}", staging.display()))
+}
+
+/// Turns a verified partition transfer into a partition directory: segment files under
+/// their names, the consumer offsets file, the checkpoint and the anchor's prepare
+/// record; then opens the log once (rebuilding its indexes, checking every batch) and
+/// syncs everything.
+async fn materialize_partition(
+    staging: &Path,
+    manifest: &Manifest,
+    group: u64,
+    config: PartitionConfig,
+) -> Result<(), String> {
+    let fail = |what: &str, e: &dyn core::fmt::Display| format!("{what}: {e}");
+    let mut checkpoint = None;
+    for (index, entry) in manifest.entries.iter().enumerate() {
+        let path = staging.join(artifact_file(index as u32));
+        match entry.kind {
+            ArtifactKind::SegmentLog => {
+                let target = staging.join(segment_file_name(entry.frontier, "log"));
+                std::fs::rename(&path, &target).map_err(|e| fail("segment", &e))?;
+                File::open(&target)
+                    .and_then(|f| f.sync_all())
+                    .map_err(|e| fail("segment sync", &e))?;
+            }
+            ArtifactKind::ConsumerOffsets => {
+                let bytes = std::fs::read(&path).map_err(|e| fail("offsets", &e))?;
+                journal::segment::offsets::decode(&bytes).map_err(|e| fail("offsets", &e))?;
+                let target = staging.join(journal::segment::offsets::OFFSETS_FILE);
+                std::fs::rename(&path, &target).map_err(|e| fail("offsets", &e))?;
+                File::open(&target)
+                    .and_then(|f| f.sync_all())
+                    .map_err(|e| fail("offsets sync", &e))?;
+            }
+            ArtifactKind::ClientTable => {
+                let bytes = std::fs::read(&path).map_err(|e| fail("client table", &e))?;
+                std::fs::remove_file(&path).map_err(|e| fail("client table", &e))?;
+                checkpoint = Some(
+                    ClientTableArtifact::decode(&bytes).map_err(|e| fail("client table", &e))?,
+                );
+            }
+            ArtifactKind::MetadataSnapshot => {
+                return Err("a partition transfer carried a metadata snapshot".into())
+            }
+        }
+    }
+    let checkpoint = checkpoint.ok_or("the transfer carried no client table")?;
+    if checkpoint.position.partition_id != group {
+        return Err(format!(
+            "the checkpoint belongs to group {}, not {group}",
+            checkpoint.position.partition_id
+        ));
+    }
+    let (header, body) = PrepareHeader::read_from_prefix(&checkpoint.anchor)
+        .map_err(|_| "the anchor is not a prepare".to_string())?;
+    if header.op != checkpoint.op {
+        return Err(format!(
+            "the anchor is op {}, the checkpoint op {}",
+            header.op, checkpoint.op
+        ));
+    }
+    let body = body
+        .get(..(header.frame.size as usize).saturating_sub(256))
+        .ok_or("the anchor is truncated")?;
+    let position = checkpoint.position;
+    let record = if header.operation == Operation::SendMessages as u8 {
+        let info = batch::verify(body).map_err(|e| format!("anchor batch: {e:?}"))?;
+        if info.next_offset() != position.next_offset {
+            return Err("the anchor batch does not end at the checkpoint position".into());
+        }
+        prepares::Record {
+            header,
+            base_offset: info.base_offset,
+            next_offset: info.next_offset(),
+            last_timestamp: position.last_timestamp,
+            inline: Vec::new(),
+        }
+    } else {
+        prepares::Record {
+            header,
+            base_offset: position.next_offset,
+            next_offset: position.next_offset,
+            last_timestamp: position.last_timestamp,
+            inline: body.to_vec(),
+        }
+    };
+    let (log, _) = PartitionLog::open(staging, group, config)
+        .await
+        .map_err(|e| fail("staged log", &e))?;
+    let end = log.next_offset();
+    log.close().await.map_err(|e| fail("staged log", &e))?;
+    if end != position.next_offset {
+        return Err(format!(
+            "the staged log ends at offset {end}, the checkpoint at {}",
+            position.next_offset
+        ));
+    }
+    let (mut records, _) = PrepareLog::open(staging).await?;
+    records.append(&record).await?;
+    records.close().await?;
+    files::write_checkpoint(
+        staging,
+        &StoredCheckpoint {
+            op: checkpoint.op,
+            position,
+            clients: checkpoint.clients,
+        },
+    )
+    .map_err(|e| fail("checkpoint", &e))?;
+    let entries = std::fs::read_dir(staging).map_err(|e| fail("staging", &e))?;
+    for entry in entries.filter_map(|e| e.ok()) {
+        File::open(entry.path())
+            .and_then(|f| f.sync_all())
+            .map_err(|e| fail("sync", &e))?;
+    }
+    fsync_dir(staging).map_err(|e| fail("staging", &e))
+}

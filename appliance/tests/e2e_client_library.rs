@@ -194,48 +194,6 @@ fn polling_with_auto_commit_stores_the_consumer_offset() {
     }
 }
 
-/// Messages node `replica` alone serves per partition (0 on any error), reading with a
-/// client that knows only that node.
-fn served_counts(files: &ClusterFiles, replica: usize, keys: &[PartitionKey]) -> Vec<u64> {
-    let Ok(mut client) = Client::connect(&[files.client_addr(replica)], ClientOptions::default())
-    else {
-        return vec![0; keys.len()];
-    };
-    if client.login("root", ROOT_PASSWORD.as_bytes()).is_err() {
-        return vec![0; keys.len()];
-    }
-    keys.iter()
-        .map(|key| {
-            let mut next = 0u64;
-            loop {
-                let Ok(body) = client.poll_messages(
-                    *key,
-                    Consumer::Single(1),
-                    PollStrategy::Offset(next),
-                    10_000,
-                ) else {
-                    return next;
-                };
-                let Ok(batches) = split_poll_body(&body) else {
-                    return next;
-                };
-                let Some(end) = batches
-                    .iter()
-                    .filter_map(|(bytes, _)| batch::verify(bytes).ok())
-                    .map(|info| info.next_offset())
-                    .max()
-                else {
-                    return next;
-                };
-                if end <= next {
-                    return next;
-                }
-                next = end;
-            }
-        })
-        .collect()
-}
-
 #[test]
 fn three_nodes_keep_every_acknowledged_message_when_the_primary_is_killed_mid_produce() {
     let files = ClusterFiles::new(3);

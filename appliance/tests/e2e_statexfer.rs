@@ -18,7 +18,7 @@ use appliance::client::{Client, ClientOptions};
 use appliance::protocol::reply::split_poll_body;
 use appliance::protocol::{Consumer, PollStrategy};
 use common::*;
-use replication::wire::batch::{self, BatchBuilder, NewMessage};
+use replication::wire::batch;
 use replication::wire::PartitionKey;
 
 const PARTITIONS: u32 = 2;
@@ -49,45 +49,22 @@ fn test_bytes(release: u64, debug: u64) -> u64 {
 /// A 3-node cluster with 64 MiB segments and frames large enough for 1 MiB chunks.
 fn cluster() -> ClusterFiles {
     let files = ClusterFiles::new(3);
-    for replica in 0..3 {
-        let path = files.config(replica);
-        let text = std::fs::read_to_string(&path).expect("config");
-        let text = text
-            .replace("segment_size = \"1 MiB\"", "segment_size = \"64 MiB\"")
-            .replace(
-                "max_message_size = \"1 MiB\"",
-                "max_message_size = \"2 MiB\"",
-            );
-        std::fs::write(&path, text).expect("config");
-    }
+    files.edit_configs(&[
+        ("segment_size = \"1 MiB\"", "segment_size = \"64 MiB\""),
+        (
+            "max_message_size = \"1 MiB\"",
+            "max_message_size = \"2 MiB\"",
+        ),
+    ]);
     files
 }
 
 fn connect(files: &ClusterFiles, replicas: &[usize]) -> Client {
-    let addrs: Vec<_> = replicas.iter().map(|r| files.client_addr(*r)).collect();
-    let mut client = Client::connect(&addrs, ClientOptions::default()).expect("connect");
-    client
-        .login("root", ROOT_PASSWORD.as_bytes())
-        .expect("login");
-    client
+    library_client(files, replicas)
 }
 
 fn batch_of(first: u64) -> Vec<u8> {
-    let mut builder = BatchBuilder::with_capacity(PER_BATCH * (MESSAGE_SIZE + 64));
-    let mut payload = vec![0u8; MESSAGE_SIZE];
-    for i in 0..PER_BATCH as u64 {
-        let id = first + i;
-        for (j, chunk) in payload.chunks_mut(8).enumerate() {
-            chunk.copy_from_slice(&(id.wrapping_mul(31) ^ j as u64).to_le_bytes());
-        }
-        builder.push(NewMessage {
-            id: u128::from(id) + 1,
-            timestamp_delta: 0,
-            payload: &payload,
-            user_headers: &[],
-        });
-    }
-    builder.finish(1)
+    numbered_batch(first, PER_BATCH, MESSAGE_SIZE)
 }
 
 struct Setup {
@@ -102,26 +79,10 @@ struct Setup {
 
 fn start(env: &[(&str, &str)]) -> Setup {
     let files = cluster();
-    let mut daemons: Vec<Daemon> = (0..3)
-        .map(|r| Daemon::start_with_env(&files, r, env))
-        .collect();
-    for daemon in &mut daemons {
-        wait_healthy(&files, daemon, Duration::from_secs(60));
-    }
-    let mut client = connect(&files, &[0, 1, 2]);
-    client.register().expect("register");
-    let stream = client.create_stream("xfer").expect("stream");
-    let topic = client.create_topic(stream, "t", PARTITIONS).expect("topic");
-    let keys = (0..PARTITIONS)
-        .map(|partition| PartitionKey {
-            stream,
-            topic,
-            partition,
-        })
-        .collect();
+    let (daemons, keys) = start_with_topic(&files, env, PARTITIONS);
     Setup {
-        files,
         daemons,
+        files,
         keys,
         acked: Arc::new(Mutex::new(vec![0; PARTITIONS as usize])),
         next_id: 0,

@@ -706,6 +706,9 @@ impl Xfer {
 
     fn on_tick(&mut self) {
         self.ticks += 1;
+        if !self.fetches.is_empty() {
+            self.totals.fetching_seconds += TICK.as_secs_f64();
+        }
         for fetch in self.fetches.values_mut() {
             fetch.fetcher.tick(self.ticks);
         }

@@ -107,6 +107,8 @@ pub struct StateTransferStats {
     /// Bytes and seconds of the last completed transfer.
     pub last_bytes: u64,
     pub last_seconds: f64,
+    /// Seconds during which at least one transfer was fetching.
+    pub fetching_seconds: f64,
     /// Serving: frozen offers held, transfers being served, targets offered and
     /// refused, chunks and bytes served, chunk requests refused (unknown transfer).
     pub offers: u64,

@@ -83,6 +83,20 @@ impl ClusterFiles {
         files
     }
 
+    /// Applies text replacements to every node's config (e.g. a larger segment size);
+    /// each `from` must occur in each config.
+    pub fn edit_configs(&self, edits: &[(&str, &str)]) {
+        for replica in 0..self.ports.len() {
+            let path = self.config(replica);
+            let mut text = std::fs::read_to_string(&path).expect("read config");
+            for (from, to) in edits {
+                assert!(text.contains(from), "{from} in {}", path.display());
+                text = text.replace(from, to);
+            }
+            std::fs::write(&path, text).expect("write config");
+        }
+    }
+
     /// Makes node `replica` reach node `peer`'s replica plane at `port` instead (a proxy
     /// the test runs on 127.0.0.1).
     pub fn route_replica_plane(&self, replica: usize, peer: usize, port: u16) {
@@ -401,4 +415,112 @@ pub fn u64_at(bytes: &[u8], at: usize) -> u64 {
 
 pub fn log_of(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// A batch of `count` messages of `size` bytes with ids `first + 1..`; each payload is
+/// derived from its id, so a reader can tell any two apart.
+pub fn numbered_batch(first: u64, count: usize, size: usize) -> Vec<u8> {
+    let mut builder = replication::wire::batch::BatchBuilder::with_capacity(count * (size + 64));
+    let mut payload = vec![0u8; size];
+    for id in first..first + count as u64 {
+        for (j, chunk) in payload.chunks_mut(8).enumerate() {
+            let word = (id.wrapping_mul(31) ^ j as u64).to_le_bytes();
+            chunk.copy_from_slice(&word[..chunk.len()]);
+        }
+        builder.push(replication::wire::batch::NewMessage {
+            id: u128::from(id) + 1,
+            timestamp_delta: 0,
+            payload: &payload,
+            user_headers: &[],
+        });
+    }
+    builder.finish(1)
+}
+
+/// Messages node `replica` alone serves per partition (0 on any error), reading with a
+/// client that knows only that node.
+pub fn served_counts(
+    files: &ClusterFiles,
+    replica: usize,
+    keys: &[replication::wire::PartitionKey],
+) -> Vec<u64> {
+    let Ok(mut client) = appliance::client::Client::connect(
+        &[files.client_addr(replica)],
+        appliance::client::ClientOptions::default(),
+    ) else {
+        return vec![0; keys.len()];
+    };
+    if client.login("root", ROOT_PASSWORD.as_bytes()).is_err() {
+        return vec![0; keys.len()];
+    }
+    keys.iter()
+        .map(|key| {
+            let mut next = 0u64;
+            loop {
+                let Ok(body) = client.poll_messages(
+                    *key,
+                    appliance::protocol::Consumer::Single(1),
+                    appliance::protocol::PollStrategy::Offset(next),
+                    10_000,
+                ) else {
+                    return next;
+                };
+                let Ok(batches) = appliance::protocol::reply::split_poll_body(&body) else {
+                    return next;
+                };
+                let Some(end) = batches
+                    .iter()
+                    .filter_map(|(bytes, _)| replication::wire::batch::verify(bytes).ok())
+                    .map(|info| info.next_offset())
+                    .max()
+                else {
+                    return next;
+                };
+                if end <= next {
+                    return next;
+                }
+                next = end;
+            }
+        })
+        .collect()
+}
+
+/// A client of the real library that knows `replicas` only, logged in as root.
+pub fn library_client(files: &ClusterFiles, replicas: &[usize]) -> appliance::client::Client {
+    let addrs: Vec<_> = replicas.iter().map(|r| files.client_addr(*r)).collect();
+    let mut client =
+        appliance::client::Client::connect(&addrs, appliance::client::ClientOptions::default())
+            .expect("connect");
+    client
+        .login("root", ROOT_PASSWORD.as_bytes())
+        .expect("login");
+    client
+}
+
+/// Starts every node of `files` (with `env`), waits until each is healthy, and creates a
+/// stream and a topic of `partitions` partitions: the nodes and the partition keys.
+pub fn start_with_topic(
+    files: &ClusterFiles,
+    env: &[(&str, &str)],
+    partitions: u32,
+) -> (Vec<Daemon>, Vec<replication::wire::PartitionKey>) {
+    let mut daemons: Vec<Daemon> = (0..files.ports.len())
+        .map(|r| Daemon::start_with_env(files, r, env))
+        .collect();
+    for daemon in &mut daemons {
+        wait_healthy(files, daemon, Duration::from_secs(60));
+    }
+    let all: Vec<usize> = (0..files.ports.len()).collect();
+    let mut client = library_client(files, &all);
+    client.register().expect("register");
+    let stream = client.create_stream("data").expect("stream");
+    let topic = client.create_topic(stream, "t", partitions).expect("topic");
+    let keys = (0..partitions)
+        .map(|partition| replication::wire::PartitionKey {
+            stream,
+            topic,
+            partition,
+        })
+        .collect();
+    (daemons, keys)
 }

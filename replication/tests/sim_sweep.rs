@@ -76,6 +76,11 @@ fn regression_seeds() {
     // copy lost in a crash): the merge could neither truncate nor repair op 5. A short DVC
     // suffix now nacks the op just below it.
     check(2043, 3, 5_000, false);
+    // 2890 (found once probes stopped backing off): an old primary in a view change got
+    // the range evicted, installed a peer's checkpoint and restarted from it with its
+    // own journal above, whose ops came from the truncated view-0 branch; the chain walk
+    // displaced the committed anchor. Entries that do not chain from the anchor go.
+    check(2890, 3, 5_000, false);
     // 936: a restarted replica whose top journal entry was corrupt dropped it and later
     // nacked that (committed) op in a DVC: divergence. Unreadable entries above the log now
     // stay "maybe prepared" and raise the DVC op.

@@ -555,3 +555,38 @@ fn a_checkpoint_at_the_commit_point_keeps_the_chain_anchor() {
     drive(&mut primary, &mut journal);
     assert_eq!(primary.commit(), 4);
 }
+
+/// After a whole-cluster restart nobody is normal, so nobody answers RequestStartView:
+/// a recovering member must stand for election after PROBE_ATTEMPTS_MAX unanswered
+/// probes at the probe interval, not after an exponentially growing wait (which made
+/// every group of a restarted cluster sit out about ten seconds).
+#[test]
+fn an_unanswered_recovering_replica_starts_a_view_change_within_its_probe_budget() {
+    let config = Config::new(cluster(), METADATA_GROUP, 1, 3);
+    let interval = config.view_change_retransmit_interval_ticks;
+    let mut replica = Replica::restart(config, &Superblock::default(), &[]);
+    assert_eq!(replica.status(), Status::Recovering);
+    let mut probes = 0;
+    let mut ticks = 0u64;
+    while replica.status() == Status::Recovering {
+        replica.on_tick();
+        ticks += 1;
+        for action in replica.drain_actions() {
+            if let Action::Broadcast { frame } = action {
+                if let Ok(Message::RequestStartView(..)) =
+                    decode(frame.as_bytes(), &Limits::default())
+                {
+                    probes += 1;
+                }
+            }
+        }
+        // Each probe waits at most 1.5 intervals (base plus jitter).
+        let budget = (u64::from(replication::vsr::PROBE_ATTEMPTS_MAX) + 2) * interval * 3 / 2;
+        assert!(
+            ticks <= budget,
+            "still recovering after {ticks} ticks ({probes} probes)"
+        );
+    }
+    assert_eq!(replica.status(), Status::ViewChange);
+    assert!(probes >= 1, "it probed before standing for election");
+}

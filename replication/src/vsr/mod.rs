@@ -44,6 +44,7 @@ pub use log::{Log, Slot};
 pub use recovery::{Checkpoint, JournalEntry, Superblock};
 pub use replica::{Replica, RequestOutcome, Status};
 pub use timeout::{Prng, Timeout};
+pub use view_change::PROBE_ATTEMPTS_MAX;
 
 use crate::wire::{Frame, PrepareHeader};
 

@@ -43,6 +43,28 @@ pub struct JournalEntry {
     pub bytes: Option<FrameBuf>,
 }
 
+/// Walking up from a committed `anchor` at `op`: the first op whose header provably
+/// does not chain from it (contiguous ops, parent links). Stops at a gap or an
+/// unreadable entry, which cannot be checked.
+fn first_conflict(
+    op: u64,
+    anchor: u128,
+    headers: impl Iterator<Item = (u64, Option<PrepareHeader>)>,
+) -> Option<u64> {
+    let (mut expected, mut parent) = (op + 1, anchor);
+    for (at, header) in headers {
+        let Some(header) = header.filter(|_| at == expected) else {
+            return None;
+        };
+        if header.parent != parent {
+            return Some(at);
+        }
+        parent = header.frame.checksum;
+        expected += 1;
+    }
+    None
+}
+
 /// The header of the prepare the log holds for `op`, if any.
 fn stamped_anchor(replica: &Replica, op: u64) -> Option<PrepareHeader> {
     let frame = replica.log.slot(op)?.frame.as_ref()?;
@@ -70,18 +92,56 @@ impl Replica {
         journal: &[JournalEntry],
     ) -> Option<Replica> {
         let limits = Limits::default();
-        match decode(checkpoint.anchor.as_bytes(), &limits) {
-            Ok(Message::Prepare(h, _)) if h.op == checkpoint.op && h.op > 0 => {}
+        let anchor = match decode(checkpoint.anchor.as_bytes(), &limits) {
+            Ok(Message::Prepare(h, _)) if h.op == checkpoint.op && h.op > 0 => h.frame.checksum,
             _ => return None,
+        };
+        let mut above: Vec<&JournalEntry> =
+            journal.iter().filter(|e| e.op > checkpoint.op).collect();
+        above.sort_by_key(|e| e.op);
+        // The anchor is committed, so whatever does not chain from it (a branch that a
+        // later view truncated, e.g. when the checkpoint came by state transfer) was never
+        // committed: drop it, in the journal and in the superblock suffix, from the first
+        // op that provably conflicts. Entries past a gap or an unreadable one cannot be
+        // checked and stay (they may be promises).
+        let header_of =
+            |e: &JournalEntry| match e.bytes.as_ref().map(|b| decode(b.as_bytes(), &limits)) {
+                Some(Ok(Message::Prepare(h, _))) if h.op == e.op => Some(*h),
+                _ => None,
+            };
+        let journal_conflict = first_conflict(
+            checkpoint.op,
+            anchor,
+            above.iter().map(|e| (e.op, header_of(e))),
+        );
+        let mut suffix: Vec<&PrepareHeader> = superblock
+            .headers
+            .iter()
+            .filter(|h| h.op > checkpoint.op)
+            .collect();
+        suffix.sort_by_key(|h| h.op);
+        let suffix_conflict = first_conflict(
+            checkpoint.op,
+            anchor,
+            suffix.iter().map(|h| (h.op, Some(**h))),
+        );
+        let mut superblock = superblock.clone();
+        if let Some(op) = suffix_conflict {
+            superblock.headers.retain(|h| h.op < op);
         }
         let mut entries = vec![JournalEntry {
             op: checkpoint.op,
             bytes: Some(FrameBuf::from_bytes(checkpoint.anchor.as_bytes())),
         }];
-        entries.extend(journal.iter().filter(|e| e.op > checkpoint.op).cloned());
+        entries.extend(
+            above
+                .into_iter()
+                .filter(|e| journal_conflict.is_none_or(|op| e.op < op))
+                .cloned(),
+        );
         let mut replica = Replica::restart_inner(
             config,
-            superblock,
+            &superblock,
             &entries,
             Some((checkpoint.op, checkpoint.position)),
         );

@@ -315,7 +315,10 @@ impl Replica {
             self.on_repair_timeout();
         }
         if self.timeout_probe.fired(now) {
-            self.timeout_probe.backoff(now, &mut self.prng);
+            // A fixed interval (with jitter): after a whole-cluster restart nobody answers,
+            // and backing off would stretch the PROBE_ATTEMPTS_MAX unanswered probes
+            // that precede the election to many seconds per group.
+            self.timeout_probe.reset(now, &mut self.prng);
             self.on_probe_timeout();
         }
         self.check_invariants();

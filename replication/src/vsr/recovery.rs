@@ -53,9 +53,7 @@ fn first_conflict(
 ) -> Option<u64> {
     let (mut expected, mut parent) = (op + 1, anchor);
     for (at, header) in headers {
-        let Some(header) = header.filter(|_| at == expected) else {
-            return None;
-        };
+        let header = header.filter(|_| at == expected)?;
         if header.parent != parent {
             return Some(at);
         }

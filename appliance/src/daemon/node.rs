@@ -951,17 +951,21 @@ impl Node {
             return Ok(());
         }
         let started = Instant::now();
-        for group in std::mem::take(&mut self.partitions_written) {
-            let Some(partition) = self.partitions.by_group.get_mut(&group) else {
-                continue;
-            };
-            if !partition.log.syncs_every_batch() {
-                continue;
-            }
-            partition
-                .sync_journal()
-                .await
-                .map_err(|e| DaemonError::Runtime(format!("partition group {group}: {e}")))?;
+        // Every partition written this round syncs at once: the fdatasyncs overlap.
+        let written = std::mem::take(&mut self.partitions_written);
+        let syncs = self
+            .partitions
+            .by_group
+            .iter_mut()
+            .filter(|(group, p)| written.contains(group) && p.log.syncs_every_batch())
+            .map(|(group, partition)| async move {
+                partition
+                    .sync_journal()
+                    .await
+                    .map_err(|e| DaemonError::Runtime(format!("partition group {group}: {e}")))
+            });
+        for synced in journal::join_all(syncs).await {
+            synced?;
         }
         let pending = std::mem::take(&mut self.unsynced);
         if !pending.is_empty() {

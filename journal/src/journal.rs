@@ -709,6 +709,16 @@ fn copy_sealed(prepare: &[u8], buffer: &mut [u8], checksum_body: u128) -> bool {
     u128::from(hasher.digest()) == checksum_body
 }
 
+/// Runs `futures` (IO on this executor, e.g. syncs of several files) concurrently, so
+/// their operations are in flight together; their outputs in order.
+pub async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut all = Concurrent::with_capacity(0);
+    for future in futures {
+        all.push(future);
+    }
+    all.join().await
+}
+
 /// Futures (writes to one file) polled together: each is polled once as soon as it is
 /// added, which queues its IO, and all are then awaited together.
 struct Concurrent<F: Future> {

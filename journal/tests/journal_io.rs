@@ -471,3 +471,40 @@ fn a_snapshot_installed_beyond_the_head_survives_reopen_and_the_journal_continue
         data.close().await.unwrap();
     });
 }
+
+#[test]
+fn join_all_runs_its_futures_together_and_keeps_their_order() {
+    use std::cell::RefCell;
+    use std::future::poll_fn;
+    use std::task::Poll;
+    // Each future starts, yields once (as one waiting for IO would), then ends: run
+    // together, every one starts before any ends; one after the other, they would not.
+    let events = RefCell::new(Vec::new());
+    let outputs = run(async {
+        let step = |i: usize| {
+            let events = &events;
+            async move {
+                events.borrow_mut().push(format!("start {i}"));
+                let mut yielded = false;
+                poll_fn(|cx| {
+                    if yielded {
+                        Poll::Ready(())
+                    } else {
+                        yielded = true;
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    }
+                })
+                .await;
+                events.borrow_mut().push(format!("end {i}"));
+                i * 10
+            }
+        };
+        journal::join_all((0..3).map(step)).await
+    });
+    assert_eq!(outputs, vec![0, 10, 20]);
+    assert_eq!(
+        events.into_inner(),
+        ["start 0", "start 1", "start 2", "end 0", "end 1", "end 2"]
+    );
+}

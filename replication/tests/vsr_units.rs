@@ -5,7 +5,8 @@ use replication::vsr::{Action, Config, JournalEntry, Replica, RequestOutcome, St
 use replication::wire::batch::{self, BatchBuilder, NewMessage};
 use replication::wire::{
     cluster_id, decode, DoViewChangeHeader, Frame, FrameBuf, Header, Limits, Message, Operation,
-    PartitionKey, PrepareChain, PrepareHeader, StartViewChangeHeader, METADATA_GROUP,
+    PartitionKey, PrepareChain, PrepareHeader, RequestHeader, StartViewChangeHeader,
+    METADATA_GROUP,
 };
 use zerocopy::IntoBytes;
 
@@ -399,6 +400,23 @@ fn a_prepared_request_carries_the_drivers_operation_and_body() {
     );
 }
 
+/// An unstamped batch of one message, and a SendMessages request header for it.
+fn one_message_request(client: u128, id: u128, payload: &[u8]) -> (RequestHeader, Vec<u8>) {
+    let mut builder = BatchBuilder::with_capacity(64);
+    builder.push(NewMessage {
+        id,
+        timestamp_delta: 0,
+        payload,
+        user_headers: &[],
+    });
+    let mut h = RequestHeader::new();
+    h.client = client;
+    h.operation = Operation::SendMessages as u8;
+    h.session = 1;
+    h.request = 1;
+    (h, builder.finish(1))
+}
+
 #[test]
 fn a_seeded_partition_group_stamps_after_the_reopened_log() {
     use replication::vsr::RequestOutcome;
@@ -409,19 +427,8 @@ fn a_seeded_partition_group_stamps_after_the_reopened_log() {
         next_offset: 7,
         last_timestamp: 3,
     }));
-    let mut builder = BatchBuilder::with_capacity(64);
-    builder.push(NewMessage {
-        id: 9,
-        timestamp_delta: 0,
-        payload: b"after restart",
-        user_headers: &[],
-    });
-    let mut h = replication::wire::RequestHeader::new();
-    h.client = 0xd;
-    h.operation = Operation::SendMessages as u8;
-    h.session = 1;
-    h.request = 1;
-    let frame = Frame::build(&h, &builder.finish(1));
+    let (h, body) = one_message_request(0xd, 9, b"after restart");
+    let frame = Frame::build(&h, &body);
     assert_eq!(
         primary.on_request(frame.as_bytes()),
         RequestOutcome::Prepared { op: 1 }
@@ -589,4 +596,72 @@ fn an_unanswered_recovering_replica_starts_a_view_change_within_its_probe_budget
     }
     assert_eq!(replica.status(), Status::ViewChange);
     assert!(probes >= 1, "it probed before standing for election");
+}
+
+#[test]
+fn a_verified_prepare_is_journaled_as_received_and_its_stamp_still_checked() {
+    use replication::vsr::Groups;
+    let group = partition_group();
+    let mut groups = Groups::new();
+    groups.insert(Replica::new(Config::new(cluster(), group, 1, 3)));
+    let first = partition_prepare(group, 1, 0, 0);
+    assert_eq!(groups.on_frame(first.clone()), Ok(group));
+    let appended: Vec<Frame> = groups
+        .drain_actions()
+        .into_iter()
+        .filter_map(|(_, a)| match a {
+            Action::JournalAppend { frame, .. } => Some(frame),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(appended.len(), 1);
+    assert_eq!(appended[0].as_bytes(), first.as_bytes());
+    // The stamp is re-derived on this path too: base_offset 5 where the log is at 1.
+    let wrong = partition_prepare(group, 2, first.checksum(), 5);
+    assert_eq!(groups.on_frame(wrong), Ok(group));
+    let replica = groups.get_mut(group).expect("hosted");
+    assert!(journaled(replica).is_empty());
+    assert_eq!(replica.counters().batch_stamp_mismatch, 1);
+}
+
+#[test]
+fn a_request_given_as_header_and_body_prepares_what_its_frame_would() {
+    let group = partition_group();
+    let mut by_frame = Replica::new(Config::new(cluster(), group, 0, 1));
+    let mut by_parts = Replica::new(Config::new(cluster(), group, 0, 1));
+    for replica in [&mut by_frame, &mut by_parts] {
+        assert!(replica.seed_partition_position(batch::PartitionPosition {
+            partition_id: group,
+            next_offset: 3,
+            last_timestamp: 0,
+        }));
+    }
+    let (mut h, body) = one_message_request(0xe, 4, b"parts");
+    let frame = Frame::build(&h, &body);
+    let prepared = RequestOutcome::Prepared { op: 1 };
+    assert_eq!(by_frame.on_request(frame.as_bytes()), prepared);
+    assert_eq!(by_parts.on_request_parts(&h, &body), prepared);
+    let prepare = |replica: &mut Replica| {
+        replica
+            .drain_actions()
+            .into_iter()
+            .find_map(|a| match a {
+                Action::JournalAppend { frame, .. } => Some(frame),
+                _ => None,
+            })
+            .expect("journaled")
+    };
+    let (a, b) = (prepare(&mut by_frame), prepare(&mut by_parts));
+    assert_eq!(a.as_bytes(), b.as_bytes());
+    assert_eq!(
+        batch::verify(&b.as_bytes()[256..]).map(|i| i.base_offset),
+        Ok(3)
+    );
+    // The header's field rules still apply: no client id.
+    h.client = 0;
+    h.request = 2;
+    assert_eq!(
+        by_parts.on_request_parts(&h, &body),
+        RequestOutcome::Rejected
+    );
 }

@@ -429,7 +429,7 @@ impl Node {
         };
         let mut numbered = *header;
         numbered.request = partition_request_number(session, request);
-        let frame = Self::core_request(&numbered, user, body);
+        numbered.user_id = user;
         if self.groups.get(group).is_none() {
             // Unknown here: gone, or created by metadata this node has not applied yet.
             let behind = self
@@ -444,7 +444,7 @@ impl Node {
         let Some(replica) = self.groups.get_mut(group) else {
             return self.answer(connection, header, Status::NotFound, &[]);
         };
-        let outcome = replica.on_request(frame.as_bytes());
+        let outcome = replica.on_request_parts(&numbered, body);
         self.outcome(connection, header, group, outcome);
     }
 

@@ -320,6 +320,7 @@ fn replica_placement(pin_cpus: bool) -> glommio::Placement {
 /// absent (`policy` chooses the root password).
 pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), DaemonError> {
     system::install_signal_handlers();
+    system::tune_allocator();
     let settings = settings(&config, replica_id)?;
     let bus_config = bus_config(&config, replica_id)?;
     let node_config = config.node(replica_id).ok_or_else(|| {

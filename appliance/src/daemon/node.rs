@@ -17,7 +17,7 @@ use journal::Durability;
 use replication::bus::{Bus, ClientId, Handler, VerifiedFrame};
 use replication::vsr::{self, Action, Groups, JournalEntry, Replica};
 use replication::wire::{
-    batch, Frame, FrameBuf, Header, Operation, PartitionKey, PrepareHeader, ReplyHeader,
+    batch, Command, Frame, FrameBuf, Header, Operation, PartitionKey, PrepareHeader, ReplyHeader,
     RequestHeader, METADATA_GROUP,
 };
 use zerocopy::FromBytes;
@@ -380,14 +380,22 @@ impl Node {
                     self.bus.recycle(frame.into_buf());
                     return;
                 }
-                if let Err(error) = self.groups.on_message(frame.as_bytes()) {
+                // A Prepare is kept by the core as received (no copy); other frames are
+                // read and their buffers reused.
+                let routed = if frame.command() == Command::Prepare {
+                    self.groups.on_frame(frame.into_frame())
+                } else {
+                    let routed = self.groups.on_message(frame.as_bytes());
+                    self.bus.recycle(frame.into_buf());
+                    routed
+                };
+                if let Err(error) = routed {
                     self.reject(match error {
                         vsr::RouteError::Invalid => "replica_frame_invalid",
                         vsr::RouteError::NoGroup => "replica_frame_no_group",
                         vsr::RouteError::UnknownGroup { .. } => "replica_frame_unknown_group",
                     });
                 }
-                self.bus.recycle(frame.into_buf());
             }
             Event::Client(connection, frame) => {
                 self.on_client_frame(connection, &frame);
@@ -699,7 +707,8 @@ impl Node {
         let body = prepare.as_bytes().get(256..).unwrap_or(&[]);
         let (status, reply_body) = match Operation::from_u8(header.operation) {
             Some(Operation::SendMessages) => {
-                let info = batch::verify(body).map_err(|e| {
+                // Verified when it was received or stamped, and again when journaled.
+                let info = batch::info_of_verified(body).map_err(|e| {
                     DaemonError::Runtime(format!("committed batch of op {op} invalid: {e:?}"))
                 })?;
                 partition.committed_end = info.next_offset();
@@ -975,17 +984,21 @@ impl Node {
             return Ok(());
         }
         let started = Instant::now();
-        for group in std::mem::take(&mut self.partitions_written) {
-            let Some(partition) = self.partitions.by_group.get_mut(&group) else {
-                continue;
-            };
-            if !partition.log.syncs_every_batch() {
-                continue;
-            }
-            partition
-                .sync_journal()
-                .await
-                .map_err(|e| DaemonError::Runtime(format!("partition group {group}: {e}")))?;
+        // Every partition written this round syncs at once: the fdatasyncs overlap.
+        let written = std::mem::take(&mut self.partitions_written);
+        let syncs = self
+            .partitions
+            .by_group
+            .iter_mut()
+            .filter(|(group, p)| written.contains(group) && p.log.syncs_every_batch())
+            .map(|(group, partition)| async move {
+                partition
+                    .sync_journal()
+                    .await
+                    .map_err(|e| DaemonError::Runtime(format!("partition group {group}: {e}")))
+            });
+        for synced in journal::join_all(syncs).await {
+            synced?;
         }
         let pending = std::mem::take(&mut self.unsynced);
         if !pending.is_empty() {

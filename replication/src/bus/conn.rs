@@ -27,7 +27,7 @@ pub const HANDSHAKE_STAGE_SIZE: usize = 1024;
 pub const CLIENT_STAGE_SIZE: usize = 16 * 1024;
 /// A body's buffer grows by at most this much ahead of the bytes actually received, so a
 /// peer announcing a large frame cannot make us allocate it before sending it.
-pub const BODY_GROW_STEP: usize = 1024 * 1024;
+pub const BODY_GROW_STEP: usize = 4 * 1024 * 1024;
 /// Frame buffers kept for reuse.
 pub const POOL_BUFFERS_MAX: usize = 1024;
 /// Buffers larger than this go back to the allocator instead of the pool.

@@ -66,6 +66,12 @@ impl VerifiedFrame {
         self.buf.as_bytes()
     }
 
+    /// The frame itself, for the consensus core to keep (a Prepare in its log) without
+    /// copying or sealing it again.
+    pub fn into_frame(self) -> crate::wire::Frame {
+        crate::wire::Frame::from_verified(self.buf)
+    }
+
     /// The typed view. Decodes again (seals included); it cannot fail on a frame that
     /// passed at receipt with the same limits.
     pub fn message(&self, limits: &Limits) -> Result<Message<'_>, FrameError> {

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::wire::decode::group_of;
-use crate::wire::{decode, Limits};
+use crate::wire::{decode, decode_trusted, Frame, FrameError, Limits, Message};
 
 use super::{Action, Replica};
 
@@ -50,7 +50,25 @@ impl Groups {
 
     /// Routes a replica-plane frame to its group's replica by the group field.
     pub fn on_message(&mut self, bytes: &[u8]) -> Result<u64, RouteError> {
-        let group = match decode(bytes, &self.limits) {
+        let (group, replica) = self.route(decode(bytes, &self.limits))?;
+        replica.on_message(bytes);
+        Ok(group)
+    }
+
+    /// As `on_message`, for a frame that already passed `wire::decode` (the bus's
+    /// verified frames): routed without verifying its body again, and a Prepare is kept
+    /// in the log as received, without a copy.
+    pub fn on_frame(&mut self, frame: Frame) -> Result<u64, RouteError> {
+        let (group, replica) = self.route(decode_trusted(frame.as_bytes(), &self.limits))?;
+        replica.on_frame(frame);
+        Ok(group)
+    }
+
+    fn route(
+        &mut self,
+        decoded: Result<Message<'_>, FrameError>,
+    ) -> Result<(u64, &mut Replica), RouteError> {
+        let group = match decoded {
             Ok(message) => group_of(&message).ok_or(RouteError::NoGroup)?,
             Err(_) => return Err(RouteError::Invalid),
         };
@@ -58,8 +76,7 @@ impl Groups {
             .replicas
             .get_mut(&group)
             .ok_or(RouteError::UnknownGroup { group })?;
-        replica.on_message(bytes);
-        Ok(group)
+        Ok((group, replica))
     }
 
     /// Ticks every group.

@@ -34,7 +34,8 @@ impl Replica {
         };
         let mut after = before;
         if header.operation == Operation::SendMessages as u8 {
-            if let Ok(info) = batch::verify(&frame.as_bytes()[256..]) {
+            // Every frame in the log passed decode or was stamped here.
+            if let Ok(info) = batch::info_of_verified(&frame.as_bytes()[256..]) {
                 after.next_offset = info.next_offset();
                 after.last_timestamp = info.base_timestamp;
             }
@@ -42,14 +43,15 @@ impl Replica {
         self.positions.insert(op, after);
     }
 
-    /// A backup re-derives a partition prepare's stamp from its own position.
+    /// A backup re-derives a partition prepare's stamp from its own position (the batch
+    /// itself was verified when the prepare was decoded).
     pub(crate) fn stamp_ok(&mut self, header: &PrepareHeader, body: &[u8]) -> bool {
         if self.config.group == METADATA_GROUP || header.operation != Operation::SendMessages as u8
         {
             return true;
         }
         match self.positions.get(&(header.op - 1)) {
-            Some(position) => batch::check_stamp(body, position).is_ok(),
+            Some(position) => batch::check_stamp_of_verified(body, position).is_ok(),
             None => true,
         }
     }

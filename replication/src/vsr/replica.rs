@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, VecDeque};
 use crate::wire::batch::PartitionPosition;
 use crate::wire::registry::EvictionReason;
 use crate::wire::{
-    decode, CommitHeader, Frame, Header, Limits, Message, Operation, PrepareHeader,
-    PrepareOkHeader, METADATA_GROUP,
+    decode, decode_trusted, Command, CommitHeader, Frame, Header, Limits, Message, Operation,
+    PrepareHeader, PrepareOkHeader, METADATA_GROUP,
 };
 
 use super::client_table::ClientTable;
@@ -327,13 +327,25 @@ impl Replica {
     /// A frame from a peer (16-byte aligned, exactly one frame). Invalid frames, frames of
     /// another cluster or group are counted and dropped.
     pub fn on_message(&mut self, bytes: &[u8]) {
-        let message = match decode(bytes, &self.limits) {
-            Ok(message) => message,
-            Err(_) => {
-                self.counters.frames_rejected += 1;
-                return;
-            }
-        };
+        match decode(bytes, &self.limits) {
+            Ok(message) => self.on_decoded(message, None),
+            Err(_) => self.counters.frames_rejected += 1,
+        }
+    }
+
+    /// As `on_message`, for a frame that already passed `wire::decode` (a verified frame
+    /// of the bus): its body is not verified again, and a Prepare enters the log as the
+    /// frame received, not a copy.
+    pub fn on_frame(&mut self, frame: Frame) {
+        match decode_trusted(frame.as_bytes(), &self.limits) {
+            Ok(message) => self.on_decoded(message, Some(&frame)),
+            Err(_) => self.counters.frames_rejected += 1,
+        }
+    }
+
+    /// A decoded frame from a peer; `received` is the frame itself when it is sealed as
+    /// it came (no need to rebuild it).
+    fn on_decoded(&mut self, message: Message<'_>, received: Option<&Frame>) {
         let frame = match &message {
             Message::Prepare(h, _) | Message::RepairPrepare(h, _) => h.frame,
             Message::PrepareOk(h) => h.frame,
@@ -362,7 +374,7 @@ impl Replica {
             return;
         }
         match message {
-            Message::Prepare(h, body) => self.on_prepare(h, body),
+            Message::Prepare(h, body) => self.on_prepare(h, body, received),
             Message::RepairPrepare(h, body) => self.on_repair_prepare(h, body),
             Message::PrepareOk(h) => self.on_prepare_ok(h),
             Message::Commit(h) => self.on_commit_message(h),
@@ -436,7 +448,7 @@ impl Replica {
         }
     }
 
-    fn on_prepare(&mut self, header: &PrepareHeader, body: &[u8]) {
+    fn on_prepare(&mut self, header: &PrepareHeader, body: &[u8], received: Option<&Frame>) {
         if header.frame.view > self.view {
             self.probe_view(header.frame.view);
             return;
@@ -444,8 +456,12 @@ impl Replica {
         if self.status != Status::Normal || header.frame.view < self.view || self.is_primary() {
             return;
         }
-        // Chain form: forward to our successor before our own (slower) journal write.
-        let frame = Frame::build(header, body);
+        // Chain form: forward to our successor before our own (slower) journal write. A
+        // received Prepare is byte for byte what sealing header and body again gives.
+        let frame = match received {
+            Some(frame) if frame.header().command == Command::Prepare as u8 => frame.clone(),
+            _ => Frame::build(header, body),
+        };
         if let Some(to) = self.chain_next(self.config.replica) {
             self.actions.push_back(Action::Send {
                 to,

@@ -3,10 +3,11 @@
 //! committed prepare.
 
 use crate::wire::batch;
+use crate::wire::decode::check_request;
 use crate::wire::registry::{EvictionReason, PROTOCOL_VERSION};
 use crate::wire::{
-    decode, EvictionHeader, Frame, Header, Message, Operation, PrepareHeader, ReplyHeader,
-    RequestHeader, METADATA_GROUP,
+    decode, EvictionHeader, Frame, FrameBuf, Header, Message, Operation, PrepareHeader,
+    ReplyHeader, RequestHeader, HEADER_SIZE, METADATA_GROUP,
 };
 
 use super::client_table::Lookup;
@@ -25,6 +26,20 @@ impl Replica {
             return RequestOutcome::Rejected;
         };
         self.request(request, operation, body)
+    }
+
+    /// As `on_request`, for a request the driver holds as a header and a body apart
+    /// (e.g. renumbered after the client's frame was verified): the body is not copied
+    /// into a request frame first. The header's field rules are checked as decode does.
+    pub fn on_request_parts(&mut self, request: &RequestHeader, body: &[u8]) -> RequestOutcome {
+        let size = HEADER_SIZE as u64 + body.len() as u64;
+        if check_request(request).is_err() || size > u64::from(self.limits.max_message_size) {
+            return RequestOutcome::Rejected;
+        }
+        let Some(operation) = Operation::from_u8(request.operation) else {
+            return RequestOutcome::Rejected;
+        };
+        self.request(*request, operation, body)
     }
 
     /// A client request whose operation and body the driver's state machine already
@@ -148,20 +163,23 @@ impl Replica {
             return RequestOutcome::PipelineFull;
         };
         let timestamp = self.now.max(self.timestamp_last + 1);
-        let mut body = body.to_vec();
+        // The prepare's buffer, body in place: a batch is stamped there, not copied twice.
+        let mut buf = FrameBuf::zeroed(HEADER_SIZE + body.len());
+        buf.as_bytes_mut()[HEADER_SIZE..].copy_from_slice(body);
         if request.operation == Operation::SendMessages as u8 {
             let Some(position) = self.positions.get(&self.log.op).copied() else {
                 return RequestOutcome::PipelineFull;
             };
             let base_timestamp = timestamp.max(position.last_timestamp);
+            // The driver verified the batch at ingress; stamping rewrites header fields
+            // and the batch checksum over the message checksums, so it stays verified.
             if batch::stamp(
-                &mut body,
+                &mut buf.as_bytes_mut()[HEADER_SIZE..],
                 position.partition_id,
                 position.next_offset,
                 base_timestamp,
             )
             .is_err()
-                || batch::verify(&body).is_err()
             {
                 return RequestOutcome::Rejected;
             }
@@ -181,7 +199,7 @@ impl Replica {
         header.operation = request.operation;
         header.group = self.config.group;
         header.user_id = request.user_id;
-        let frame = Frame::build(&header, &body);
+        let frame = Frame::build_in(&header, buf);
         self.note_position(op, &frame);
         self.log.append(frame.clone());
         if self.pipeline.is_empty() {

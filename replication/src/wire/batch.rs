@@ -330,23 +330,9 @@ impl BatchInfo {
 /// Verifies a batch: header, every message checksum, tiling of exactly message_count
 /// frames, then batch_checksum.
 pub fn verify(batch: &[u8]) -> Result<BatchInfo, BatchError> {
-    let header = header_of(batch)?;
-    let batch_length = header.batch_length.get();
-    if batch_length != batch.len() as u64 {
-        return Err(BatchError::LengthMismatch {
-            batch_length,
-            len: batch.len(),
-        });
-    }
-    if header.reserved.iter().any(|b| *b != 0) {
-        return Err(BatchError::ReservedNonZero { message: None });
-    }
-    let message_count = header.message_count.get();
-    if message_count == 0 {
-        return Err(BatchError::Empty);
-    }
+    let (header, info) = checked_header(batch)?;
     let mut feed = ChecksumFeed::new(header);
-    walk(batch, message_count, |index, frame, message| {
+    walk(batch, info.message_count, |index, frame, message| {
         if message.reserved != [0; 8] {
             return Err(BatchError::ReservedNonZero {
                 message: Some(index),
@@ -369,13 +355,41 @@ pub fn verify(batch: &[u8]) -> Result<BatchInfo, BatchError> {
     if computed != stored {
         return Err(BatchError::BatchChecksum { stored, computed });
     }
-    Ok(BatchInfo {
+    Ok(info)
+}
+
+/// The header fields of a batch that `verify` already accepted (a prepare that passed
+/// `wire::decode`, a batch this node stamped), without hashing its messages again.
+/// Checks only the header's own rules.
+pub fn info_of_verified(batch: &[u8]) -> Result<BatchInfo, BatchError> {
+    checked_header(batch).map(|(_, info)| info)
+}
+
+/// The header's own rules: length, reserved bytes, at least one message.
+fn checked_header(batch: &[u8]) -> Result<(&BatchHeader, BatchInfo), BatchError> {
+    let header = header_of(batch)?;
+    let batch_length = header.batch_length.get();
+    if batch_length != batch.len() as u64 {
+        return Err(BatchError::LengthMismatch {
+            batch_length,
+            len: batch.len(),
+        });
+    }
+    if header.reserved.iter().any(|b| *b != 0) {
+        return Err(BatchError::ReservedNonZero { message: None });
+    }
+    let message_count = header.message_count.get();
+    if message_count == 0 {
+        return Err(BatchError::Empty);
+    }
+    let info = BatchInfo {
         partition_id: header.partition_id.get(),
         base_offset: header.base_offset.get(),
         base_timestamp: header.base_timestamp.get(),
         origin_timestamp: header.origin_timestamp.get(),
         message_count,
-    })
+    };
+    Ok((header, info))
 }
 
 /// Where a backup's partition log stands, to re-derive the stamp a primary must have put
@@ -392,7 +406,18 @@ pub struct PartitionPosition {
 /// The backup's check: the batch verifies and its stamp is the one its own position
 /// implies (same partition, base_offset = next offset, timestamp not going backwards).
 pub fn check_stamp(batch: &[u8], position: &PartitionPosition) -> Result<BatchInfo, BatchError> {
-    let info = verify(batch)?;
+    stamp_follows(verify(batch)?, position)
+}
+
+/// As `check_stamp`, for a batch `verify` already accepted: the stamp only.
+pub fn check_stamp_of_verified(
+    batch: &[u8],
+    position: &PartitionPosition,
+) -> Result<BatchInfo, BatchError> {
+    stamp_follows(info_of_verified(batch)?, position)
+}
+
+fn stamp_follows(info: BatchInfo, position: &PartitionPosition) -> Result<BatchInfo, BatchError> {
     let mismatch = |field, expected, found| BatchError::StampMismatch {
         field,
         expected,

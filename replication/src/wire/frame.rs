@@ -130,17 +130,34 @@ impl Frame {
     /// command's seals. Only the seal fields and size/command are written.
     pub fn build<H: Header>(header: &H, body: &[u8]) -> Frame {
         let mut buf = FrameBuf::zeroed(HEADER_SIZE + body.len());
-        buf.as_bytes_mut()[..HEADER_SIZE].copy_from_slice(header.as_bytes());
         buf.as_bytes_mut()[HEADER_SIZE..].copy_from_slice(body);
+        Frame::build_in(header, buf)
+    }
+
+    /// As `build`, with the body already in place after the first HEADER_SIZE bytes of
+    /// `buf` (written there by the caller, e.g. a batch stamped in place), so it is not
+    /// copied again. A `buf` shorter than a header is zero-extended to one.
+    pub fn build_in<H: Header>(header: &H, mut buf: FrameBuf) -> Frame {
+        if buf.len() < HEADER_SIZE {
+            buf.resize(HEADER_SIZE);
+        }
+        buf.as_bytes_mut()[..HEADER_SIZE].copy_from_slice(header.as_bytes());
+        let len = buf.len();
         let frame = FrameHeader::mut_from_prefix(buf.as_bytes_mut())
             .map(|(frame, _)| frame)
             .unwrap_or_else(|_| unreachable!("FrameBuf is 16-aligned and >= 256 bytes"));
-        let size = u32::try_from(HEADER_SIZE + body.len()).unwrap_or(u32::MAX);
+        let size = u32::try_from(len).unwrap_or(u32::MAX);
         frame.size = size;
         if !H::COMMANDS.iter().any(|c| *c as u8 == frame.command) {
             frame.command = H::COMMANDS[0] as u8;
         }
         seal_in_place(buf.as_bytes_mut());
+        Frame { buf: Arc::new(buf) }
+    }
+
+    /// A frame that passed `decode` as received (the bus's verified frames): its seals
+    /// hold, so it is kept as is, neither copied nor sealed again.
+    pub(crate) fn from_verified(buf: FrameBuf) -> Frame {
         Frame { buf: Arc::new(buf) }
     }
 

@@ -15,7 +15,7 @@ pub mod header;
 pub mod registry;
 
 pub use cluster::{cluster_id, group_kind, GroupKind, PartitionKey};
-pub use decode::{check_header, decode, decode_as, HeaderInfo, Limits, Message};
+pub use decode::{check_header, decode, decode_as, decode_trusted, HeaderInfo, Limits, Message};
 pub use error::FrameError;
 pub use frame::{Frame, FrameBuf, PrepareChain};
 pub use gate::{client_plane_admit, replica_plane_admit, GateError};

@@ -1236,3 +1236,23 @@ fn header_field_values_are_visible_by_their_wire_table_names() {
     assert_eq!(get("size"), Some(header::FieldValue::Int(256)));
     assert!(get("reserved_tail").is_none());
 }
+
+#[test]
+fn trusted_decoding_and_header_only_batch_info_agree_with_full_verification() {
+    let frame = partition_prepare();
+    let full = decode(frame.as_bytes(), &Limits::default()).expect("valid");
+    let trusted = decode_trusted(frame.as_bytes(), &Limits::default()).expect("valid");
+    let (Message::Prepare(a, body), Message::Prepare(b, _)) = (full, trusted) else {
+        panic!("both decode as a Prepare");
+    };
+    assert_eq!(
+        zerocopy::IntoBytes::as_bytes(a),
+        zerocopy::IntoBytes::as_bytes(b)
+    );
+    assert_eq!(batch::info_of_verified(body), batch::verify(body));
+    // Header rules still hold on the trusted path: a frame cut short is refused.
+    let cut = &frame.as_bytes()[..frame.as_bytes().len() - 16];
+    assert!(decode_trusted(cut, &Limits::default()).is_err());
+    // A batch length that disagrees with the slice is refused without hashing.
+    assert!(batch::info_of_verified(&body[..body.len() - 1]).is_err());
+}

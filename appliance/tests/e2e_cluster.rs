@@ -128,6 +128,10 @@ fn write_somewhere(
 /// The metadata primary every node reports (ClusterMetadata), once they agree.
 fn agreed_primary(files: &ClusterFiles, within: Duration) -> usize {
     let deadline = Instant::now() + within;
+    // The same answer from every node on consecutive polls spanning more than the
+    // 500 ms heartbeat timeout: right after start a backup whose links came up late may
+    // still time out and move the cluster to the next view.
+    let mut stable: Option<(usize, u32)> = None;
     loop {
         let mut seen = Vec::new();
         for replica in 0..NODES {
@@ -150,10 +154,18 @@ fn agreed_primary(files: &ClusterFiles, within: Duration) -> usize {
             }
         }
         if seen.len() == NODES && seen.iter().all(|p| *p == seen[0]) {
-            return seen[0];
+            stable = match stable {
+                Some((primary, polls)) if primary == seen[0] => Some((primary, polls + 1)),
+                _ => Some((seen[0], 1)),
+            };
+            if let Some((primary, 4)) = stable {
+                return primary;
+            }
+        } else {
+            stable = None;
         }
         assert!(Instant::now() < deadline, "no agreed primary: {seen:?}");
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(250));
     }
 }
 

@@ -360,8 +360,13 @@ fn a_node_that_missed_a_wrapped_metadata_ring_catches_up_by_metadata_state_trans
             .create_stream(&format!("m{i}"))
             .expect("create stream");
     }
-    let want = streams_listed(&files, 0).expect("node 0 lists streams");
-    assert_eq!(want, 401, "400 streams and the one start_with_topic made");
+    // 400 streams and the one start_with_topic made, once node 0 has applied them all.
+    let want = 401;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while streams_listed(&files, 0) != Some(want) {
+        assert!(Instant::now() < deadline, "node 0 lists {want} streams");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     daemons[2] = Daemon::start(&files, 2);
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {

@@ -30,6 +30,9 @@ pub struct FetcherConfig {
     pub refetches_max: u32,
     /// Rounds over every peer before the transfer fails.
     pub peer_rounds_max: u32,
+    /// Ticks before asking again after an "unavailable, transient" answer (the server
+    /// is freezing its state; it answers as soon as it is ready).
+    pub transient_retry_ticks: u64,
 }
 
 impl Default for FetcherConfig {
@@ -41,6 +44,7 @@ impl Default for FetcherConfig {
             retries_max: 3,
             refetches_max: 2,
             peer_rounds_max: 3,
+            transient_retry_ticks: 5,
         }
     }
 }
@@ -117,8 +121,8 @@ impl core::fmt::Debug for Artifact {
 
 #[derive(Debug)]
 enum State {
-    /// Waiting for StateTransferTarget: (tick sent, resends).
-    Targeting(u64, u32),
+    /// Waiting for StateTransferTarget: (tick sent, resends, ticks to wait).
+    Targeting(u64, u32, u64),
     Fetching {
         commit_op: u64,
         manifest: Manifest,
@@ -166,7 +170,7 @@ impl Fetcher {
             rounds: 0,
             nonce: nonce_seed | 1,
             now,
-            state: State::Targeting(now, 0),
+            state: State::Targeting(now, 0, config.stall_ticks),
             outbox: VecDeque::new(),
             progress: Progress::default(),
         };
@@ -233,7 +237,7 @@ impl Fetcher {
             }
         }
         self.nonce = self.nonce.wrapping_add(2);
-        self.state = State::Targeting(self.now, 0);
+        self.state = State::Targeting(self.now, 0, self.config.stall_ticks);
         self.send_target_request();
     }
 
@@ -292,8 +296,12 @@ impl Fetcher {
         }
         if target.available == 0 {
             if target.unavailable_transient != 0 {
-                // Ask the same peer again after a stall period.
-                self.state = State::Targeting(self.now, 0);
+                // Ask the same peer again shortly.
+                let wait = self
+                    .config
+                    .transient_retry_ticks
+                    .clamp(1, self.config.stall_ticks);
+                self.state = State::Targeting(self.now, 0, wait);
             } else {
                 self.switch_peer();
             }
@@ -415,14 +423,17 @@ impl Fetcher {
         self.now = now;
         let stall = self.config.stall_ticks;
         match &mut self.state {
-            State::Targeting(sent, resends) => {
-                if now.saturating_sub(*sent) >= stall {
-                    self.progress.stalls += 1;
+            State::Targeting(sent, resends, wait) => {
+                if now.saturating_sub(*sent) >= *wait {
+                    if *wait >= stall {
+                        self.progress.stalls += 1;
+                    }
                     if *resends >= self.config.retries_max {
                         self.switch_peer();
                     } else {
                         *sent = now;
                         *resends += 1;
+                        *wait = stall;
                         self.send_target_request();
                     }
                 }

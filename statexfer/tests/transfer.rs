@@ -38,6 +38,7 @@ fn config() -> FetcherConfig {
         retries_max: 2,
         refetches_max: 2,
         peer_rounds_max: 2,
+        transient_retry_ticks: 1,
     }
 }
 

@@ -83,6 +83,9 @@ pub struct ClusterConfig {
     pub repair_chunk_max: u32,
     /// Prepares in flight per group (at most 127: the DVC bitsets are u128).
     pub pipeline_max: u32,
+    /// Bytes per second a state transfer fetches at most (0: no limit), so a rejoining
+    /// node leaves its peers' disks and CPUs to the cluster's commits.
+    pub state_transfer_rate_max: ByteSize,
     pub auth: AuthConfig,
     pub tls: TlsConfig,
     pub nodes: Vec<NodeConfig>,
@@ -248,6 +251,7 @@ impl Default for ClusterConfig {
             view_change_retransmit_interval: ms(300),
             repair_chunk_max: 64,
             pipeline_max: 64,
+            state_transfer_rate_max: ByteSize(128 << 20),
             auth: AuthConfig::default(),
             tls: TlsConfig::default(),
             nodes: vec![NodeConfig::loopback()],

@@ -375,6 +375,7 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
             chunk_max: statexfer::server::CHUNK_MAX_DEFAULT,
             max_message_size: bus_config.max_message_size,
             fetcher: xfer::fetcher_config(),
+            rate_max: config.cluster.state_transfer_rate_max.0,
         },
         xfer_inbox,
         xfer_outbox,

@@ -49,7 +49,7 @@ use crate::stats::StateTransferStats;
 /// The statexfer executor's tick (fetcher stall detection, progress publishing).
 pub const TICK: Duration = Duration::from_millis(50);
 /// A frozen offer is handed to new transfers for this long; then a fresh one is taken.
-const OFFER_FRESH: Duration = Duration::from_secs(10);
+const OFFER_FRESH: Duration = Duration::from_secs(1);
 /// A transfer that asked for no chunk for this long is forgotten (its offer released).
 const TRANSFER_IDLE_MAX: Duration = Duration::from_secs(60);
 /// Frames and requests queued between the two executors, each way.
@@ -65,6 +65,8 @@ pub const STAGING_PREFIX: &str = ".xfer-";
 pub const CORRUPT_CHUNKS_ENV: &str = "STATEXFER_TEST_CORRUPT_CHUNKS";
 /// Bytes read per step when hashing or copying local files.
 const COPY_BUFFER: usize = 1 << 20;
+/// Staged bytes written between data syncs (no writeback burst at install).
+const STAGING_SYNC_BYTES: u64 = 8 << 20;
 
 /// What the replica executor sends this thread.
 pub enum ToXfer {
@@ -111,6 +113,9 @@ pub struct FetchRequest {
     /// The live directory (partition arm: reused sealed segments are read from here).
     pub live: PathBuf,
     pub staging: PathBuf,
+    /// Local segments whole below the local commit point: base offset and length.
+    /// Their bytes never change, so a matching one is hard-linked, not copied.
+    pub committed_segments: Vec<(u64, u64)>,
 }
 
 /// Where a frozen artifact's bytes are.
@@ -152,6 +157,8 @@ pub struct XferSettings {
     pub chunk_max: u32,
     pub max_message_size: u32,
     pub fetcher: FetcherConfig,
+    /// Bytes per second fetched at most (0: no limit).
+    pub rate_max: u64,
 }
 
 /// The fetcher bounds the daemon uses, in statexfer ticks.
@@ -164,6 +171,8 @@ pub fn fetcher_config() -> FetcherConfig {
         retries_max: 4,
         refetches_max: 2,
         peer_rounds_max: 3,
+        // 200 ms: a freeze (hard links, hashing what grew) is quick.
+        transient_retry_ticks: 4,
     }
 }
 
@@ -306,20 +315,43 @@ struct StagingSink {
     live: PathBuf,
     arm: Arm,
     kinds: Vec<(ArtifactKind, u64)>,
+    committed_segments: Vec<(u64, u64)>,
+    /// Checksums of local files by inode, shared with the server side: a segment linked
+    /// into one transfer is not read again by the next.
+    hashes: Rc<RefCell<Hashes>>,
 }
 
 impl StagingSink {
     /// Copies the first `entry.len` bytes of the local segment at `frontier` into the
     /// staged artifact, hashing them; true when they match the manifest entry.
     fn copy_local(&mut self, index: u32, entry: &ManifestEntry) -> std::io::Result<bool> {
-        let source = self.live.join(segment_file_name(entry.frontier, "log"));
-        let Ok(mut source) = File::open(&source) else {
+        let path = self.live.join(segment_file_name(entry.frontier, "log"));
+        let Ok(mut source) = File::open(&path) else {
             return Ok(false);
         };
-        if source.metadata()?.len() < entry.len {
+        let file_len = source.metadata()?.len();
+        if file_len < entry.len {
             return Ok(false);
         }
-        let mut target = File::create(self.staging.join(artifact_file(index)))?;
+        let staged = self.staging.join(artifact_file(index));
+        let immutable = self
+            .committed_segments
+            .iter()
+            .any(|(base, len)| *base == entry.frontier && *len == file_len);
+        if immutable && file_len == entry.len {
+            // Committed and whole: share the file (verified by its checksum first).
+            let (checksum, _) = self
+                .hashes
+                .borrow_mut()
+                .advance(&path, entry.len, u64::MAX)?;
+            if checksum != Some(entry.checksum) {
+                return Ok(false);
+            }
+            let _ = std::fs::remove_file(&staged);
+            std::fs::hard_link(&path, &staged)?;
+            return Ok(true);
+        }
+        let mut target = File::create(&staged)?;
         let mut hasher = Xxh3Default::new();
         let mut buffer = vec![0u8; COPY_BUFFER];
         let mut left = entry.len;
@@ -329,6 +361,9 @@ impl StagingSink {
             hasher.update(&buffer[..n]);
             target.write_all(&buffer[..n])?;
             left -= n as u64;
+            if (entry.len - left).is_multiple_of(STAGING_SYNC_BYTES) {
+                target.sync_data()?;
+            }
         }
         Ok(hasher.digest() == entry.checksum)
     }
@@ -369,7 +404,15 @@ struct Hashes {
 const HASHES_MAX: usize = 1 << 16;
 
 impl Hashes {
-    fn checksum(&mut self, path: &Path, len: u64) -> std::io::Result<u64> {
+    /// Hashes up to `budget` more bytes of the first `len` bytes of `path` (from where
+    /// an earlier call, or an earlier offer of the same file, left off): the checksum
+    /// once all `len` bytes are hashed, and the bytes read.
+    fn advance(
+        &mut self,
+        path: &Path,
+        len: u64,
+        budget: u64,
+    ) -> std::io::Result<(Option<u64>, u64)> {
         let file = File::open(path)?;
         let meta = file.metadata()?;
         let key = (meta.dev(), meta.ino());
@@ -377,20 +420,29 @@ impl Hashes {
             Some((cached, hasher)) if *cached <= len => (*cached, hasher.clone()),
             _ => (0, Xxh3Default::new()),
         };
+        let stop = len.min(done.saturating_add(budget));
+        let mut read = 0;
         let mut buffer = vec![0u8; COPY_BUFFER];
-        while done < len {
-            let n = ((len - done) as usize).min(buffer.len());
+        while done < stop {
+            let n = ((stop - done) as usize).min(buffer.len());
             file.read_exact_at(&mut buffer[..n], done)?;
             hasher.update(&buffer[..n]);
             done += n as u64;
+            read += n as u64;
         }
-        let digest = hasher.digest();
+        let digest = (done == len).then(|| hasher.digest());
         if self.by_file.len() >= HASHES_MAX {
             self.by_file.clear();
         }
-        self.by_file.insert(key, (len, hasher));
-        Ok(digest)
+        self.by_file.insert(key, (done, hasher));
+        Ok((digest, read))
     }
+}
+
+/// A frozen group whose artifacts are being hashed (paced, a few MiB per tick).
+struct Hashing {
+    frozen: Frozen,
+    entries: Vec<ManifestEntry>,
 }
 
 struct Xfer {
@@ -399,11 +451,12 @@ struct Xfer {
     pending: RefCell<Vec<FromXfer>>,
     stats: Arc<Mutex<StateTransferStats>>,
     server: Server,
-    hashes: Hashes,
+    hashes: Rc<RefCell<Hashes>>,
     /// The newest offer of each group.
     offers: HashMap<u64, Rc<ReadyOffer>>,
-    /// Freezes asked of the replica executor and not yet answered.
+    /// Freezes asked of the replica executor and not yet answered (or being hashed).
     freezing: HashMap<u64, Instant>,
+    hashing: std::collections::VecDeque<Hashing>,
     /// A group the replica executor refused to freeze: (when, transient).
     refused: HashMap<u64, (Instant, bool)>,
     /// Transfers served, by (peer, nonce).
@@ -412,6 +465,10 @@ struct Xfer {
     ticks: u64,
     corrupt_left: u64,
     totals: StateTransferStats,
+    /// Pacing (with `rate_max`): bytes the fetchers may still ask for now, and chunk
+    /// requests held until the budget allows them.
+    budget: f64,
+    held: std::collections::VecDeque<(u8, Frame)>,
 }
 
 impl Xfer {
@@ -436,15 +493,18 @@ impl Xfer {
             pending: RefCell::new(Vec::new()),
             stats,
             server,
-            hashes: Hashes::default(),
+            hashes: Rc::new(RefCell::new(Hashes::default())),
             offers: HashMap::new(),
             freezing: HashMap::new(),
+            hashing: std::collections::VecDeque::new(),
             refused: HashMap::new(),
             serving: HashMap::new(),
             fetches: BTreeMap::new(),
             ticks: 0,
             corrupt_left,
             totals: StateTransferStats::default(),
+            budget: 0.0,
+            held: std::collections::VecDeque::new(),
         }
     }
 
@@ -599,36 +659,77 @@ impl Xfer {
         }
     }
 
-    /// Hashes a frozen group into a manifest; the next RequestStateTransfer gets it.
+    /// Queues a frozen group for hashing into a manifest; the next RequestStateTransfer
+    /// after that gets it.
     fn on_frozen(&mut self, frozen: Frozen) {
-        self.freezing.remove(&frozen.group);
+        self.freezing.insert(frozen.group, Instant::now());
         self.refused.remove(&frozen.group);
-        let mut entries = Vec::with_capacity(frozen.artifacts.len());
-        let mut contents = Vec::with_capacity(frozen.artifacts.len());
-        for (kind, frontier, content) in frozen.artifacts {
-            let checksum = match &content {
-                Content::Bytes(bytes) => xxhash_rust::xxh3::xxh3_64(bytes),
-                Content::File { path, len } => match self.hashes.checksum(path, *len) {
-                    Ok(checksum) => checksum,
-                    Err(error) => {
-                        tracing::warn!(group = frozen.group, path = %path.display(), %error,
-                            "state transfer: a frozen artifact cannot be read");
-                        if let Some(links) = &frozen.links {
-                            let _ = std::fs::remove_dir_all(links);
-                        }
-                        self.refused.insert(frozen.group, (Instant::now(), true));
-                        return;
-                    }
-                },
+        self.hashing.push_back(Hashing {
+            entries: Vec::with_capacity(frozen.artifacts.len()),
+            frozen,
+        });
+        self.hash_step();
+    }
+
+    /// Hashes frozen artifacts for up to this tick's read budget (all of them when
+    /// state transfer is not rate-limited): the read of a whole partition must not
+    /// saturate the disk the cluster's fsyncs wait on.
+    fn hash_step(&mut self) {
+        let mut budget = match self.settings.rate_max {
+            0 => u64::MAX,
+            rate => (rate as f64 * TICK.as_secs_f64()) as u64 + 1,
+        };
+        while budget > 0 {
+            let Some(job) = self.hashing.front_mut() else {
+                return;
             };
-            entries.push(ManifestEntry {
-                kind,
-                frontier,
-                len: content.len(),
-                checksum,
-            });
-            contents.push(content);
+            let group = job.frozen.group;
+            let index = job.entries.len();
+            let Some((kind, frontier, content)) = job.frozen.artifacts.get(index) else {
+                if let Some(job) = self.hashing.pop_front() {
+                    self.finish_offer(job);
+                }
+                continue;
+            };
+            let checksum = match content {
+                Content::Bytes(bytes) => Some(xxhash_rust::xxh3::xxh3_64(bytes)),
+                Content::File { path, len } => {
+                    match self.hashes.borrow_mut().advance(path, *len, budget) {
+                        Ok((checksum, read)) => {
+                            budget = budget.saturating_sub(read.max(1));
+                            checksum
+                        }
+                        Err(error) => {
+                            tracing::warn!(group, path = %path.display(), %error,
+                            "state transfer: a frozen artifact cannot be read");
+                            if let Some(job) = self.hashing.pop_front() {
+                                if let Some(links) = &job.frozen.links {
+                                    let _ = std::fs::remove_dir_all(links);
+                                }
+                            }
+                            self.freezing.remove(&group);
+                            self.refused.insert(group, (Instant::now(), true));
+                            continue;
+                        }
+                    }
+                }
+            };
+            if let Some(checksum) = checksum {
+                let entry = ManifestEntry {
+                    kind: *kind,
+                    frontier: *frontier,
+                    len: content.len(),
+                    checksum,
+                };
+                job.entries.push(entry);
+            }
         }
+    }
+
+    fn finish_offer(&mut self, job: Hashing) {
+        let Hashing { frozen, entries } = job;
+        self.freezing.remove(&frozen.group);
+        let contents: Vec<Content> = frozen.artifacts.into_iter().map(|(_, _, c)| c).collect();
         let offer = ReadyOffer {
             offer: Offer {
                 commit_op: frozen.commit_op,
@@ -655,11 +756,13 @@ impl Xfer {
         }
         let sink = match FileSink::create(&request.staging) {
             Ok(files) => StagingSink {
-                files,
+                files: files.sync_every(STAGING_SYNC_BYTES),
                 staging: request.staging.clone(),
                 live: request.live.clone(),
                 arm: request.arm,
                 kinds: Vec::new(),
+                committed_segments: request.committed_segments.clone(),
+                hashes: self.hashes.clone(),
             },
             Err(error) => {
                 self.send(FromXfer::FetchFailed {
@@ -693,19 +796,45 @@ impl Xfer {
     }
 
     fn drain_fetchers(&mut self) {
+        let paced = self.settings.rate_max > 0;
         let mut out = Vec::new();
         for fetch in self.fetches.values_mut() {
             while let Some((to, frame)) = fetch.fetcher.poll_send() {
-                out.push(FromXfer::Send { to, frame });
+                if paced && frame.header().command == Command::RequestStateChunk as u8 {
+                    self.held.push_back((to, frame));
+                } else {
+                    out.push(FromXfer::Send { to, frame });
+                }
             }
         }
         for message in out {
             self.send(message);
         }
+        self.release_held();
+    }
+
+    /// Sends held chunk requests while the pacing budget lasts (each asks for up to a
+    /// chunk). A request held longer than the stall bound is resent by its fetcher;
+    /// the budget refills each tick, so held requests go out within a few ticks.
+    fn release_held(&mut self) {
+        let chunk = f64::from(self.settings.fetcher.chunk_len);
+        while self.budget >= chunk {
+            let Some((to, frame)) = self.held.pop_front() else {
+                break;
+            };
+            self.budget -= chunk;
+            self.send(FromXfer::Send { to, frame });
+        }
     }
 
     fn on_tick(&mut self) {
         self.ticks += 1;
+        if self.settings.rate_max > 0 {
+            // At most a second's worth may accumulate (no burst after an idle spell).
+            let rate = self.settings.rate_max as f64;
+            let burst = rate.max(f64::from(self.settings.fetcher.chunk_len));
+            self.budget = (self.budget + rate * TICK.as_secs_f64()).min(burst);
+        }
         if !self.fetches.is_empty() {
             self.totals.fetching_seconds += TICK.as_secs_f64();
         }
@@ -715,7 +844,10 @@ impl Xfer {
         self.drain_fetchers();
         self.serving
             .retain(|_, s| s.last.elapsed() < TRANSFER_IDLE_MAX);
-        self.freezing.retain(|_, at| at.elapsed() < OFFER_FRESH);
+        self.hash_step();
+        let hashing: Vec<u64> = self.hashing.iter().map(|h| h.frozen.group).collect();
+        self.freezing
+            .retain(|group, at| hashing.contains(group) || at.elapsed() < OFFER_FRESH);
         // An offer nobody uses is released (its hard links removed) once stale.
         let serving = &self.serving;
         self.offers.retain(|_, offer| {

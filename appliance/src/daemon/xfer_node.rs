@@ -89,6 +89,7 @@ impl Node {
         if self.transferring.contains_key(&group) {
             return;
         }
+        let mut committed_segments = Vec::new();
         let (arm, live, staging) = if group == METADATA_GROUP {
             (
                 Arm::Metadata,
@@ -107,6 +108,12 @@ impl Node {
             let staging = partition
                 .dir
                 .with_file_name(format!("{}{name}", xfer::STAGING_PREFIX));
+            if let Ok(segments) = partition.log.segments_until(partition.committed_end) {
+                committed_segments = segments
+                    .iter()
+                    .map(|(base, _, len)| (*base, *len))
+                    .collect();
+            }
             (Arm::Partition, partition.dir.clone(), staging)
         };
         let mut peers = vec![from];
@@ -124,6 +131,7 @@ impl Node {
             peers,
             live,
             staging,
+            committed_segments,
         }));
         if started {
             self.transferring.insert(group, Instant::now());

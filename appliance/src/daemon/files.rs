@@ -201,15 +201,44 @@ pub fn read_vsr_superblock(dir: &Path) -> Result<VsrSuperblock, FileError> {
     })
 }
 
+/// Appends each part with its length (u32, little-endian) in front.
+fn push_prefixed(out: &mut Vec<u8>, parts: &[&[u8]]) {
+    for part in parts {
+        out.extend_from_slice(&(part.len() as u32).to_le_bytes());
+        out.extend_from_slice(part);
+    }
+}
+
+/// Splits `bytes` into exactly N length-prefixed parts (`push_prefixed`): `truncated`
+/// when one runs past the end, `trailing` when bytes are left over.
+fn split_prefixed<'a, const N: usize>(
+    bytes: &'a [u8],
+    truncated: &'static str,
+    trailing: &'static str,
+) -> Result<[&'a [u8]; N], &'static str> {
+    let mut parts = [&[][..]; N];
+    let mut rest = bytes;
+    for part in &mut parts {
+        let len = rest
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+            .ok_or(truncated)? as usize;
+        *part = rest.get(4..4 + len).ok_or(truncated)?;
+        rest = &rest[4 + len..];
+    }
+    if !rest.is_empty() {
+        return Err(trailing);
+    }
+    Ok(parts)
+}
+
 /// The metadata group's checkpoint payload (inside a journal snapshot file, which
 /// checksums it): the state machine, the client table and the committed prepare of the
 /// checkpoint op (the hash-chain anchor), each length-prefixed.
 pub fn encode_metadata_checkpoint(state: &[u8], clients: &[u8], anchor: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(12 + state.len() + clients.len() + anchor.len());
-    for part in [state, clients, anchor] {
-        out.extend_from_slice(&(part.len() as u32).to_le_bytes());
-        out.extend_from_slice(part);
-    }
+    push_prefixed(&mut out, &[state, clients, anchor]);
     out
 }
 
@@ -220,30 +249,18 @@ pub type MetadataCheckpointParts<'a> = (&'a [u8], &'a [u8], &'a [u8]);
 pub fn decode_metadata_checkpoint(
     bytes: &[u8],
 ) -> Result<MetadataCheckpointParts<'_>, &'static str> {
-    let mut parts = [&[][..]; 3];
-    let mut rest = bytes;
-    for part in &mut parts {
-        let len = rest
-            .get(..4)
-            .and_then(|b| b.try_into().ok())
-            .map(u32::from_le_bytes)
-            .ok_or("metadata checkpoint truncated")? as usize;
-        let body = rest
-            .get(4..4 + len)
-            .ok_or("metadata checkpoint truncated")?;
-        *part = body;
-        rest = &rest[4 + len..];
-    }
-    if !rest.is_empty() {
-        return Err("metadata checkpoint has trailing bytes");
-    }
-    Ok((parts[0], parts[1], parts[2]))
+    let [state, clients, anchor] = split_prefixed(
+        bytes,
+        "metadata checkpoint truncated",
+        "metadata checkpoint has trailing bytes",
+    )?;
+    Ok((state, clients, anchor))
 }
 
 /// A group's CLIENT_TABLE state-transfer artifact: the checkpoint it was taken at
 /// (commit op, stamp position), the encoded client table and the committed prepare of
-/// the op (the hash-chain anchor the receiver restarts from). docs/client-protocol.md
-/// ("State-transfer artifacts") lists the layout.
+/// the op (the hash-chain anchor the receiver restarts from). docs/state-transfer.md
+/// lists the layout.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClientTableArtifact {
     pub op: u64,
@@ -260,10 +277,7 @@ impl ClientTableArtifact {
         out.extend_from_slice(&self.position.partition_id.to_le_bytes());
         out.extend_from_slice(&self.position.next_offset.to_le_bytes());
         out.extend_from_slice(&self.position.last_timestamp.to_le_bytes());
-        for part in [&self.clients, &self.anchor] {
-            out.extend_from_slice(&(part.len() as u32).to_le_bytes());
-            out.extend_from_slice(part);
-        }
+        push_prefixed(&mut out, &[&self.clients, &self.anchor]);
         out
     }
 
@@ -279,24 +293,11 @@ impl ClientTableArtifact {
         };
         let (op, partition_id, next_offset, last_timestamp) =
             (u64_at(0)?, u64_at(8)?, u64_at(16)?, u64_at(24)?);
-        let mut rest = &rest[32..];
-        let mut parts: [Vec<u8>; 2] = Default::default();
-        for part in &mut parts {
-            let len = rest
-                .get(..4)
-                .and_then(|b| b.try_into().ok())
-                .map(u32::from_le_bytes)
-                .ok_or("client table artifact truncated")? as usize;
-            *part = rest
-                .get(4..4 + len)
-                .ok_or("client table artifact truncated")?
-                .to_vec();
-            rest = &rest[4 + len..];
-        }
-        if !rest.is_empty() {
-            return Err("client table artifact has trailing bytes");
-        }
-        let [clients, anchor] = parts;
+        let [clients, anchor] = split_prefixed(
+            &rest[32..],
+            "client table artifact truncated",
+            "client table artifact has trailing bytes",
+        )?;
         Ok(ClientTableArtifact {
             op,
             position: replication::wire::batch::PartitionPosition {
@@ -304,8 +305,8 @@ impl ClientTableArtifact {
                 next_offset,
                 last_timestamp,
             },
-            clients,
-            anchor,
+            clients: clients.to_vec(),
+            anchor: anchor.to_vec(),
         })
     }
 }

@@ -36,8 +36,8 @@ use replication::wire::{
 };
 use statexfer::install::{artifact_file, fsync_dir, FileSink};
 use statexfer::{
-    ArtifactKind, ArtifactSink, ArtifactSource, FetchError, Fetcher, FetcherConfig, Manifest,
-    ManifestEntry, Offer, Outcome, Server, Unavailable,
+    ArtifactKind, ArtifactSink, ArtifactSource, Fetcher, FetcherConfig, Manifest, ManifestEntry,
+    Offer, Outcome, Server, Unavailable,
 };
 use xxhash_rust::xxh3::Xxh3Default;
 use zerocopy::FromBytes;
@@ -314,7 +314,6 @@ struct StagingSink {
     staging: PathBuf,
     live: PathBuf,
     arm: Arm,
-    kinds: Vec<(ArtifactKind, u64)>,
     committed_segments: Vec<(u64, u64)>,
     /// Checksums of local files by inode, shared with the server side: a segment linked
     /// into one transfer is not read again by the next.
@@ -379,10 +378,6 @@ impl ArtifactSink for StagingSink {
     }
 
     fn reuse(&mut self, index: u32, entry: &ManifestEntry) -> bool {
-        if self.kinds.len() <= index as usize {
-            self.kinds.resize(index as usize + 1, (entry.kind, 0));
-        }
-        self.kinds[index as usize] = (entry.kind, entry.frontier);
         if self.arm != Arm::Partition || entry.kind != ArtifactKind::SegmentLog {
             return false;
         }
@@ -760,7 +755,6 @@ impl Xfer {
                 staging: request.staging.clone(),
                 live: request.live.clone(),
                 arm: request.arm,
-                kinds: Vec::new(),
                 committed_segments: request.committed_segments.clone(),
                 hashes: self.hashes.clone(),
             },
@@ -925,18 +919,16 @@ impl Xfer {
                     self.totals.transfers_failed += 1;
                     let _ = statexfer::install::recover(&fetch.request.staging);
                     let progress = fetch.fetcher.progress;
-                    let error = match error {
-                        FetchError::PeersExhausted { .. } | FetchError::Sink(_) => format!(
-                            "{error} (refetches {}, stalls {}, peer switches {}, stale \
-                             frames {}, {} of {} bytes)",
-                            progress.refetches,
-                            progress.stalls,
-                            progress.peer_switches,
-                            progress.stale_frames,
-                            progress.bytes_done,
-                            progress.bytes_total
-                        ),
-                    };
+                    let error = format!(
+                        "{error} (refetches {}, stalls {}, peer switches {}, stale frames {}, \
+                         {} of {} bytes)",
+                        progress.refetches,
+                        progress.stalls,
+                        progress.peer_switches,
+                        progress.stale_frames,
+                        progress.bytes_done,
+                        progress.bytes_total
+                    );
                     self.send(FromXfer::FetchFailed { group, error });
                 }
                 Outcome::InProgress => {}
@@ -1007,18 +999,12 @@ async fn materialize_partition(
             ArtifactKind::SegmentLog => {
                 let target = staging.join(segment_file_name(entry.frontier, "log"));
                 std::fs::rename(&path, &target).map_err(|e| fail("segment", &e))?;
-                File::open(&target)
-                    .and_then(|f| f.sync_all())
-                    .map_err(|e| fail("segment sync", &e))?;
             }
             ArtifactKind::ConsumerOffsets => {
                 let bytes = std::fs::read(&path).map_err(|e| fail("offsets", &e))?;
                 journal::segment::offsets::decode(&bytes).map_err(|e| fail("offsets", &e))?;
                 let target = staging.join(journal::segment::offsets::OFFSETS_FILE);
                 std::fs::rename(&path, &target).map_err(|e| fail("offsets", &e))?;
-                File::open(&target)
-                    .and_then(|f| f.sync_all())
-                    .map_err(|e| fail("offsets sync", &e))?;
             }
             ArtifactKind::ClientTable => {
                 let bytes = std::fs::read(&path).map_err(|e| fail("client table", &e))?;

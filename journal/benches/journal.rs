@@ -5,7 +5,11 @@
 //!    the same size (the journal's padded slot), submitted in the same groups: without
 //!    any fdatasync until the end of a round, and with one per group (the journal's
 //!    cadence, alternating group by group with the appends); one-at-a-time appends vs
-//!    raw write + fdatasync per write, alternating write by write;
+//!    raw write + fdatasync per write, alternating write by write. The appends run both
+//!    ways: copied from the caller's frames (`append_batch`) and built in the journal's
+//!    own write buffers (`append_buffers`, no copy). The raw writes cycle through `group`
+//!    distinct buffers, as fio's iodepth buffers do (rewriting one cache-hot buffer
+//!    would flatter the device);
 //! 2. 4 KiB durable append latency p50/p99 vs a raw 4 KiB write + fdatasync;
 //! 3. recovery scan rate of a 1 GiB journal (cold page cache, then warm).
 //!
@@ -36,6 +40,8 @@ const LATENCY_SAMPLES: u64 = 2000;
 /// Prepares per group commit in the throughput run (a replication pipeline's depth).
 const GROUP_DEFAULT: u64 = 8;
 const ROUNDS_DEFAULT: u64 = 8;
+/// Raw variants, each with a region of its own in the raw file.
+const RAW_REGIONS: u64 = 5;
 
 fn prepare(op: u64, body: &[u8]) -> Vec<u8> {
     let mut header = PrepareHeader::new();
@@ -116,23 +122,37 @@ enum Flush {
     EveryGroup,
 }
 
-/// Raw O_DIRECT writes of `buffer` at `first * len`, `count` of them in groups of `group`
-/// submitted together (each group awaited before the next, like group commits); the time.
+/// Raw O_DIRECT writes of `buffers` (in turn) at `first * len`, `count` of them in groups
+/// of `group` submitted together (each group awaited before the next, like group
+/// commits); the time spent writing. Before each group (untimed) the buffers are
+/// rewritten, as a writer's data is produced just before it is written: on this
+/// virtualized disk a write of cache-cold memory is measurably slower than one of data
+/// just produced, and the journal only ever writes the latter.
 async fn raw_writes(
     file: &DmaFile,
-    buffer: &Rc<DmaBuffer>,
+    buffers: &mut [Rc<DmaBuffer>],
     first: u64,
     count: u64,
     group: u64,
     flush: Flush,
 ) -> Duration {
-    let len = buffer.len() as u64;
-    let started = Instant::now();
+    assert!(group as usize <= buffers.len());
+    let len = buffers[0].len() as u64;
+    let mut elapsed = Duration::ZERO;
     let mut i = first;
     while i < first + count {
         let end = (i + group).min(first + count);
+        let count = buffers.len() as u64;
+        for n in i..end {
+            // No write of the previous group holds it any more.
+            Rc::get_mut(&mut buffers[(n % count) as usize])
+                .expect("buffer not in flight")
+                .as_bytes_mut()
+                .fill(n as u8);
+        }
+        let started = Instant::now();
         let writes: Vec<_> = (i..end)
-            .map(|n| file.write_rc_at(buffer.clone(), n * len))
+            .map(|n| file.write_rc_at(buffers[(n % count) as usize].clone(), n * len))
             .collect();
         for written in futures_join(writes).await {
             assert_eq!(written.expect("write") as u64, len);
@@ -140,12 +160,15 @@ async fn raw_writes(
         if matches!(flush, Flush::EveryGroup) {
             file.fdatasync().await.expect("fdatasync");
         }
+        elapsed += started.elapsed();
         i = end;
     }
     if matches!(flush, Flush::AtEnd) {
+        let started = Instant::now();
         file.fdatasync().await.expect("fdatasync");
+        elapsed += started.elapsed();
     }
-    started.elapsed()
+    elapsed
 }
 
 /// Awaits every future, polled together.
@@ -180,8 +203,10 @@ async fn futures_join<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output>
 #[allow(clippy::too_many_arguments)]
 async fn paired_appends(
     journal: &mut Journal,
+    zero_copy: bool,
     raw: &DmaFile,
-    buffer: &Rc<DmaBuffer>,
+    raw_base: u64,
+    buffers: &mut [Rc<DmaBuffer>],
     body: &[u8],
     first: u64,
     count: u64,
@@ -200,23 +225,100 @@ async fn paired_appends(
         let n = frames.len() as u64;
         for step in 0..2 {
             if (step + turn) % 2 == 0 {
-                let t = Instant::now();
-                let _ = journal.append_batch(&refs).await.expect("append");
-                let elapsed = t.elapsed();
+                let elapsed = if zero_copy {
+                    // Built in the journal's buffers, as a receive path would (untimed).
+                    let owned: Vec<_> = frames
+                        .iter()
+                        .map(|f| {
+                            let mut buffer = journal.prepare_buffer(f.len()).expect("buffer");
+                            buffer.as_bytes_mut().copy_from_slice(f);
+                            buffer
+                        })
+                        .collect();
+                    let t = Instant::now();
+                    let _ = journal.append_buffers(owned).await.expect("append");
+                    t.elapsed()
+                } else {
+                    let t = Instant::now();
+                    let _ = journal.append_batch(&refs).await.expect("append");
+                    t.elapsed()
+                };
                 journal_time += elapsed;
                 histogram
                     .record(elapsed.as_micros() as u64)
                     .expect("record");
                 journal_bytes += frames.iter().map(|f| f.len() as u64).sum::<u64>();
             } else {
-                raw_time += raw_writes(raw, buffer, op - 1, n, group, Flush::EveryGroup).await;
-                raw_bytes += n * buffer.len() as u64;
+                raw_time +=
+                    raw_writes(raw, buffers, raw_base + op - 1, n, group, Flush::EveryGroup).await;
+                raw_bytes += n * buffers[0].len() as u64;
             }
         }
         turn += 1;
         op += n;
     }
     (gbps(journal_bytes, journal_time), gbps(raw_bytes, raw_time))
+}
+
+/// fio, the standard tool, doing the same writes on the same file system: O_DIRECT
+/// sequential writes of `bs` bytes, `iodepth` in flight, one fdatasync at the end, over a
+/// file of its own that a first pass lays out (so the timed passes overwrite allocated
+/// blocks, as every other variant here does). One pass per round, in the rotation.
+struct Fio {
+    file: PathBuf,
+    size: u64,
+    bs: u64,
+    iodepth: u64,
+    available: bool,
+}
+
+impl Fio {
+    fn new(dir: &Path, size: u64, bs: u64, iodepth: u64) -> Fio {
+        let mut fio = Fio {
+            file: dir.join("fio.dat"),
+            size,
+            bs,
+            iodepth,
+            available: true,
+        };
+        fio.available = fio.pass().is_some();
+        fio
+    }
+
+    /// One pass's bandwidth (GB/s); None when fio is not installed or fails.
+    fn pass(&self) -> Option<f64> {
+        if !self.available {
+            return None;
+        }
+        let output = std::process::Command::new("fio")
+            .args([
+                "--name=seqwrite",
+                "--rw=write",
+                "--direct=1",
+                "--ioengine=io_uring",
+                "--end_fsync=1",
+                "--output-format=json",
+            ])
+            .arg(format!("--filename={}", self.file.display()))
+            .arg(format!("--size={}", self.size))
+            .arg(format!("--bs={}", self.bs))
+            .arg(format!("--iodepth={}", self.iodepth))
+            .output()
+            .ok()?;
+        if !output.status.success() {
+            return None;
+        }
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+        json["jobs"][0]["write"]["bw_bytes"]
+            .as_f64()
+            .map(|bytes| bytes / 1e9)
+    }
+}
+
+impl Drop for Fio {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.file);
+    }
 }
 
 /// Raw O_DIRECT sequential 1 MiB reads of a whole file (the scan's device ceiling),
@@ -266,7 +368,11 @@ struct Rounds {
     raw_group_sync: Vec<f64>,
     raw_each_sync: Vec<f64>,
     journal_group: Vec<f64>,
+    /// The raw runs paired with the no-copy appends (fdatasync per group).
+    raw_group_sync_buffers: Vec<f64>,
+    journal_group_buffers: Vec<f64>,
     journal_single: Vec<f64>,
+    fio: Vec<f64>,
 }
 
 async fn throughput(dir: &Path, mib: u64, group: u64, rounds: u64) -> PathBuf {
@@ -275,11 +381,17 @@ async fn throughput(dir: &Path, mib: u64, group: u64, rounds: u64) -> PathBuf {
     let io = layout.slot_size;
     let per_round = mib / rounds;
     let ops = per_round * rounds;
-    // One raw file for every raw variant (disk space): each round's variants overwrite
-    // the same region, in rotated order.
-    let raw = raw_file(&dir.join("raw"), ops * io).await;
+    // One raw file with a region per raw variant, so no write overwrites blocks written
+    // moments before (on a virtualized disk that waits on the host's write-back of
+    // them, which no journal write ever does).
+    let raw = raw_file(&dir.join("raw"), RAW_REGIONS * ops * io).await;
+    let region = |r: u64| r * ops;
     let journal_path = dir.join("journal-1m");
     let mut journal = Journal::create(&journal_path, layout)
+        .await
+        .expect("create");
+    // No-copy appends (`append_buffers`) get a journal of their own.
+    let mut buffers_journal = Journal::create(&dir.join("journal-1m-buffers"), layout)
         .await
         .expect("create");
     // One-at-a-time appends reuse a one-round ring, checkpointed between rounds.
@@ -287,34 +399,51 @@ async fn throughput(dir: &Path, mib: u64, group: u64, rounds: u64) -> PathBuf {
     let mut single = Journal::create(&dir.join("journal-1m-single"), single_layout)
         .await
         .expect("create");
-    let mut buffer = raw.alloc_dma_buffer(io as usize);
-    buffer
-        .as_bytes_mut()
-        .iter_mut()
-        .enumerate()
-        .for_each(|(i, b)| *b = i as u8);
-    let buffer = Rc::new(buffer);
+    let mut buffers: Vec<Rc<DmaBuffer>> = (0..group)
+        .map(|_| Rc::new(raw.alloc_dma_buffer(io as usize)))
+        .collect();
     let body = vec![0xA5u8; MIB as usize];
     let mut group_latency = Histogram::<u64>::new(3).expect("histogram");
+    let mut buffers_latency = Histogram::<u64>::new(3).expect("histogram");
     let mut single_latency = Histogram::<u64>::new(3).expect("histogram");
     let mut figures = Rounds::default();
+    let fio = Fio::new(dir, (per_round * io).max(64 * MIB), io, group);
     for round in 0..rounds {
         let first = round * per_round;
         single.set_checkpoint(single.op_head()).expect("checkpoint");
         let rate = |time: Duration| gbps(per_round * io, time);
-        for variant in 0..4 {
-            match (variant + round) % 4 {
+        for variant in 0..6 {
+            match (variant + round) % 6 {
+                5 => figures.fio.extend(fio.pass()),
                 0 => figures.raw_stream.push(rate(
-                    raw_writes(&raw, &buffer, first, per_round, group, Flush::AtEnd).await,
+                    raw_writes(
+                        &raw,
+                        &mut buffers,
+                        region(0) + first,
+                        per_round,
+                        group,
+                        Flush::AtEnd,
+                    )
+                    .await,
                 )),
                 1 => figures.raw_qd1.push(rate(
-                    raw_writes(&raw, &buffer, first, per_round, 1, Flush::AtEnd).await,
+                    raw_writes(
+                        &raw,
+                        &mut buffers,
+                        region(1) + first,
+                        per_round,
+                        1,
+                        Flush::AtEnd,
+                    )
+                    .await,
                 )),
                 2 => {
                     let (journal_rate, raw_rate) = paired_appends(
                         &mut journal,
+                        false,
                         &raw,
-                        &buffer,
+                        region(2),
+                        &mut buffers,
                         &body,
                         first + 1,
                         per_round,
@@ -325,11 +454,30 @@ async fn throughput(dir: &Path, mib: u64, group: u64, rounds: u64) -> PathBuf {
                     figures.journal_group.push(journal_rate);
                     figures.raw_group_sync.push(raw_rate);
                 }
+                3 => {
+                    let (journal_rate, raw_rate) = paired_appends(
+                        &mut buffers_journal,
+                        true,
+                        &raw,
+                        region(3),
+                        &mut buffers,
+                        &body,
+                        first + 1,
+                        per_round,
+                        group,
+                        &mut buffers_latency,
+                    )
+                    .await;
+                    figures.journal_group_buffers.push(journal_rate);
+                    figures.raw_group_sync_buffers.push(raw_rate);
+                }
                 _ => {
                     let (journal_rate, raw_rate) = paired_appends(
                         &mut single,
+                        false,
                         &raw,
-                        &buffer,
+                        region(4),
+                        &mut buffers,
                         &body,
                         first + 1,
                         per_round,
@@ -345,11 +493,13 @@ async fn throughput(dir: &Path, mib: u64, group: u64, rounds: u64) -> PathBuf {
     }
     raw.close().await.expect("close");
     journal.close().await.expect("close");
+    buffers_journal.close().await.expect("close");
     single.close().await.expect("close");
-    for name in ["raw", "journal-1m-single"] {
+    for name in ["raw", "journal-1m-single", "journal-1m-buffers"] {
         let _ = std::fs::remove_file(dir.join(name));
     }
 
+    drop(fio);
     let f = &figures;
     let per_round_ratio = |journal: &[f64], raw: &dyn Fn(usize) -> f64| -> Vec<f64> {
         journal
@@ -360,6 +510,11 @@ async fn throughput(dir: &Path, mib: u64, group: u64, rounds: u64) -> PathBuf {
     };
     let vs_best_stream = per_round_ratio(&f.journal_group, &|r| f.raw_stream[r].max(f.raw_qd1[r]));
     let vs_group_sync = per_round_ratio(&f.journal_group, &|r| f.raw_group_sync[r]);
+    let buffers_vs_best_stream = per_round_ratio(&f.journal_group_buffers, &|r| {
+        f.raw_stream[r].max(f.raw_qd1[r])
+    });
+    let buffers_vs_group_sync =
+        per_round_ratio(&f.journal_group_buffers, &|r| f.raw_group_sync_buffers[r]);
     let single_vs_each_sync = per_round_ratio(&f.journal_single, &|r| f.raw_each_sync[r]);
     let list = |values: &[f64]| {
         values
@@ -374,8 +529,9 @@ async fn throughput(dir: &Path, mib: u64, group: u64, rounds: u64) -> PathBuf {
     );
     let stream = format!("raw O_DIRECT, groups of {group} in flight, no fdatasync until round end");
     let group_sync = format!("raw O_DIRECT, groups of {group}, fdatasync per group");
-    let appends = format!("1 MiB durable append, group of {group}");
-    let rows: [(&str, &[f64], String); 6] = [
+    let appends = format!("1 MiB durable append, group of {group}, copied");
+    let buffer_appends = format!("1 MiB durable append, group of {group}, no copy");
+    let rows: [(&str, &[f64], String); 7] = [
         (&stream, &f.raw_stream, String::new()),
         (
             "raw O_DIRECT, one write in flight, no fdatasync until round end",
@@ -398,7 +554,16 @@ async fn throughput(dir: &Path, mib: u64, group: u64, rounds: u64) -> PathBuf {
             ),
         ),
         (
-            "1 MiB durable append, one at a time",
+            &buffer_appends,
+            &f.journal_group_buffers,
+            format!(
+                "; per group p50/p99 {} / {} us",
+                buffers_latency.value_at_quantile(0.5),
+                buffers_latency.value_at_quantile(0.99)
+            ),
+        ),
+        (
+            "1 MiB durable append, one at a time, copied",
             &f.journal_single,
             format!(
                 "; p50/p99 {} / {} us",
@@ -414,9 +579,35 @@ async fn throughput(dir: &Path, mib: u64, group: u64, rounds: u64) -> PathBuf {
             list(values)
         );
     }
-    let ratios: [(&str, &[f64]); 3] = [
+    if f.fio.len() == f.journal_group.len() {
+        println!(
+            "  {:<66}: {:.3} GB/s ({})",
+            format!("fio O_DIRECT write, bs {} KiB, iodepth {group}", io / 1024),
+            median(&f.fio),
+            list(&f.fio)
+        );
+    } else {
+        println!("  fio: not installed or failed (apt-get install fio)");
+    }
+    let vs_fio = per_round_ratio(&f.journal_group, &|r| {
+        f.fio.get(r).copied().unwrap_or(f64::NAN)
+    });
+    let buffers_vs_fio = per_round_ratio(&f.journal_group_buffers, &|r| {
+        f.fio.get(r).copied().unwrap_or(f64::NAN)
+    });
+    let ratios: [(&str, &[f64]); 7] = [
+        ("group append / fio", &vs_fio),
+        ("no-copy group append / fio", &buffers_vs_fio),
         ("group append / best raw without fdatasync", &vs_best_stream),
         ("group append / raw fdatasync per group", &vs_group_sync),
+        (
+            "no-copy group append / best raw without fdatasync",
+            &buffers_vs_best_stream,
+        ),
+        (
+            "no-copy group append / raw fdatasync per group",
+            &buffers_vs_group_sync,
+        ),
         (
             "single append / raw fdatasync per write",
             &single_vs_each_sync,
@@ -424,7 +615,7 @@ async fn throughput(dir: &Path, mib: u64, group: u64, rounds: u64) -> PathBuf {
     ];
     for (label, values) in ratios {
         println!(
-            "  {label:<42}: {:.2} x (median of rounds: {})",
+            "  {label:<50}: {:.2} x (median of rounds: {})",
             median(values),
             list(values)
         );

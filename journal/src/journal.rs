@@ -60,6 +60,47 @@ pub struct Durable {
     pub checksum: u128,
 }
 
+/// A prepare written straight into one of the journal's direct-IO buffers (sector-aligned
+/// and sector-padded), so that [`Journal::append_buffers`] submits it without a copy: a
+/// receive path reads a frame into it, a primary builds one in it. Get one from
+/// [`Journal::prepare_buffer`]; it goes back to the journal's pool after the append.
+pub struct PrepareBuffer {
+    buffer: Rc<DmaBuffer>,
+    len: usize,
+}
+
+impl PrepareBuffer {
+    /// The prepare's bytes (`len` of them; the padding after them is not included).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buffer.as_bytes()[..self.len]
+    }
+
+    /// The prepare's bytes, to fill.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        let len = self.len;
+        &mut Rc::get_mut(&mut self.buffer)
+            .unwrap_or_else(|| unreachable!("a PrepareBuffer's buffer is never shared"))
+            .as_bytes_mut()[..len]
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl std::fmt::Debug for PrepareBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrepareBuffer")
+            .field("len", &self.len)
+            .field("capacity", &self.buffer.len())
+            .finish()
+    }
+}
+
 /// What a journal can serve for a peer's RequestPrepares (replica-plane.md "Journal
 /// repair"): verified prepares in op order straight from the mmap, or the honest
 /// RangeEvicted answer when the front of the range is gone.
@@ -303,12 +344,76 @@ impl Journal {
     ///
     /// [`sync_headers`]: Journal::sync_headers
     pub async fn append_batch(&mut self, prepares: &[&[u8]]) -> Result<Vec<Durable>> {
+        let headers = self.check_group(prepares.iter().copied())?;
+        let durable = self
+            .write_entries(&headers, true, |pool, file, i, header| {
+                copy_into(pool, file, prepares[i], header)
+            })
+            .await?;
+        self.appended(&headers);
+        Ok(durable)
+    }
+
+    /// A write buffer for a prepare of `len` bytes (from the pool when one of the right
+    /// size is free), for [`Journal::append_buffers`]. Its bytes are unspecified until
+    /// filled; the padding after them is zeroed when it is appended.
+    pub fn prepare_buffer(&mut self, len: usize) -> Result<PrepareBuffer> {
+        if len as u64 > self.layout.slot_size {
+            return Err(JournalError::PrepareTooLarge {
+                size: len as u64,
+                slot_size: self.layout.slot_size,
+            });
+        }
+        let buffer = take_buffer(&mut self.prepare_buffers, &self.file, len);
+        Ok(PrepareBuffer { buffer, len })
+    }
+
+    /// As [`Journal::append_batch`], for prepares already in the journal's write buffers
+    /// ([`Journal::prepare_buffer`]): nothing is copied, so a group of large prepares
+    /// costs the device's time and little more. The header checksum, size and op order
+    /// are checked as for `append_batch`, but not the body seal: the caller vouches for
+    /// it, because it built the frame or because the bus verified checksum_body as the
+    /// frame arrived in this buffer (recovery checks it again on every restart). The
+    /// buffers return to the pool, whatever the outcome.
+    pub async fn append_buffers(&mut self, prepares: Vec<PrepareBuffer>) -> Result<Vec<Durable>> {
+        let checked = self.check_group(prepares.iter().map(PrepareBuffer::as_bytes));
+        let headers = match checked {
+            Ok(headers) => headers,
+            Err(e) => {
+                self.recycle(prepares.into_iter().map(|p| p.buffer));
+                return Err(e);
+            }
+        };
+        let mut buffers: Vec<Option<PrepareBuffer>> = prepares.into_iter().map(Some).collect();
+        let durable = self
+            .write_entries(&headers, false, |_, _, i, _| {
+                let mut prepare = buffers[i]
+                    .take()
+                    .unwrap_or_else(|| unreachable!("each buffer is written once"));
+                let len = prepare.len;
+                Rc::get_mut(&mut prepare.buffer)
+                    .unwrap_or_else(|| unreachable!("a PrepareBuffer's buffer is never shared"))
+                    .as_bytes_mut()[len..]
+                    .fill(0);
+                Ok(prepare.buffer)
+            })
+            .await?;
+        self.appended(&headers);
+        Ok(durable)
+    }
+
+    /// Checks a group commit's prepares: each well formed, fitting a slot, the next op
+    /// in order, and within the ring before the checkpoint.
+    fn check_group<'a>(
+        &self,
+        prepares: impl ExactSizeIterator<Item = &'a [u8]>,
+    ) -> Result<Vec<PrepareHeader>> {
         assert!(
             prepares.len() as u64 <= APPEND_BATCH_MAX,
             "group commit too large"
         );
         let mut headers = Vec::with_capacity(prepares.len());
-        for (i, prepare) in prepares.iter().enumerate() {
+        for (i, prepare) in prepares.enumerate() {
             let header = self.check_prepare(prepare)?;
             let expected = self.op_head + 1 + i as u64;
             if header.op != expected {
@@ -326,12 +431,15 @@ impl Journal {
             }
             headers.push(header);
         }
-        let durable = self.write_entries(prepares, &headers).await?;
+        Ok(headers)
+    }
+
+    /// Advances the head past a group commit just made durable.
+    fn appended(&mut self, headers: &[PrepareHeader]) {
         self.appended_since_tick = true;
         if let Some(last) = headers.last() {
             self.op_head = last.op;
         }
-        Ok(durable)
     }
 
     /// Writes a prepare fetched from a peer for a faulty op, durably, and its redundant
@@ -341,7 +449,13 @@ impl Journal {
         if !self.faulty.contains(&header.op) {
             return Err(JournalError::RepairUnexpected { op: header.op });
         }
-        let durable = self.write_entries(&[prepare], &[header]).await?;
+        let durable = self
+            .write_entries(
+                std::slice::from_ref(&header),
+                true,
+                |pool, file, _, header| copy_into(pool, file, prepare, header),
+            )
+            .await?;
         self.faulty.remove(&header.op);
         self.sync_headers().await?;
         Ok(durable[0])
@@ -524,16 +638,23 @@ impl Journal {
         Ok(header)
     }
 
-    /// Writes prepares (each submitted as soon as it is copied and its body seal checked,
-    /// so copying overlaps the device) together with the pending redundant headers of
-    /// earlier appends, then syncs once. The new prepares' headers become pending: they
-    /// must not reach the disk before the prepares are durable, which they now are.
+    /// Writes a group's prepares (`fill` hands over each one's write buffer: copied and
+    /// seal-checked, or built in place) together with the pending redundant headers of
+    /// earlier appends, then syncs once. With `copying`, each write is submitted as soon
+    /// as its buffer is filled, so copying the next overlaps the device. The new
+    /// prepares' headers become pending: they must not reach the disk before the
+    /// prepares are durable, which they now are.
     async fn write_entries(
         &mut self,
-        prepares: &[&[u8]],
         headers: &[PrepareHeader],
+        copying: bool,
+        mut fill: impl FnMut(
+            &mut Vec<Rc<DmaBuffer>>,
+            &DmaFile,
+            usize,
+            &PrepareHeader,
+        ) -> Result<Rc<DmaBuffer>>,
     ) -> Result<Vec<Durable>> {
-        assert_eq!(prepares.len(), headers.len());
         for header in headers {
             self.forget_pages(
                 self.layout.prepare_offset(self.layout.slot_of(header.op)),
@@ -542,70 +663,61 @@ impl Journal {
         }
         let pending = std::mem::take(&mut self.headers_pending);
         let mut pool = std::mem::take(&mut self.prepare_buffers);
-        let mut inflight = Concurrent::with_capacity(pending.len() + prepares.len());
+        let mut inflight = Concurrent::with_capacity(pending.len() + headers.len());
         for sector in &pending {
             let (buffer, offset) = self.ring_sector_write(sector * HEADERS_PER_SECTOR);
             inflight.push(write_all(&self.file, &self.path, buffer, offset));
         }
         inflight.start().await;
-        let mut used = Vec::with_capacity(prepares.len());
-        let mut unsealed = false;
-        for (i, (prepare, header)) in prepares.iter().zip(headers).enumerate() {
-            let padded = crate::layout::sector_ceil(prepare.len() as u64) as usize;
-            let mut buffer = match pool.iter().position(|b| b.len() == padded) {
-                Some(at) => pool.swap_remove(at),
-                None => Rc::new(self.file.alloc_dma_buffer(padded)),
+        let mut used = Vec::with_capacity(headers.len());
+        let mut refused = None;
+        for (i, header) in headers.iter().enumerate() {
+            let buffer = match fill(&mut pool, &self.file, i, header) {
+                Ok(buffer) => buffer,
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
             };
-            let bytes = Rc::get_mut(&mut buffer)
-                .unwrap_or_else(|| unreachable!("pooled buffers are not shared"))
-                .as_bytes_mut();
-            if !copy_sealed(prepare, bytes, header.frame.checksum_body) {
-                unsealed = true;
-                pool.push(buffer);
-                break;
-            }
             let offset = self.layout.prepare_offset(self.layout.slot_of(header.op));
             inflight.push(write_all(&self.file, &self.path, buffer.clone(), offset));
             used.push((buffer, offset));
-            inflight.start().await;
-            if i + 1 < prepares.len() {
-                // Let the reactor submit it before copying the next one.
-                glommio::timer::sleep(Duration::from_micros(1)).await;
+            if copying {
+                inflight.start().await;
+                if i + 1 < headers.len() {
+                    // Let the reactor submit it before copying the next one.
+                    glommio::timer::sleep(Duration::from_micros(1)).await;
+                }
             }
         }
         let written: Result<()> = inflight.join().await.into_iter().collect();
         let offsets: Vec<u64> = used.iter().map(|(_, offset)| *offset).collect();
-        for (buffer, _) in used {
-            // The newest buffers stay; the oldest (perhaps of a size no longer used) go.
-            pool.push(buffer);
-            while pool.len() > PREPARE_BUFFERS_POOLED
-                || pool.iter().map(|b| b.len()).sum::<usize>() > PREPARE_POOL_BYTES
-            {
-                pool.remove(0);
-            }
-        }
+        let header_bytes: Vec<Vec<u8>> = used
+            .iter()
+            .map(|(buffer, _)| buffer.as_bytes()[..HEADER_SIZE as usize].to_vec())
+            .collect();
         self.prepare_buffers = pool;
+        self.recycle(used.into_iter().map(|(buffer, _)| buffer));
         // Until this flush succeeds, the pending headers are not known to be on disk.
         self.headers_pending.extend(pending.iter().copied());
         written?;
-        if unsealed {
+        if let Some(refused) = refused {
             // An earlier prepare of the group may have been written: invalidate it so
             // nothing past the head can reappear as an entry after a restart.
             let zero = self.zero_sector();
             let writes = offsets.iter().map(|o| (zero.clone(), *o)).collect();
             self.write_concurrently(writes).await?;
             self.sync().await?;
-            return Err(prepare_invalid(EntryFault::BodyChecksum));
+            return Err(refused);
         }
         self.sync().await?;
         for sector in &pending {
             self.headers_pending.remove(sector);
         }
-        for (prepare, header) in prepares.iter().zip(headers) {
+        for (header, bytes) in headers.iter().zip(&header_bytes) {
             let slot = self.layout.slot_of(header.op);
             let at = (slot * HEADER_SIZE) as usize;
-            self.ring[at..at + HEADER_SIZE as usize]
-                .copy_from_slice(&prepare[..HEADER_SIZE as usize]);
+            self.ring[at..at + HEADER_SIZE as usize].copy_from_slice(bytes);
             self.headers_pending.insert(slot / HEADERS_PER_SECTOR);
         }
         Ok(headers
@@ -615,6 +727,20 @@ impl Journal {
                 checksum: h.frame.checksum,
             })
             .collect())
+    }
+
+    /// Returns write buffers to the pool: the newest stay; the oldest (perhaps of a size
+    /// no longer used) go beyond `PREPARE_BUFFERS_POOLED` or `PREPARE_POOL_BYTES`.
+    fn recycle(&mut self, buffers: impl Iterator<Item = Rc<DmaBuffer>>) {
+        let pool = &mut self.prepare_buffers;
+        for buffer in buffers {
+            pool.push(buffer);
+            while pool.len() > PREPARE_BUFFERS_POOLED
+                || pool.iter().map(|b| b.len()).sum::<usize>() > PREPARE_POOL_BYTES
+            {
+                pool.remove(0);
+            }
+        }
     }
 
     /// Submits every write at once and waits for all of them (not synced).
@@ -687,6 +813,35 @@ fn prepare_invalid(fault: EntryFault) -> JournalError {
             EntryFault::SizeInvalid => "header size does not match the bytes",
             EntryFault::BodyChecksum => "body does not match checksum_body (unsealed?)",
         },
+    }
+}
+
+/// A pooled write buffer for `len` bytes (sector-padded): one of that size from `pool`
+/// if there is one, else a fresh one.
+fn take_buffer(pool: &mut Vec<Rc<DmaBuffer>>, file: &DmaFile, len: usize) -> Rc<DmaBuffer> {
+    let padded = crate::layout::sector_ceil(len as u64) as usize;
+    match pool.iter().position(|b| b.len() == padded) {
+        Some(at) => pool.swap_remove(at),
+        None => Rc::new(file.alloc_dma_buffer(padded)),
+    }
+}
+
+/// `prepare` copied into a pooled write buffer, its body seal checked on the way.
+fn copy_into(
+    pool: &mut Vec<Rc<DmaBuffer>>,
+    file: &DmaFile,
+    prepare: &[u8],
+    header: &PrepareHeader,
+) -> Result<Rc<DmaBuffer>> {
+    let mut buffer = take_buffer(pool, file, prepare.len());
+    let bytes = Rc::get_mut(&mut buffer)
+        .unwrap_or_else(|| unreachable!("pooled buffers are not shared"))
+        .as_bytes_mut();
+    if copy_sealed(prepare, bytes, header.frame.checksum_body) {
+        Ok(buffer)
+    } else {
+        pool.push(buffer);
+        Err(prepare_invalid(EntryFault::BodyChecksum))
     }
 }
 

@@ -334,6 +334,8 @@ struct Fetch {
     fetcher: Fetcher,
     sink: StagingSink,
     started: Instant,
+    /// A received segment failed its batch-by-batch verification.
+    bad_segment: Option<String>,
 }
 
 /// Stages artifacts as files, reusing local copies of matching sealed segments.
@@ -344,6 +346,11 @@ struct StagingSink {
     arm: Arm,
     group: u64,
     partition: PartitionConfig,
+    /// Completed sealed segments not yet verified and indexed (artifact index, base
+    /// offset, length), oldest first; with `verify_paced`, `Xfer::verify_step` takes
+    /// them one at a time.
+    unindexed: std::collections::VecDeque<(u32, u64, u64)>,
+    verify_paced: bool,
     committed_segments: Vec<(u64, u64)>,
     /// Checksums of local files by inode, shared with the server side: a segment linked
     /// into one transfer is not read again by the next.
@@ -351,6 +358,25 @@ struct StagingSink {
 }
 
 impl StagingSink {
+    /// Verifies the oldest completed sealed segment batch by batch and writes its index
+    /// files (the staged log's open loads them), so that work is spread over the
+    /// transfer rather than done all at once before the install. Its length, or None
+    /// when none is waiting.
+    fn verify_next(&mut self) -> std::io::Result<Option<u64>> {
+        let Some((index, base, len)) = self.unindexed.pop_front() else {
+            return Ok(None);
+        };
+        journal::segment::log::index_sealed_segment(
+            &self.staging.join(artifact_file(index)),
+            &self.staging,
+            self.group,
+            base,
+            self.partition,
+        )
+        .map_err(std::io::Error::other)?;
+        Ok(Some(len))
+    }
+
     /// Copies the first `entry.len` bytes of the local segment at `frontier` into the
     /// staged artifact, hashing them; true when they match the manifest entry.
     fn copy_local(&mut self, index: u32, entry: &ManifestEntry) -> std::io::Result<bool> {
@@ -419,9 +445,8 @@ impl ArtifactSink for StagingSink {
         self.files.append(index, bytes)
     }
 
-    /// Syncs the artifact; a sealed segment is then verified batch by batch and its
-    /// index files written (the staged log's open loads them), so that work is spread
-    /// over the transfer rather than done all at once before the install.
+    /// Syncs the artifact; a sealed segment is then queued to be verified batch by
+    /// batch and indexed (`verify_next`).
     fn finish(&mut self, index: u32, manifest: &Manifest) -> std::io::Result<()> {
         self.files.finish(index, manifest)?;
         let Some(entry) = manifest.entries.get(index as usize) else {
@@ -440,15 +465,12 @@ impl ArtifactSink for StagingSink {
         if newest == Some(entry.frontier) {
             return Ok(());
         }
-        journal::segment::log::index_sealed_segment(
-            &self.staging.join(artifact_file(index)),
-            &self.staging,
-            self.group,
-            entry.frontier,
-            self.partition,
-        )
-        .map(|_| ())
-        .map_err(std::io::Error::other)
+        self.unindexed.push_back((index, entry.frontier, entry.len));
+        if self.verify_paced {
+            return Ok(());
+        }
+        while self.verify_next()?.is_some() {}
+        Ok(())
     }
 
     fn reuse(&mut self, index: u32, entry: &ManifestEntry) -> bool {
@@ -538,6 +560,8 @@ struct Xfer {
     /// requests held until the budget allows them.
     budget: f64,
     held: std::collections::VecDeque<(u8, Frame)>,
+    /// Pacing of the verification of received segments: bytes it may still take now.
+    verify_budget: f64,
 }
 
 impl Xfer {
@@ -574,6 +598,7 @@ impl Xfer {
             totals: StateTransferStats::default(),
             budget: 0.0,
             held: std::collections::VecDeque::new(),
+            verify_budget: 0.0,
         }
     }
 
@@ -831,6 +856,8 @@ impl Xfer {
                 arm: request.arm,
                 group: request.group,
                 partition: self.settings.partition,
+                unindexed: Default::default(),
+                verify_paced: self.settings.rate_max > 0,
                 committed_segments: request.committed_segments.clone(),
                 hashes: self.hashes.clone(),
             },
@@ -860,6 +887,7 @@ impl Xfer {
                 fetcher,
                 sink,
                 started: Instant::now(),
+                bad_segment: None,
             },
         );
         self.drain_fetchers();
@@ -897,6 +925,35 @@ impl Xfer {
         }
     }
 
+    /// Verifies at most one received segment per tick, at twice the transfer's rate on
+    /// average (it keeps up with the fetch): a segment's verification is a burst of CPU
+    /// (tens of milliseconds for 64 MiB), and several back to back (the fetcher
+    /// completes the artifacts it has in flight together) would take a core from the
+    /// replica executors for long enough to stall commits on a small machine.
+    fn verify_step(&mut self) {
+        let rate = 2.0 * self.settings.rate_max as f64;
+        if !self.fetches.values().any(|f| !f.sink.unindexed.is_empty()) {
+            // Nothing waits: no credit builds up for a later burst.
+            self.verify_budget = self.verify_budget.min(0.0);
+            return;
+        }
+        self.verify_budget += rate * TICK.as_secs_f64();
+        if self.verify_budget < 0.0 {
+            return;
+        }
+        let Some(fetch) = self
+            .fetches
+            .values_mut()
+            .find(|f| !f.sink.unindexed.is_empty() && f.bad_segment.is_none())
+        else {
+            return;
+        };
+        match fetch.sink.verify_next() {
+            Ok(len) => self.verify_budget -= len.unwrap_or(0) as f64,
+            Err(error) => fetch.bad_segment = Some(format!("a received segment: {error}")),
+        }
+    }
+
     fn on_tick(&mut self) {
         self.ticks += 1;
         if self.settings.rate_max > 0 {
@@ -912,6 +969,7 @@ impl Xfer {
             fetch.fetcher.tick(self.ticks);
         }
         self.drain_fetchers();
+        self.verify_step();
         self.serving
             .retain(|_, s| s.last.elapsed() < TRANSFER_IDLE_MAX);
         self.hash_step();
@@ -933,7 +991,15 @@ impl Xfer {
         let finished: Vec<u64> = self
             .fetches
             .iter()
-            .filter(|(_, f)| f.fetcher.outcome() != Outcome::InProgress)
+            .filter(|(_, f)| {
+                f.bad_segment.is_some()
+                    || match f.fetcher.outcome() {
+                        Outcome::InProgress => false,
+                        // Installed once every received segment is verified.
+                        Outcome::Complete { .. } => f.sink.unindexed.is_empty(),
+                        Outcome::Failed(_) => true,
+                    }
+            })
             .map(|(g, _)| *g)
             .collect();
         for group in finished {
@@ -944,6 +1010,14 @@ impl Xfer {
             self.totals.stalls += fetch.fetcher.progress.stalls;
             self.totals.peer_switches += fetch.fetcher.progress.peer_switches;
             self.totals.bytes_reused += fetch.fetcher.progress.bytes_reused;
+            if let Some(error) = fetch.bad_segment {
+                // Verified whole by its checksum yet its batches are wrong: the peer's
+                // copy is bad; the group asks again later.
+                self.totals.transfers_failed += 1;
+                let _ = statexfer::install::recover(&fetch.request.staging);
+                self.send(FromXfer::FetchFailed { group, error });
+                continue;
+            }
             match fetch.fetcher.outcome() {
                 Outcome::Complete {
                     commit_op,

@@ -438,6 +438,9 @@ impl StagingSink {
 
 impl ArtifactSink for StagingSink {
     fn begin(&mut self, index: u32) -> std::io::Result<()> {
+        // A new target (another peer) stages this artifact again: a verification queued
+        // for its earlier bytes would read the new ones half written.
+        self.unindexed.retain(|(queued, ..)| *queued != index);
         self.files.begin(index)
     }
 
@@ -474,6 +477,7 @@ impl ArtifactSink for StagingSink {
     }
 
     fn reuse(&mut self, index: u32, entry: &ManifestEntry) -> bool {
+        self.unindexed.retain(|(queued, ..)| *queued != index);
         if self.arm != Arm::Partition || entry.kind != ArtifactKind::SegmentLog {
             return false;
         }

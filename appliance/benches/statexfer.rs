@@ -14,7 +14,9 @@
 //! `cargo bench -p appliance --bench statexfer` (1 GiB, 10 s phases); `-- --short`
 //! (256 MiB, 3 s) is what CI runs: it fails only on a crash or a wrong result (the
 //! rejoined node must serve what the others serve), never on speed.
-//! STATEXFER_BENCH_BYTES overrides the data size.
+//! STATEXFER_BENCH_BYTES overrides the data size. To find what a stall came from:
+//! STATEXFER_BENCH_TRACE=1 prints every producer ack slower than 20 ms with its wall
+//! time, STATEXFER_BENCH_LOGS=DIR keeps the three nodes' logs there.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -86,6 +88,13 @@ fn main() {
     std::fs::remove_dir_all(files.data_dir(2)).expect("wipe node 2");
     daemons[2] = Daemon::start(&files, 2);
     let restarted = Instant::now();
+    eprintln!(
+        "node 2 wiped and restarted at unix {:.3}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64()
+    );
     let mut transfer_seconds = None;
     let with_transfer = produce_for(&files, &keys, &mut id, phase, || {
         if transfer_seconds.is_none() && transfers_completed(&files, 2) >= u64::from(PARTITIONS) {
@@ -112,6 +121,14 @@ fn main() {
         std::thread::sleep(Duration::from_millis(200));
     }
     drop(daemons);
+    if let Some(keep) = std::env::var_os("STATEXFER_BENCH_LOGS") {
+        // The nodes' logs, for a look at what ran when the producer waited.
+        let keep = std::path::PathBuf::from(keep);
+        let _ = std::fs::create_dir_all(&keep);
+        for replica in 0..3 {
+            let _ = std::fs::copy(files.log(replica), keep.join(format!("node{replica}.log")));
+        }
+    }
 
     let limit = disk_read.min(loopback);
     println!(
@@ -285,6 +302,7 @@ fn produce_for(
     let interval = Duration::from_secs_f64(1.0 / PRODUCER_RATE);
     let mut sent = 0u32;
     let mut last_check = Instant::now();
+    let trace = std::env::var_os("STATEXFER_BENCH_TRACE").is_some();
     loop {
         let scheduled = started + interval * sent;
         if let Some(wait) = scheduled.checked_duration_since(Instant::now()) {
@@ -295,7 +313,19 @@ fn produce_for(
             .send_messages(key, &numbered_batch(*id, PRODUCER_MESSAGES, MESSAGE_SIZE))
             .expect("produce");
         *id += PRODUCER_MESSAGES as u64;
-        let _ = histogram.record(scheduled.elapsed().as_micros() as u64);
+        let latency = scheduled.elapsed();
+        let _ = histogram.record(latency.as_micros() as u64);
+        if trace && latency > Duration::from_millis(20) {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            eprintln!(
+                "slow ack: {:.3} ms, acked at unix {}.{:06}, batch {sent} key {key:?}",
+                latency.as_secs_f64() * 1e3,
+                now.as_secs(),
+                now.subsec_micros()
+            );
+        }
         sent += 1;
         if started.elapsed() >= at_least && last_check.elapsed() >= Duration::from_millis(200) {
             last_check = Instant::now();

@@ -12,6 +12,7 @@ use journal::inspect::{journal_verify, segment_verify, superblock as inspect_sup
 use journal::journal::JOURNAL_FILE;
 use journal::layout::{HEADER_SIZE, SECTOR_SIZE};
 use journal::recovery::FaultReason;
+use journal::segment::log::{index_sealed_segment, parse_segment_name};
 use journal::segment::{PartitionConfig, PartitionLog, SegmentTail};
 use journal::slot::EntryFault;
 use journal::snapshot::{checkpoint, load_checkpoint};
@@ -668,4 +669,81 @@ fn garbage_files_are_errors_or_reports_never_panics() {
         );
         assert_eq!(report.batches, 0);
     }
+}
+
+#[test]
+fn a_sealed_segment_verified_and_indexed_apart_is_loaded_by_the_open_and_bad_ones_refused() {
+    let config = PartitionConfig {
+        segment_size_max: 64 * 1024,
+        index_interval_bytes: 2048,
+        durability: Durability::EveryBatch,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let end = run(async {
+        let (mut log, _) = PartitionLog::open(dir.path(), PARTITION, config)
+            .await
+            .unwrap();
+        for i in 0..80u64 {
+            let bytes = batch(PARTITION, log.next_offset(), 100 + i, 4, 400);
+            let _ = log.append(&bytes).await.unwrap();
+        }
+        let end = log.next_offset();
+        log.close().await.unwrap();
+        end
+    });
+    let mut bases: Vec<u64> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| parse_segment_name(&e.file_name().to_string_lossy()))
+        .collect();
+    bases.sort_unstable();
+    assert!(bases.len() >= 3, "{bases:?}");
+    // The segment files alone in a fresh directory, as a state transfer stages them.
+    let staged = tempfile::tempdir().unwrap();
+    let log_name = |base: u64| format!("{base:020}.log");
+    for base in &bases {
+        std::fs::copy(
+            dir.path().join(log_name(*base)),
+            staged.path().join(log_name(*base)),
+        )
+        .unwrap();
+    }
+    let sealed = &bases[..bases.len() - 1];
+    for (i, base) in sealed.iter().enumerate() {
+        let path = staged.path().join(log_name(*base));
+        let next = index_sealed_segment(&path, staged.path(), PARTITION, *base, config).unwrap();
+        assert_eq!(
+            next,
+            bases[i + 1],
+            "segment {base} ends where the next begins"
+        );
+    }
+    let (rebuilt, opened_end) = run(async {
+        let (log, report) = PartitionLog::open(staged.path(), PARTITION, config)
+            .await
+            .unwrap();
+        let end = log.next_offset();
+        log.close().await.unwrap();
+        (report.rebuilt_indexes, end)
+    });
+    assert!(
+        rebuilt.is_empty(),
+        "indexes written apart are loaded: {rebuilt:?}"
+    );
+    assert_eq!(opened_end, end);
+
+    // A flipped byte, a base that does not match the batches, another partition's
+    // segment: each refused.
+    let first = staged.path().join(log_name(bases[0]));
+    let second = staged.path().join(log_name(bases[1]));
+    let refused = |path: &Path, partition: u64, base: u64| {
+        matches!(
+            index_sealed_segment(path, staged.path(), partition, base, config),
+            Err(JournalError::SegmentCorrupt { .. })
+        )
+    };
+    assert!(refused(&second, PARTITION, bases[1] + 1));
+    assert!(refused(&second, PARTITION + 1, bases[1]));
+    mutate(&first, |image| image[600] ^= 1);
+    assert!(refused(&first, PARTITION, bases[0]));
 }

@@ -38,6 +38,12 @@ pub trait ArtifactSink {
     fn begin(&mut self, index: u32) -> std::io::Result<()>;
     /// Appends the next chunk of artifact `index` (chunks arrive in order).
     fn append(&mut self, index: u32, bytes: &[u8]) -> std::io::Result<()>;
+    /// Artifact `index` of `manifest` is complete and verified by its checksum (no more
+    /// appends until a `begin`). An error fails the transfer.
+    fn finish(&mut self, index: u32, manifest: &crate::Manifest) -> std::io::Result<()> {
+        let _ = (index, manifest);
+        Ok(())
+    }
     /// Offers to stage artifact `index` from bytes this node already holds (a sealed
     /// segment it shares with the server, say). True only when the staged bytes match
     /// `entry` by length and checksum; the fetcher then skips fetching it.

@@ -360,7 +360,12 @@ impl Fetcher {
     /// Handles StateChunk: appends it in order, verifies a finished artifact whole.
     pub fn on_chunk(&mut self, chunk: &StateChunkHeader, body: &[u8], sink: &mut dyn ArtifactSink) {
         let fresh = chunk.nonce == self.nonce && chunk.group == self.group;
-        let State::Fetching { artifacts, .. } = &mut self.state else {
+        let State::Fetching {
+            artifacts,
+            manifest,
+            ..
+        } = &mut self.state
+        else {
             self.progress.stale_frames += 1;
             return;
         };
@@ -393,6 +398,10 @@ impl Fetcher {
                 return;
             }
             if artifact.hasher.digest() == artifact.checksum {
+                if let Err(e) = sink.finish(index as u32, manifest) {
+                    self.state = State::Finished(Outcome::Failed(FetchError::Sink(e.to_string())));
+                    return;
+                }
                 artifact.done = true;
                 self.progress.artifacts_done += 1;
                 self.finish_if_complete();

@@ -8,6 +8,7 @@ use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::artifact::ArtifactSink;
@@ -25,11 +26,60 @@ pub fn artifact_file(index: u32) -> String {
 #[derive(Debug)]
 pub struct FileSink {
     dir: PathBuf,
-    open: Option<(u32, File)>,
-    /// With `sync_every`: bytes appended since the open file was last synced.
-    unsynced: u64,
-    sync_every: Option<u64>,
+    /// Artifacts being written (several at once: the fetcher interleaves their chunks),
+    /// least recently written first.
+    open: Vec<OpenArtifact>,
+    write_back_every: Option<u64>,
 }
+
+#[derive(Debug)]
+struct OpenArtifact {
+    index: u32,
+    file: File,
+    /// Bytes of the file (appends go to its end).
+    len: u64,
+    /// With `write_back_every`: where the bytes not yet written back start.
+    written_back: u64,
+    /// Bytes appended since the file was last synced (made durable).
+    unsynced: u64,
+}
+
+impl OpenArtifact {
+    /// Writes the bytes appended since the last write-back to the disk (`write_back`).
+    fn write_back(&mut self) -> std::io::Result<()> {
+        write_back(&self.file, self.written_back, self.len - self.written_back)?;
+        self.written_back = self.len;
+        Ok(())
+    }
+}
+
+/// Writes `len` bytes of `file` from `offset` to the disk and waits for them, without
+/// a data sync: no filesystem journal commit, no disk cache flush (which the other
+/// writers' fsyncs on the same disk would queue behind). A later `sync_data` then has
+/// only the metadata left to commit.
+pub fn write_back(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    let (Ok(offset), Ok(len)) = (
+        libc::off64_t::try_from(offset),
+        libc::off64_t::try_from(len),
+    ) else {
+        return Err(std::io::Error::other("range beyond off64_t"));
+    };
+    // SAFETY: sync_file_range on an open file descriptor the caller owns; no pointers.
+    let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, flags) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Artifact files kept open at once (more than a fetcher has in flight).
+const OPEN_MAX: usize = 16;
 
 impl FileSink {
     /// A sink writing into `dir`, emptied first (a staging area holds one transfer).
@@ -40,56 +90,90 @@ impl FileSink {
         fs::create_dir_all(dir)?;
         Ok(FileSink {
             dir: dir.to_path_buf(),
-            open: None,
-            unsynced: 0,
-            sync_every: None,
+            open: Vec::new(),
+            write_back_every: None,
         })
     }
 
-    /// Syncs each artifact's data every `bytes` while it is written, so the staged state
+    /// Writes each artifact back to the disk every `bytes` of it while it is written
+    /// (without a sync) and syncs its data once it is complete, so the staged state
     /// reaches the disk as a steady stream rather than one large writeback at install
     /// (which would stall other writers' fsyncs on the same disk).
-    pub fn sync_every(mut self, bytes: u64) -> FileSink {
-        self.sync_every = Some(bytes.max(1));
+    pub fn write_back_every(mut self, bytes: u64) -> FileSink {
+        self.write_back_every = Some(bytes.max(1));
         self
     }
 
-    fn file(&mut self, index: u32, truncate: bool) -> std::io::Result<&mut File> {
-        if truncate || self.open.as_ref().map(|(i, _)| *i) != Some(index) {
-            let file = OpenOptions::new()
-                .create(true)
-                .append(!truncate)
-                .write(true)
-                .truncate(truncate)
-                .open(self.dir.join(artifact_file(index)))?;
-            self.open = Some((index, file));
+    /// Closes artifact `index` if it is open, syncing what was written since its last
+    /// sync (with `write_back_every`).
+    fn close(&mut self, index: u32) -> std::io::Result<()> {
+        let Some(at) = self.open.iter().position(|o| o.index == index) else {
+            return Ok(());
+        };
+        let open = self.open.remove(at);
+        if self.write_back_every.is_some() && open.unsynced > 0 {
+            open.file.sync_data()?;
         }
-        match &mut self.open {
-            Some((_, file)) => Ok(file),
-            None => Err(std::io::Error::other("no open artifact")),
+        Ok(())
+    }
+
+    /// The open artifact `index` (opened for appending if it is not), most recent last.
+    fn open_for_append(&mut self, index: u32) -> std::io::Result<&mut OpenArtifact> {
+        match self.open.iter().position(|o| o.index == index) {
+            Some(at) => {
+                let open = self.open.remove(at);
+                self.open.push(open);
+            }
+            None => {
+                if self.open.len() >= OPEN_MAX {
+                    let oldest = self.open[0].index;
+                    self.close(oldest)?;
+                }
+                let file = OpenOptions::new()
+                    .append(true)
+                    .open(self.dir.join(artifact_file(index)))?;
+                // Reopened after an eviction, which synced it: everything is durable.
+                let len = file.metadata()?.len();
+                self.open.push(OpenArtifact {
+                    index,
+                    file,
+                    len,
+                    written_back: len,
+                    unsynced: 0,
+                });
+            }
         }
+        self.open
+            .last_mut()
+            .ok_or_else(|| std::io::Error::other("no open artifact"))
     }
 }
 
 impl ArtifactSink for FileSink {
     fn begin(&mut self, index: u32) -> std::io::Result<()> {
-        self.file(index, true).map(|_| ())
+        // Whatever an earlier attempt wrote is discarded unsynced.
+        if let Some(at) = self.open.iter().position(|o| o.index == index) {
+            self.open.remove(at);
+        }
+        File::create(self.dir.join(artifact_file(index))).map(|_| ())
     }
 
     fn append(&mut self, index: u32, bytes: &[u8]) -> std::io::Result<()> {
-        let sync_every = self.sync_every;
-        let file = self.file(index, false)?;
-        file.write_all(bytes)?;
-        if let Some(every) = sync_every {
-            self.unsynced += bytes.len() as u64;
-            if self.unsynced >= every {
-                self.unsynced = 0;
-                if let Some((_, file)) = &self.open {
-                    file.sync_data()?;
-                }
+        let write_back_every = self.write_back_every;
+        let open = self.open_for_append(index)?;
+        open.file.write_all(bytes)?;
+        open.len += bytes.len() as u64;
+        open.unsynced += bytes.len() as u64;
+        if let Some(every) = write_back_every {
+            if open.len - open.written_back >= every {
+                open.write_back()?;
             }
         }
         Ok(())
+    }
+
+    fn finish(&mut self, index: u32, _manifest: &Manifest) -> std::io::Result<()> {
+        self.close(index)
     }
 }
 

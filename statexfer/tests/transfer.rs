@@ -423,3 +423,73 @@ fn artifacts_the_fetcher_already_holds_are_reused_and_mismatching_ones_fetched()
         "every non-empty artifact is offered"
     );
 }
+
+/// Stages into files written back as they grow, and checks that the fetcher finishes
+/// each artifact once, only when all of its bytes were appended.
+struct Recording {
+    files: FileSink,
+    appended: HashMap<u32, u64>,
+    finished: Vec<u32>,
+}
+
+impl statexfer::ArtifactSink for Recording {
+    fn begin(&mut self, index: u32) -> std::io::Result<()> {
+        self.appended.insert(index, 0);
+        self.files.begin(index)
+    }
+
+    fn append(&mut self, index: u32, bytes: &[u8]) -> std::io::Result<()> {
+        *self.appended.entry(index).or_default() += bytes.len() as u64;
+        self.files.append(index, bytes)
+    }
+
+    fn finish(&mut self, index: u32, manifest: &statexfer::Manifest) -> std::io::Result<()> {
+        assert_eq!(
+            self.appended.get(&index).copied(),
+            Some(manifest.entries[index as usize].len),
+            "artifact {index} finished whole"
+        );
+        self.finished.push(index);
+        self.files.finish(index, manifest)
+    }
+}
+
+#[test]
+fn a_writing_back_file_sink_stages_interleaved_artifacts_whole_and_each_finishes_once() {
+    let dir = temp_dir("write-back");
+    let staging = dir.join("staging");
+    let artifacts = (0..20u8)
+        .map(|i| {
+            let len = 5_000 + usize::from(i) * 777;
+            let bytes = (0..len).map(|b| (b as u8).wrapping_mul(13) ^ i).collect();
+            (ArtifactKind::SegmentLog, u64::from(i) * 100_000, bytes)
+        })
+        .collect();
+    let src = MemoryArtifacts::offering(900, artifacts);
+    let mut net = Net::new(&[(1, src.clone())], 4096);
+    let mut sink = Recording {
+        files: FileSink::create(&staging).unwrap().write_back_every(3000),
+        appended: HashMap::new(),
+        finished: Vec::new(),
+    };
+    // Several artifacts in flight: their chunks interleave in the sink.
+    let config = FetcherConfig {
+        artifacts_in_flight_max: 4,
+        ..config()
+    };
+    let mut fetcher = Fetcher::start(CLUSTER, 0, GROUP, vec![1], config, 11, 0);
+    let manifest = match net.run(&mut fetcher, &mut sink, 10_000) {
+        Outcome::Complete { manifest, .. } => manifest,
+        other => panic!("{other:?}"),
+    };
+    let mut finished = sink.finished.clone();
+    finished.sort_unstable();
+    assert_eq!(finished, (0..20).collect::<Vec<u32>>());
+    for (index, want) in src.artifacts.iter().enumerate() {
+        let staged = std::fs::read(staging.join(install::artifact_file(index as u32))).unwrap();
+        assert!(&staged == want, "artifact {index} staged as sent");
+    }
+    let live = dir.join("live");
+    install::install(&staging, &live, &manifest, None).unwrap();
+    assert_eq!(install::verify_installed(&live).unwrap(), manifest);
+}

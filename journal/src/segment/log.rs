@@ -172,25 +172,28 @@ impl PartitionLog {
         for &base in &bases {
             let path = dir.join(segment_file_name(base, "log"));
             let is_active = base == active_base;
-            let image = std::fs::read(&path).map_err(io("read", &path))?;
             if let Some(expected) = segments.last().map(|s: &Segment| s.next_offset) {
                 if expected != base {
                     return Err(JournalError::SegmentCorrupt { path, position: 0 });
                 }
             }
+            // A sealed segment with a valid index is not read (only its length is
+            // needed); the active one and any without an index are read and scanned.
             let loaded = if is_active {
                 None
             } else {
-                load_index(dir, base, image.len() as u64)
+                let len = std::fs::metadata(&path).map_err(io("stat", &path))?.len();
+                load_index(dir, base, len).map(|loaded| (loaded, len))
             };
             let segment = match loaded {
-                Some((index, next_offset)) => Segment {
+                Some(((index, next_offset), len)) => Segment {
                     base_offset: base,
                     next_offset,
-                    len: image.len() as u64,
+                    len,
                     index,
                 },
                 None => {
+                    let image = std::fs::read(&path).map_err(io("read", &path))?;
                     let scan = scan_segment(&image, partition_id, base);
                     match &scan.tail {
                         SegmentTail::Clean => {}
@@ -220,15 +223,14 @@ impl PartitionLog {
                         len: scan.valid_len,
                         index,
                     };
-                    if !is_active {
+                    if is_active {
+                        active_image = image;
+                    } else {
                         write_index(dir, &segment)?;
                     }
                     segment
                 }
             };
-            if is_active {
-                active_image = image;
-            }
             segments.push(segment);
         }
         let active_segment = segments
@@ -728,6 +730,43 @@ fn load_index(dir: &Path, base: u64, log_len: u64) -> Option<(SparseIndex, u64)>
     let (time, time_next) = SparseIndex::decode(&times, true, base, log_len)?;
     (time_next == next_offset && next_offset >= base).then_some(())?;
     Some((index.with_timestamps(&time)?, next_offset))
+}
+
+/// Verifies a sealed segment file whole (every batch's checksums, the partition id, the
+/// offsets following on from `base`, timestamps that never go back, nothing after the
+/// last batch) and writes its index files into `dir` under `base`, so that opening the
+/// log there loads them instead of scanning it. A caller assembling a log from
+/// received segments (state transfer) can so verify each as it completes, spreading
+/// the work, rather than all of them at the open. Returns the offset after its last
+/// batch.
+pub fn index_sealed_segment(
+    path: &Path,
+    dir: &Path,
+    partition_id: u64,
+    base: u64,
+    config: PartitionConfig,
+) -> Result<u64> {
+    let image = std::fs::read(path).map_err(io("read", path))?;
+    let scan = scan_segment(&image, partition_id, base);
+    match &scan.tail {
+        SegmentTail::Clean => {}
+        SegmentTail::Torn { position, .. }
+        | SegmentTail::Corrupt { position, .. }
+        | SegmentTail::Discontinuity { position, .. } => {
+            return Err(JournalError::SegmentCorrupt {
+                path: path.to_path_buf(),
+                position: *position,
+            })
+        }
+    }
+    let segment = Segment {
+        base_offset: base,
+        next_offset: scan.next_offset(base),
+        len: scan.valid_len,
+        index: SparseIndex::build(base, &scan.batches, config.index_interval_bytes),
+    };
+    write_index(dir, &segment)?;
+    Ok(segment.next_offset)
 }
 
 /// Writes both index files of a sealed segment. They are rebuilt if lost, so a plain

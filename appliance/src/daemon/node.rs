@@ -161,7 +161,9 @@ const PREPARE_RECORDS_KEPT: usize = 4096;
 /// Events taken into one round of actions at most (bounds the latency of the first).
 const EVENTS_PER_ROUND_MAX: usize = 256;
 
-/// Ticks between partition checkpoints (with 10 ms ticks: one second).
+/// Ticks between partition checkpoint sweeps (with 10 ms ticks: one second). A sweep
+/// checkpoints one partition per tick, so that no tick stalls the loop with the file
+/// syncs of every partition at once.
 const CHECKPOINT_TICKS: u64 = 100;
 
 /// A request unanswered for this long no longer counts toward the request latency.
@@ -212,6 +214,8 @@ pub struct Node {
     pub(super) metadata_applied: u64,
     /// Committed prepares each partition group keeps in memory for repair.
     pub(super) repair_windows: HashMap<u64, RepairWindow>,
+    /// Partition groups the current checkpoint sweep has yet to visit.
+    pub(super) checkpoint_due: std::collections::BTreeSet<u64>,
 }
 
 /// The committed ops (and their sizes) a partition group keeps for repair, oldest first.
@@ -353,6 +357,7 @@ impl Node {
             transferring: BTreeMap::new(),
             metadata_applied,
             repair_windows: HashMap::new(),
+            checkpoint_due: std::collections::BTreeSet::new(),
         };
         node.sync_partitions().await?;
         node.pump().await?;
@@ -496,8 +501,11 @@ impl Node {
     async fn on_tick(&mut self) -> Result<(), DaemonError> {
         self.ticks += 1;
         // Before the tick's own actions: every Commit so far has been applied.
-        if self.ticks.is_multiple_of(CHECKPOINT_TICKS) {
-            self.checkpoint_partitions().await?;
+        if self.ticks.is_multiple_of(CHECKPOINT_TICKS) && self.checkpoint_due.is_empty() {
+            self.checkpoint_due = self.partitions.by_group.keys().copied().collect();
+        }
+        if let Some(group) = self.checkpoint_due.pop_first() {
+            self.checkpoint_partition(group).await?;
         }
         self.checkpoint_metadata().await?;
         // Redundant headers of the last appends ride on the next append's flush; an idle
@@ -1129,36 +1137,39 @@ impl Node {
     /// records and offsets synced, then the commit op, stamp position and client table
     /// written durably; prepare records below it are then dropped. Called only when
     /// every Commit action has been executed, so the state matches the commit point.
-    async fn checkpoint_partitions(&mut self) -> Result<(), DaemonError> {
-        for (group, partition) in self.partitions.by_group.iter_mut() {
-            let Some(replica) = self.groups.get(*group) else {
-                continue;
-            };
-            if replica.commit() <= partition.checkpoint_op
-                || replica.commit() != partition.committed_op
-            {
-                continue;
-            }
-            let Some(checkpoint) = replica.checkpoint() else {
-                continue;
-            };
-            let fail = |e: String| DaemonError::Runtime(format!("partition checkpoint: {e}"));
-            partition.sync_journal().await.map_err(fail)?;
+    async fn checkpoint_partition(&mut self, group: u64) -> Result<(), DaemonError> {
+        let (Some(partition), Some(replica)) = (
+            self.partitions.by_group.get_mut(&group),
+            self.groups.get(group),
+        ) else {
+            return Ok(());
+        };
+        if replica.commit() <= partition.checkpoint_op || replica.commit() != partition.committed_op
+        {
+            return Ok(());
+        }
+        let Some(checkpoint) = replica.checkpoint() else {
+            return Ok(());
+        };
+        let fail = |e: String| DaemonError::Runtime(format!("partition checkpoint: {e}"));
+        partition.sync_journal().await.map_err(fail)?;
+        // Offsets unchanged since their last flush are on stable storage already.
+        if partition.offsets.is_dirty() {
             partition.offsets.flush().map_err(|e| fail(e.to_string()))?;
-            let stored = files::StoredCheckpoint {
-                op: checkpoint.op,
-                position: checkpoint.position,
-                clients: checkpoint.clients.encode(),
-            };
-            files::write_checkpoint(&partition.dir, &stored).map_err(|e| fail(e.to_string()))?;
-            partition.checkpoint_op = checkpoint.op;
-            if partition.prepares.len() > PREPARE_RECORDS_KEPT {
-                partition
-                    .prepares
-                    .compact(checkpoint.op)
-                    .await
-                    .map_err(fail)?;
-            }
+        }
+        let stored = files::StoredCheckpoint {
+            op: checkpoint.op,
+            position: checkpoint.position,
+            clients: checkpoint.clients.encode(),
+        };
+        files::write_checkpoint(&partition.dir, &stored).map_err(|e| fail(e.to_string()))?;
+        partition.checkpoint_op = checkpoint.op;
+        if partition.prepares.len() > PREPARE_RECORDS_KEPT {
+            partition
+                .prepares
+                .compact(checkpoint.op)
+                .await
+                .map_err(fail)?;
         }
         Ok(())
     }

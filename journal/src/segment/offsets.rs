@@ -145,6 +145,11 @@ impl ConsumerOffsets {
         Ok(false)
     }
 
+    /// Whether the table has changes not yet on stable storage.
+    pub fn is_dirty(&self) -> bool {
+        self.schedule.is_dirty()
+    }
+
     /// Writes the table and forces it to stable storage (whatever the policy).
     pub fn flush(&mut self) -> Result<()> {
         let tmp = self.path.with_extension("tmp");
@@ -183,7 +188,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(OFFSETS_FILE);
         let mut every = ConsumerOffsets::open(&path, Durability::EveryBatch).unwrap();
+        assert!(!every.is_dirty());
         assert!(every.store(4, 40).unwrap());
+        assert!(!every.is_dirty(), "stored and synced at once");
         assert_eq!(
             ConsumerOffsets::open(&path, Durability::None)
                 .unwrap()
@@ -192,7 +199,9 @@ mod tests {
         );
 
         let mut lazy = ConsumerOffsets::open(&path, Durability::None).unwrap();
+        assert!(!lazy.is_dirty());
         assert!(!lazy.store(4, 41).unwrap());
+        assert!(lazy.is_dirty(), "a change waits for a flush");
         assert_eq!(
             ConsumerOffsets::open(&path, Durability::None)
                 .unwrap()
@@ -200,6 +209,7 @@ mod tests {
             Some(40)
         );
         lazy.flush().unwrap();
+        assert!(!lazy.is_dirty());
         assert_eq!(
             ConsumerOffsets::open(&path, Durability::None)
                 .unwrap()

@@ -195,40 +195,24 @@ impl Target {
     ) -> Result<Target, CliError> {
         let stream = match args.stream.parse::<u32>() {
             Ok(id) => id,
-            Err(_) => match client
-                .list_streams()?
-                .streams
-                .into_iter()
-                .find(|s| s.name == args.stream)
-            {
-                Some(s) => s.stream_id,
-                None if create => client.create_stream(&args.stream)?,
-                None => {
-                    return Err(CliError::runtime(format!(
-                        "no stream named {:?}",
-                        args.stream
-                    )))
-                }
+            Err(_) if create => match super::find_stream(client, &args.stream)? {
+                Some(id) => id,
+                None => client.create_stream(&args.stream)?,
             },
+            Err(_) => super::stream_id(client, &args.stream)?,
         };
-        let topics = client.list_topics(stream)?.topics;
-        let found = match args.topic.parse::<u32>() {
-            Ok(id) => topics.into_iter().find(|t| t.topic_id == id),
-            Err(_) => topics.into_iter().find(|t| t.name == args.topic),
-        };
-        let (topic, count, created) = match found {
-            Some(t) => (t.topic_id, t.partitions, false),
-            None if create && args.topic.parse::<u32>().is_err() => (
-                client.create_topic(stream, &args.topic, args.partitions)?,
-                args.partitions,
-                true,
-            ),
-            None => {
-                return Err(CliError::runtime(format!(
-                    "no topic {:?} in stream {stream}",
-                    args.topic
-                )))
+        let (topic, count, created) = if create && args.topic.parse::<u32>().is_err() {
+            match super::find_topic(client, stream, &args.topic)? {
+                Some((topic, count)) => (topic, count, false),
+                None => (
+                    client.create_topic(stream, &args.topic, args.partitions)?,
+                    args.partitions,
+                    true,
+                ),
             }
+        } else {
+            let (topic, count) = super::topic(client, stream, &args.topic)?;
+            (topic, count, false)
         };
         if count < args.partitions {
             return Err(CliError::runtime(format!(

@@ -217,30 +217,66 @@ pub fn connect_with(
     Ok(client)
 }
 
+/// How long a stream or topic lookup that misses is retried. Metadata reads are served
+/// by the node the client is connected to, from what it has applied, and a backup may
+/// lag the commit that created the stream or topic (by up to a commit broadcast).
+pub const LOOKUP_PATIENCE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// `find` until it finds something or `patience` has passed (then None); errors end it.
+pub fn lookup<T>(
+    patience: std::time::Duration,
+    mut find: impl FnMut() -> Result<Option<T>, CliError>,
+) -> Result<Option<T>, CliError> {
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        if let Some(found) = find()? {
+            return Ok(Some(found));
+        }
+        if std::time::Instant::now() >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// The id of the stream named `name`, as the connected node knows it now.
+pub fn find_stream(client: &mut Client, name: &str) -> Result<Option<u32>, CliError> {
+    Ok(client
+        .list_streams()?
+        .streams
+        .into_iter()
+        .find(|s| s.name == name)
+        .map(|s| s.stream_id))
+}
+
 /// A stream given by id (digits) or by name.
 pub fn stream_id(client: &mut Client, stream: &str) -> Result<u32, CliError> {
     if let Ok(id) = stream.parse::<u32>() {
         return Ok(id);
     }
-    client
-        .list_streams()?
-        .streams
-        .into_iter()
-        .find(|s| s.name == stream)
-        .map(|s| s.stream_id)
+    lookup(LOOKUP_PATIENCE, || find_stream(client, stream))?
         .ok_or_else(|| CliError::runtime(format!("no stream named {stream:?}")))
 }
 
 /// A topic of `stream_id` given by id or name, with its partition count.
 pub fn topic(client: &mut Client, stream_id: u32, topic: &str) -> Result<(u32, u32), CliError> {
+    lookup(LOOKUP_PATIENCE, || find_topic(client, stream_id, topic))?
+        .ok_or_else(|| CliError::runtime(format!("no topic {topic:?} in stream {stream_id}")))
+}
+
+/// The id and partition count of `topic` (id or name) of `stream_id`, as the connected
+/// node knows it now.
+pub fn find_topic(
+    client: &mut Client,
+    stream_id: u32,
+    topic: &str,
+) -> Result<Option<(u32, u32)>, CliError> {
     let topics = client.list_topics(stream_id)?.topics;
     let found = match topic.parse::<u32>() {
         Ok(id) => topics.into_iter().find(|t| t.topic_id == id),
         Err(_) => topics.into_iter().find(|t| t.name == topic),
     };
-    found
-        .map(|t| (t.topic_id, t.partitions))
-        .ok_or_else(|| CliError::runtime(format!("no topic {topic:?} in stream {stream_id}")))
+    Ok(found.map(|t| (t.topic_id, t.partitions)))
 }
 
 /// Runs a parsed command.
@@ -281,5 +317,40 @@ pub fn run(cli: &Cli) -> Result<Report, CliError> {
         Cmd::Consume(args) => consume::run(&cli.global, args),
         Cmd::Status(args) => status::run(&cli.global, args),
         Cmd::Bench { action } => bench::run(&cli.global, action),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[test]
+    fn a_lookup_that_misses_is_retried_until_found_or_out_of_patience() {
+        let mut calls = 0;
+        let found = lookup(Duration::from_secs(5), || {
+            calls += 1;
+            Ok((calls == 3).then_some(42))
+        })
+        .unwrap();
+        assert_eq!((found, calls), (Some(42), 3));
+
+        let started = Instant::now();
+        let mut calls = 0;
+        let found: Option<u32> = lookup(Duration::from_millis(250), || {
+            calls += 1;
+            Ok(None)
+        })
+        .unwrap();
+        assert_eq!(found, None);
+        assert!(calls >= 2 && started.elapsed() >= Duration::from_millis(250));
+
+        let mut calls = 0;
+        let failed: Result<Option<u32>, CliError> = lookup(Duration::from_secs(5), || {
+            calls += 1;
+            Err(CliError::runtime("connection lost".to_string()))
+        });
+        assert!(failed.is_err() && calls == 1, "an error is not retried");
     }
 }

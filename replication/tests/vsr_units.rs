@@ -665,3 +665,63 @@ fn a_request_given_as_header_and_body_prepares_what_its_frame_would() {
         RequestOutcome::Rejected
     );
 }
+
+/// The livelock seen in e2e_client_library (partition group cycling views with commit
+/// stuck): a backup's driver deferred an append (the prepare arrived past its journal's
+/// head) and never reported it durable; the core held the body, so repair never asked
+/// for it again and no PrepareOk ever went out for it. The core now asks the driver to
+/// journal such ops again on its repair timeout, and acks once they are durable.
+#[test]
+fn an_op_never_reported_durable_is_journaled_again_and_then_acked() {
+    let prepares = metadata_prepares(2);
+    let mut backup = Replica::new(Config::new(cluster(), METADATA_GROUP, 1, 3));
+    backup.on_message(prepares[0].as_bytes());
+    backup.on_message(prepares[1].as_bytes());
+    assert_eq!(journaled(&mut backup), vec![1, 2]);
+    // The driver made op 1 durable and deferred op 2 (reported nothing for it).
+    backup.on_journal_durable(1, prepares[0].checksum());
+    let _ = backup.drain_actions();
+    let acks_of = |actions: &[Action]| -> Vec<u64> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Send { frame, .. } => match decode(frame.as_bytes(), &Limits::default()) {
+                    Ok(Message::PrepareOk(h)) => Some(h.op),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect()
+    };
+    let mut again = Vec::new();
+    for _ in 0..2000 {
+        backup.on_tick();
+        let actions = backup.drain_actions();
+        again.extend(actions.iter().filter_map(|a| match a {
+            Action::JournalAppend { op, frame } => Some((*op, frame.checksum())),
+            _ => None,
+        }));
+        if !again.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(
+        again,
+        vec![(2, prepares[1].checksum())],
+        "op 2 asked again, only op 2"
+    );
+    assert_eq!(backup.counters().journal_again, 1);
+    backup.on_journal_durable(2, prepares[1].checksum());
+    assert_eq!(acks_of(&backup.drain_actions()), vec![2]);
+    // Durable now: never asked again.
+    for _ in 0..2000 {
+        backup.on_tick();
+        assert!(
+            !backup
+                .drain_actions()
+                .iter()
+                .any(|a| matches!(a, Action::JournalAppend { .. })),
+            "a durable op journaled again"
+        );
+    }
+}

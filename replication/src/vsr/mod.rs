@@ -249,6 +249,8 @@ pub struct Counters {
     pub ranges_evicted: u64,
     /// StateTransfer actions emitted.
     pub state_transfers_requested: u64,
+    /// Ops asked to be journaled again because they were never reported durable.
+    pub journal_again: u64,
 }
 
 /// The headers a DVC or StartView carries, highest op first.

@@ -10,6 +10,9 @@ use super::log::frame_header;
 use super::replica::{Replica, Status};
 use super::Action;
 
+/// Ops asked to be journaled again per repair timeout at most.
+const JOURNAL_AGAIN_MAX: usize = 64;
+
 impl Replica {
     /// Extends the known chain down to the commit point and journals promoted candidates.
     pub(crate) fn walk_chain(&mut self) {
@@ -29,6 +32,9 @@ impl Replica {
             self.status == Status::ViewChange && !forming && self.dvc_blocked_by().is_some();
         if self.status != Status::Normal && !forming && !blocked {
             return;
+        }
+        if self.status == Status::Normal {
+            self.journal_again();
         }
         self.walk_chain();
         let top = if blocked {
@@ -59,6 +65,35 @@ impl Replica {
             None => return,
         };
         self.request_prepares(from, to);
+    }
+
+    /// Asks the driver again to journal ops above the commit point whose bodies are here
+    /// but not reported durable. A driver defers an append past its journal's head (the
+    /// prepare arrived before the ops below it); repair then brings the ops below, but
+    /// the deferred op has its body, so it would never be asked for again and never be
+    /// acknowledged: a view whose quorum needs it cannot commit. Journaling a held op
+    /// again is idempotent for the driver.
+    fn journal_again(&mut self) {
+        let mut asked = 0;
+        for op in self.commit + 1..=self.log.op {
+            if asked == JOURNAL_AGAIN_MAX {
+                break;
+            }
+            let Some(frame) = self
+                .log
+                .slot(op)
+                .filter(|s| !s.durable && s.identity.is_some())
+                .and_then(|s| s.frame.clone())
+            else {
+                continue;
+            };
+            if Some(frame.checksum()) != self.log.identity(op) {
+                continue;
+            }
+            self.counters.journal_again += 1;
+            self.actions.push_back(Action::JournalAppend { op, frame });
+            asked += 1;
+        }
     }
 
     fn request_prepares(&mut self, from: u64, to: u64) {

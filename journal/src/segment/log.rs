@@ -15,7 +15,7 @@ use replication::wire::batch::{check_stamp, verify, PartitionPosition, BATCH_HEA
 use serde::Serialize;
 
 use super::index::SparseIndex;
-use super::scan::{scan_segment, BatchEntry, SegmentTail};
+use super::scan::{scan_segment, BatchEntry, SegmentScan, SegmentTail};
 use crate::durability::{Durability, SyncSchedule};
 use crate::error::{JournalError, Result};
 use crate::journal::sync_parent_dir;
@@ -192,16 +192,21 @@ impl PartitionLog {
                     len,
                     index,
                 },
+                None if !is_active => {
+                    let segment = scan_sealed(&path, partition_id, base, config)?;
+                    report.rebuilt_indexes.push(base);
+                    write_index(dir, &segment)?;
+                    segment
+                }
                 None => {
                     let image = std::fs::read(&path).map_err(io("read", &path))?;
                     let scan = scan_segment(&image, partition_id, base);
                     match &scan.tail {
                         SegmentTail::Clean => {}
-                        SegmentTail::Torn { position, .. } if is_active => {
+                        SegmentTail::Torn { position, .. } => {
                             report.truncated_tail = Some((base, *position));
                         }
-                        SegmentTail::Torn { position, .. }
-                        | SegmentTail::Corrupt { position, .. }
+                        SegmentTail::Corrupt { position, .. }
                         | SegmentTail::Discontinuity { position, .. } => {
                             return Err(JournalError::SegmentCorrupt {
                                 path,
@@ -209,26 +214,9 @@ impl PartitionLog {
                             })
                         }
                     }
-                    if !is_active {
-                        report.rebuilt_indexes.push(base);
-                    }
-                    if is_active {
-                        last_timestamp = scan.batches.last().map(|b| b.base_timestamp);
-                    }
-                    let index =
-                        SparseIndex::build(base, &scan.batches, config.index_interval_bytes);
-                    let segment = Segment {
-                        base_offset: base,
-                        next_offset: scan.next_offset(base),
-                        len: scan.valid_len,
-                        index,
-                    };
-                    if is_active {
-                        active_image = image;
-                    } else {
-                        write_index(dir, &segment)?;
-                    }
-                    segment
+                    last_timestamp = scan.batches.last().map(|b| b.base_timestamp);
+                    active_image = image;
+                    segment_of(base, &scan, config)
                 }
             };
             segments.push(segment);
@@ -746,27 +734,40 @@ pub fn index_sealed_segment(
     base: u64,
     config: PartitionConfig,
 ) -> Result<u64> {
+    let segment = scan_sealed(path, partition_id, base, config)?;
+    write_index(dir, &segment)?;
+    Ok(segment.next_offset)
+}
+
+/// Reads and scans a sealed segment whole: anything but a clean end (a torn, corrupt or
+/// discontinuous batch) is an error, since a sealed segment is never written again.
+fn scan_sealed(
+    path: &Path,
+    partition_id: u64,
+    base: u64,
+    config: PartitionConfig,
+) -> Result<Segment> {
     let image = std::fs::read(path).map_err(io("read", path))?;
     let scan = scan_segment(&image, partition_id, base);
     match &scan.tail {
-        SegmentTail::Clean => {}
+        SegmentTail::Clean => Ok(segment_of(base, &scan, config)),
         SegmentTail::Torn { position, .. }
         | SegmentTail::Corrupt { position, .. }
-        | SegmentTail::Discontinuity { position, .. } => {
-            return Err(JournalError::SegmentCorrupt {
-                path: path.to_path_buf(),
-                position: *position,
-            })
-        }
+        | SegmentTail::Discontinuity { position, .. } => Err(JournalError::SegmentCorrupt {
+            path: path.to_path_buf(),
+            position: *position,
+        }),
     }
-    let segment = Segment {
+}
+
+/// The segment a scan found: its batches up to the first bad one, indexed.
+fn segment_of(base: u64, scan: &SegmentScan, config: PartitionConfig) -> Segment {
+    Segment {
         base_offset: base,
         next_offset: scan.next_offset(base),
         len: scan.valid_len,
         index: SparseIndex::build(base, &scan.batches, config.index_interval_bytes),
-    };
-    write_index(dir, &segment)?;
-    Ok(segment.next_offset)
+    }
 }
 
 /// Writes both index files of a sealed segment. They are rebuilt if lost, so a plain

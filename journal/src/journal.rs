@@ -92,6 +92,18 @@ impl PrepareBuffer {
     }
 }
 
+impl PrepareBuffer {
+    /// The write buffer, its padding after the prepare zeroed.
+    fn into_padded(mut self) -> Rc<DmaBuffer> {
+        let len = self.len;
+        Rc::get_mut(&mut self.buffer)
+            .unwrap_or_else(|| unreachable!("a PrepareBuffer's buffer is never shared"))
+            .as_bytes_mut()[len..]
+            .fill(0);
+        self.buffer
+    }
+}
+
 impl std::fmt::Debug for PrepareBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PrepareBuffer")
@@ -387,15 +399,10 @@ impl Journal {
         let mut buffers: Vec<Option<PrepareBuffer>> = prepares.into_iter().map(Some).collect();
         let durable = self
             .write_entries(&headers, false, |_, _, i, _| {
-                let mut prepare = buffers[i]
+                Ok(buffers[i]
                     .take()
-                    .unwrap_or_else(|| unreachable!("each buffer is written once"));
-                let len = prepare.len;
-                Rc::get_mut(&mut prepare.buffer)
-                    .unwrap_or_else(|| unreachable!("a PrepareBuffer's buffer is never shared"))
-                    .as_bytes_mut()[len..]
-                    .fill(0);
-                Ok(prepare.buffer)
+                    .unwrap_or_else(|| unreachable!("each buffer is written once"))
+                    .into_padded())
             })
             .await?;
         self.appended(&headers);
@@ -692,9 +699,14 @@ impl Journal {
         }
         let written: Result<()> = inflight.join().await.into_iter().collect();
         let offsets: Vec<u64> = used.iter().map(|(_, offset)| *offset).collect();
-        let header_bytes: Vec<Vec<u8>> = used
+        // The headers go into the ring once durable; the buffers go back to the pool now.
+        let header_bytes: Vec<[u8; HEADER_SIZE as usize]> = used
             .iter()
-            .map(|(buffer, _)| buffer.as_bytes()[..HEADER_SIZE as usize].to_vec())
+            .map(|(buffer, _)| {
+                let mut header = [0; HEADER_SIZE as usize];
+                header.copy_from_slice(&buffer.as_bytes()[..HEADER_SIZE as usize]);
+                header
+            })
             .collect();
         self.prepare_buffers = pool;
         self.recycle(used.into_iter().map(|(buffer, _)| buffer));

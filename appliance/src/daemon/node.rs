@@ -650,16 +650,17 @@ impl Node {
         let journal = &mut self.data.journal;
         let fail = |e: journal::JournalError| DaemonError::Runtime(format!("journal op {op}: {e}"));
         if op <= journal.op_head() {
+            let faulty = journal.faulty().any(|f| f == op);
             // Asked again for an op it holds (the core re-asks ops it never saw reported
             // durable): already durable, nothing to write.
-            if !journal.faulty().any(|f| f == op)
+            if !faulty
                 && journal
                     .header(op)
                     .is_some_and(|h| h.frame.checksum == frame.checksum())
             {
                 return Ok(Some(frame.checksum()));
             }
-            if journal.faulty().any(|f| f == op) {
+            if faulty {
                 let durable = journal.write_repair(frame.as_bytes()).await.map_err(fail)?;
                 return Ok(Some(durable.checksum));
             }

@@ -82,14 +82,11 @@ impl Replica {
             let Some(frame) = self
                 .log
                 .slot(op)
-                .filter(|s| !s.durable && s.identity.is_some())
-                .and_then(|s| s.frame.clone())
+                .filter(|s| !s.durable)
+                .and_then(|s| s.frame.clone().filter(|f| s.identity == Some(f.checksum())))
             else {
                 continue;
             };
-            if Some(frame.checksum()) != self.log.identity(op) {
-                continue;
-            }
             self.counters.journal_again += 1;
             self.actions.push_back(Action::JournalAppend { op, frame });
             asked += 1;

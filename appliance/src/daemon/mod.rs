@@ -161,7 +161,14 @@ pub fn format(config: &Config, replica_id: u8, policy: RootPassword) -> Result<(
         .make()
         .map_err(|e| DaemonError::Runtime(format!("executor: {e}")))?;
     executor
-        .run(journal::data_dir::format(&dir, layout, identity))
+        .run(async {
+            journal::runtime::choose_disk_completions(&dir)
+                .await
+                .map_err(|e| e.to_string())?;
+            journal::data_dir::format(&dir, layout, identity)
+                .await
+                .map_err(|e| e.to_string())
+        })
         .map_err(|e| DaemonError::Runtime(format!("format {}: {e}", dir.display())))?;
     tracing::info!(dir = %dir.display(), replica_id, "data directory formatted");
     Ok(())
@@ -383,6 +390,13 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
     )
     .map_err(DaemonError::Runtime)?;
     executor.run(async move {
+        let completions = journal::runtime::choose_disk_completions(&dir)
+            .await
+            .map_err(|e| DaemonError::Runtime(e.to_string()))?;
+        tracing::info!(
+            completions = completions.name(),
+            "disk IO completions on the replica executor"
+        );
         let data = journal::data_dir::open(&dir)
             .await
             .map_err(|e| DaemonError::Runtime(format!("open {}: {e}", dir.display())))?;

@@ -224,6 +224,10 @@ pub fn start(
             let inbox = inbox.connect().await;
             let outbox = outbox.connect().await;
             lower_thread_priority();
+            if let Err(error) = journal::runtime::choose_disk_completions(&settings.data_dir).await
+            {
+                tracing::warn!(%error, "statexfer executor: disk completions left to glommio");
+            }
             let mut xfer = Xfer::new(settings, outbox, stats);
             let mut next_tick = Instant::now() + TICK;
             loop {

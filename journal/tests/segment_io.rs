@@ -180,6 +180,56 @@ fn batches_that_do_not_follow_the_log_are_rejected() {
     });
 }
 
+/// A batch the caller already verified is appended with only its stamp checked: it must
+/// still follow the log, and its body is not hashed again (so a body the caller should
+/// never have vouched for is stored, and found by the scan of the next open).
+#[test]
+fn verified_appends_check_the_stamp_but_not_the_body_and_recovery_still_checks_it() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let (mut log, _) =
+            PartitionLog::open(dir.path(), PARTITION, config(Durability::EveryBatch))
+                .await
+                .unwrap();
+        let first = batch(PARTITION, 0, 1, 3, 50);
+        assert_eq!(
+            log.append_verified_deferred(&first)
+                .await
+                .unwrap()
+                .next_offset,
+            3
+        );
+        for wrong in [
+            batch(PARTITION, 7, 2, 1, 10),
+            batch(PARTITION + 1, 3, 2, 1, 10),
+            batch(PARTITION, 3, 0, 1, 10),
+        ] {
+            assert!(matches!(
+                log.append_verified_deferred(&wrong).await,
+                Err(JournalError::BatchRejected { .. })
+            ));
+        }
+        let mut tampered = batch(PARTITION, 3, 2, 1, 10);
+        *tampered.last_mut().unwrap() ^= 1;
+        assert!(matches!(
+            log.append_deferred(&tampered).await,
+            Err(JournalError::BatchRejected { .. })
+        ));
+        assert_eq!(log.next_offset(), 3);
+        log.append_verified_deferred(&tampered).await.unwrap();
+        assert_eq!(log.next_offset(), 4);
+        log.sync().await.unwrap();
+        log.close().await.unwrap();
+        match PartitionLog::open(dir.path(), PARTITION, config(Durability::EveryBatch)).await {
+            Err(JournalError::SegmentCorrupt { position, .. }) => {
+                assert_eq!(position, first.len() as u64, "found at the tampered batch")
+            }
+            Err(other) => panic!("the open must refuse the stored bad batch: {other}"),
+            Ok(_) => panic!("the open must refuse the stored bad batch"),
+        }
+    });
+}
+
 #[test]
 fn retention_deletes_whole_old_segments_only() {
     let dir = tempfile::tempdir().unwrap();

@@ -1005,7 +1005,7 @@ impl Node {
         let body = frame.as_bytes().get(256..).unwrap_or(&[]);
         let before = partition.log.position();
         let record = if header.operation == Operation::SendMessages as u8 {
-            let receipt = match partition.log.append_deferred(body).await {
+            let receipt = match partition.log.append_verified_deferred(body).await {
                 Ok(receipt) => receipt,
                 Err(error) => {
                     // The core checked the stamp against its own position: a mismatch

@@ -8,10 +8,13 @@
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::Instant;
 
 use glommio::io::{DmaFile, OpenOptions};
-use replication::wire::batch::{check_stamp, verify, PartitionPosition, BATCH_HEADER_SIZE};
+use replication::wire::batch::{
+    check_stamp, check_stamp_of_verified, verify, PartitionPosition, BATCH_HEADER_SIZE,
+};
 use serde::Serialize;
 
 use super::index::SparseIndex;
@@ -20,6 +23,15 @@ use crate::durability::{Durability, SyncSchedule};
 use crate::error::{JournalError, Result};
 use crate::journal::sync_parent_dir;
 use crate::layout::{sector_ceil, sector_floor, SECTOR_SIZE};
+
+/// How much of a batch an append checks.
+#[derive(Clone, Copy)]
+enum Checks {
+    /// Every message checksum and the batch checksum, then the stamp.
+    Verify,
+    /// The stamp only: the caller already verified the batch.
+    StampOnly,
+}
 
 /// Smallest segment size accepted.
 pub const SEGMENT_SIZE_MIN: u64 = 64 * 1024;
@@ -118,6 +130,46 @@ pub struct PartitionLog {
     active: Active,
     last_timestamp: u64,
     schedule: SyncSchedule,
+}
+
+/// Write buffers of earlier appends on this thread (an executor's logs share them),
+/// reused when one has the length the next append needs: the appends of steady
+/// producers come in few sizes, and a fresh buffer per append costs its page faults and
+/// zeroing every time. Bounded in count and bytes.
+mod spare {
+    use std::cell::RefCell;
+
+    use glommio::io::DmaBuffer;
+
+    const BUFFERS_MAX: usize = 8;
+    const BYTES_MAX: usize = 16 << 20;
+
+    thread_local! {
+        static SPARE: RefCell<Vec<DmaBuffer>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// A kept buffer of exactly `len` bytes, if there is one.
+    pub(super) fn take(len: usize) -> Option<DmaBuffer> {
+        SPARE.with_borrow_mut(|spare| {
+            let i = spare.iter().position(|b| b.len() == len)?;
+            Some(spare.swap_remove(i))
+        })
+    }
+
+    /// Keeps `buffer` for reuse, dropping the oldest beyond the bounds.
+    pub(super) fn keep(buffer: DmaBuffer) {
+        if buffer.len() > BYTES_MAX {
+            return;
+        }
+        SPARE.with_borrow_mut(|spare| {
+            spare.push(buffer);
+            while spare.len() > BUFFERS_MAX
+                || spare.iter().map(|b| b.len()).sum::<usize>() > BYTES_MAX
+            {
+                spare.remove(0);
+            }
+        });
+    }
 }
 
 fn io<'a, E: Into<std::io::Error>>(
@@ -347,14 +399,22 @@ impl PartitionLog {
     /// Appends a stamped batch (it must verify and follow the log), rolling the segment
     /// first if it would grow past `segment_size_max`. Synced per `message_durability`.
     pub async fn append(&mut self, batch: &[u8]) -> Result<AppendReceipt> {
-        self.append_inner(batch, true).await
+        self.append_inner(batch, true, Checks::Verify).await
     }
 
     /// As `append`, but never syncs: the caller groups several appends under one
     /// `sync` (group commit) and must call it before treating them as durable (under
     /// `EveryBatch`; the interval policies sync on `tick` as usual).
     pub async fn append_deferred(&mut self, batch: &[u8]) -> Result<AppendReceipt> {
-        self.append_inner(batch, false).await
+        self.append_inner(batch, false, Checks::Verify).await
+    }
+
+    /// As `append_deferred`, for a batch that `wire::batch::verify` already accepted
+    /// (a prepare that passed `wire::decode`, a batch this node stamped): its messages
+    /// are not hashed again; the stamp, size and order are still checked. The caller
+    /// vouches for the body, as recovery re-verifies every batch it scans.
+    pub async fn append_verified_deferred(&mut self, batch: &[u8]) -> Result<AppendReceipt> {
+        self.append_inner(batch, false, Checks::StampOnly).await
     }
 
     /// Whether the policy wants every write synced before it is acknowledged.
@@ -362,12 +422,20 @@ impl PartitionLog {
         self.config.durability == Durability::EveryBatch
     }
 
-    async fn append_inner(&mut self, batch: &[u8], sync_now: bool) -> Result<AppendReceipt> {
-        let info =
-            check_stamp(batch, &self.position()).map_err(|e| JournalError::BatchRejected {
-                base_offset: self.next_offset(),
-                reason: e.to_string(),
-            })?;
+    async fn append_inner(
+        &mut self,
+        batch: &[u8],
+        sync_now: bool,
+        checks: Checks,
+    ) -> Result<AppendReceipt> {
+        let checked = match checks {
+            Checks::Verify => check_stamp(batch, &self.position()),
+            Checks::StampOnly => check_stamp_of_verified(batch, &self.position()),
+        };
+        let info = checked.map_err(|e| JournalError::BatchRejected {
+            base_offset: self.next_offset(),
+            reason: e.to_string(),
+        })?;
         if batch.len() as u64 > BATCH_SIZE_MAX {
             return Err(JournalError::BatchRejected {
                 base_offset: info.base_offset,
@@ -383,7 +451,8 @@ impl PartitionLog {
         let tail_len = self.active.tail.len();
         assert_eq!(write_at + tail_len as u64, position);
         let total = sector_ceil(position + batch.len() as u64) - write_at;
-        let mut buffer = self.active.file.alloc_dma_buffer(total as usize);
+        let mut buffer = spare::take(total as usize)
+            .unwrap_or_else(|| self.active.file.alloc_dma_buffer(total as usize));
         {
             let bytes = buffer.as_bytes_mut();
             bytes[..tail_len].copy_from_slice(&self.active.tail);
@@ -394,12 +463,16 @@ impl PartitionLog {
         let new_tail_start = (sector_floor(end) - write_at) as usize;
         let new_tail = buffer.as_bytes()[new_tail_start..(end - write_at) as usize].to_vec();
         let path = self.active_path();
+        let buffer = Rc::new(buffer);
         let written = self
             .active
             .file
-            .write_at(buffer, write_at)
+            .write_rc_at(buffer.clone(), write_at)
             .await
             .map_err(io("write", &path))?;
+        if let Ok(buffer) = Rc::try_unwrap(buffer) {
+            spare::keep(buffer);
+        }
         if (written as u64) < total {
             return Err(JournalError::io(
                 "write",

@@ -345,7 +345,7 @@ impl FrameReader {
     ) -> Result<(), ReadError> {
         self.fill(stream, HEADER_SIZE).await?;
         if buf.len() < HEADER_SIZE {
-            buf.resize(HEADER_SIZE);
+            buf.resize_for_overwrite(HEADER_SIZE);
         }
         buf.as_bytes_mut()[..HEADER_SIZE]
             .copy_from_slice(&self.stage[self.start..self.start + HEADER_SIZE]);
@@ -365,7 +365,7 @@ impl FrameReader {
         // A pooled buffer may already be long enough; otherwise grow in steps as bytes
         // arrive. Shrinking (to the exact size at the end) keeps the allocation.
         if buf.len() < filled {
-            buf.resize(filled);
+            buf.resize_for_overwrite(filled);
         }
         buf.as_bytes_mut()[HEADER_SIZE..filled]
             .copy_from_slice(&self.stage[self.start..self.start + staged]);
@@ -373,7 +373,7 @@ impl FrameReader {
         while filled < size {
             let want = size.min(filled + BODY_GROW_STEP);
             if buf.len() < want {
-                buf.resize(want);
+                buf.resize_for_overwrite(want);
             }
             let n = read_some(stream, &mut buf.as_bytes_mut()[filled..want])
                 .await
@@ -383,7 +383,7 @@ impl FrameReader {
             }
             filled += n;
         }
-        buf.resize(size);
+        buf.resize_for_overwrite(size);
         self.read_ahead = size <= self.stage.len() / 4;
         Ok(())
     }

@@ -56,6 +56,17 @@ impl FrameBuf {
         self.len = len;
     }
 
+    /// Grows or shrinks to `len` bytes for a caller that overwrites them all (a read
+    /// from a socket): bytes the allocation already holds keep their stale contents
+    /// instead of being zero-filled again; only a new allocation is zeroed.
+    pub fn resize_for_overwrite(&mut self, len: usize) {
+        let blocks = len.div_ceil(16);
+        if blocks > self.blocks.len() {
+            self.blocks.resize(blocks, Block([0; 16]));
+        }
+        self.len = len;
+    }
+
     /// Bytes in the buffer.
     pub fn len(&self) -> usize {
         self.len
@@ -251,5 +262,37 @@ impl PrepareChain {
         let frame = Frame::build(header, body);
         self.parent = frame.checksum();
         frame
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FrameBuf;
+
+    #[test]
+    fn resizing_for_overwrite_zeroes_only_new_memory_and_resize_zeroes_every_new_byte() {
+        let mut buf = FrameBuf::default();
+        buf.resize_for_overwrite(100);
+        assert_eq!(buf.len(), 100);
+        assert!(
+            buf.as_bytes().iter().all(|&b| b == 0),
+            "a new allocation is zero"
+        );
+        buf.as_bytes_mut().fill(7);
+        buf.resize_for_overwrite(10);
+        assert_eq!(buf.len(), 10);
+        buf.resize_for_overwrite(100);
+        assert!(
+            buf.as_bytes()[10..].iter().all(|&b| b == 7),
+            "held bytes are not zero-filled again"
+        );
+        buf.resize_for_overwrite(200);
+        assert!(buf.as_bytes()[112..].iter().all(|&b| b == 0));
+        buf.resize(10);
+        buf.resize(100);
+        assert!(
+            buf.as_bytes()[10..].iter().all(|&b| b == 0),
+            "resize still zeroes every byte it adds"
+        );
     }
 }

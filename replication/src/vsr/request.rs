@@ -164,7 +164,8 @@ impl Replica {
         };
         let timestamp = self.now.max(self.timestamp_last + 1);
         // The prepare's buffer, body in place: a batch is stamped there, not copied twice.
-        let mut buf = FrameBuf::zeroed(HEADER_SIZE + body.len());
+        // Every byte is written: the body here, the header by `Frame::build_in`.
+        let mut buf = FrameBuf::for_overwrite(HEADER_SIZE + body.len());
         buf.as_bytes_mut()[HEADER_SIZE..].copy_from_slice(body);
         if request.operation == Operation::SendMessages as u8 {
             let Some(position) = self.positions.get(&self.log.op).copied() else {

@@ -26,7 +26,65 @@ pub struct FrameBuf {
     len: usize,
 }
 
+/// Storage of dropped large frame buffers, reused by the next large buffer this thread
+/// fills whole (a frame read from a socket, a prepare built from a request): a fresh
+/// megabyte costs its page faults and zeroing every time, and prepares are dropped by
+/// the consensus core, not handed back to the bus's pool. Bounded per thread.
+mod recycled {
+    use std::cell::RefCell;
+
+    use super::Block;
+
+    /// Buffers smaller than this are left to the allocator.
+    pub(super) const BLOCKS_MIN: usize = (64 << 10) / 16;
+    const BUFFERS_MAX: usize = 16;
+    const BLOCKS_MAX: usize = (64 << 20) / 16;
+
+    thread_local! {
+        static FREE: RefCell<Vec<Vec<Block>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// Kept storage of at least `blocks` blocks (initialized; stale contents).
+    pub(super) fn take(blocks: usize) -> Option<Vec<Block>> {
+        FREE.try_with(|free| {
+            let mut free = free.borrow_mut();
+            let i = free.iter().position(|v| v.len() >= blocks)?;
+            Some(free.swap_remove(i))
+        })
+        .ok()
+        .flatten()
+    }
+
+    pub(super) fn keep(storage: Vec<Block>) {
+        if storage.len() < BLOCKS_MIN || storage.len() > BLOCKS_MAX {
+            return;
+        }
+        let _ = FREE.try_with(|free| {
+            let mut free = free.borrow_mut();
+            free.push(storage);
+            while free.len() > BUFFERS_MAX || free.iter().map(Vec::len).sum::<usize>() > BLOCKS_MAX
+            {
+                free.remove(0);
+            }
+        });
+    }
+}
+
+impl Drop for FrameBuf {
+    fn drop(&mut self) {
+        recycled::keep(std::mem::take(&mut self.blocks));
+    }
+}
+
 impl FrameBuf {
+    /// A buffer of `len` bytes whose every byte the caller overwrites: it may reuse the
+    /// storage of a dropped buffer, stale contents and all (see `resize_for_overwrite`).
+    pub fn for_overwrite(len: usize) -> FrameBuf {
+        let mut buf = FrameBuf::default();
+        buf.resize_for_overwrite(len);
+        buf
+    }
+
     /// A zero-filled buffer of `len` bytes.
     pub fn zeroed(len: usize) -> FrameBuf {
         let mut buf = FrameBuf::default();
@@ -36,7 +94,7 @@ impl FrameBuf {
 
     /// An aligned copy of `bytes`.
     pub fn from_bytes(bytes: &[u8]) -> FrameBuf {
-        let mut buf = FrameBuf::zeroed(bytes.len());
+        let mut buf = FrameBuf::for_overwrite(bytes.len());
         buf.as_bytes_mut().copy_from_slice(bytes);
         buf
     }
@@ -61,6 +119,16 @@ impl FrameBuf {
     /// instead of being zero-filled again; only a new allocation is zeroed.
     pub fn resize_for_overwrite(&mut self, len: usize) {
         let blocks = len.div_ceil(16);
+        if blocks > self.blocks.len() && blocks >= recycled::BLOCKS_MIN {
+            if let Some(storage) = recycled::take(blocks) {
+                // The held bytes move along: they were as good as stale ones.
+                let held = self.len.min(storage.len() * 16);
+                let old = std::mem::replace(&mut self.blocks, storage);
+                let old_bytes: &[u8] = old.as_bytes();
+                self.blocks.as_mut_bytes()[..held].copy_from_slice(&old_bytes[..held]);
+                recycled::keep(old);
+            }
+        }
         if blocks > self.blocks.len() {
             self.blocks.resize(blocks, Block([0; 16]));
         }
@@ -140,7 +208,7 @@ impl Frame {
     /// it belongs to this layout (else stamps the layout's first), then applies the
     /// command's seals. Only the seal fields and size/command are written.
     pub fn build<H: Header>(header: &H, body: &[u8]) -> Frame {
-        let mut buf = FrameBuf::zeroed(HEADER_SIZE + body.len());
+        let mut buf = FrameBuf::for_overwrite(HEADER_SIZE + body.len());
         buf.as_bytes_mut()[HEADER_SIZE..].copy_from_slice(body);
         Frame::build_in(header, buf)
     }
@@ -294,5 +362,32 @@ mod tests {
             buf.as_bytes()[10..].iter().all(|&b| b == 0),
             "resize still zeroes every byte it adds"
         );
+    }
+
+    #[test]
+    fn storage_of_a_dropped_large_buffer_is_reused_only_by_buffers_filled_whole() {
+        let len = 1 << 20;
+        let mut big = FrameBuf::zeroed(len);
+        big.as_bytes_mut().fill(7);
+        let address = big.as_bytes().as_ptr();
+        drop(big);
+        let zeroed = FrameBuf::zeroed(len);
+        assert!(zeroed.as_bytes().iter().all(|&b| b == 0), "zeroed is zero");
+        let reused = FrameBuf::for_overwrite(len - 100);
+        assert_eq!(reused.len(), len - 100);
+        assert_eq!(
+            reused.as_bytes().as_ptr(),
+            address,
+            "the dropped storage came back"
+        );
+        assert!(reused.as_bytes().iter().all(|&b| b == 7));
+        // A growing read keeps the bytes it already held when it moves to kept storage.
+        drop(reused);
+        let mut growing = FrameBuf::for_overwrite(300);
+        growing.as_bytes_mut().fill(9);
+        growing.resize_for_overwrite(len);
+        assert_eq!(growing.as_bytes().as_ptr(), address);
+        assert!(growing.as_bytes()[..300].iter().all(|&b| b == 9));
+        drop(zeroed);
     }
 }

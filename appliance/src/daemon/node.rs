@@ -990,8 +990,12 @@ impl Node {
         let head = partition.prepares.head();
         let follows = op == head + 1 || (partition.prepares.is_empty() && op == 1);
         if !follows {
+            // Counted (`rejected.journal_append_gap` in /stats), logged at debug: a
+            // group that is repairing or fetching its state defers every prepare its
+            // primary sends, and the core asks again on each repair timeout (thousands
+            // of lines a second at warn, into the journal of the host).
             self.bus.stats().reject("journal_append_gap");
-            tracing::warn!(
+            tracing::debug!(
                 group,
                 op,
                 head,

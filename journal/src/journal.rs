@@ -21,6 +21,7 @@ use glommio::io::{DmaBuffer, DmaFile, OpenOptions};
 use memmap2::Mmap;
 use replication::wire::PrepareHeader;
 
+use crate::buffers::BufferPool;
 use crate::error::{JournalError, Result};
 use crate::format::{decode_meta_copies, encode_meta, scan_image};
 use crate::layout::{JournalLayout, HEADERS_PER_SECTOR, HEADER_SIZE, META_COPIES, SECTOR_SIZE};
@@ -137,7 +138,7 @@ pub struct Journal {
     /// In-memory copy of the header ring; sectors of it are written whole.
     ring: Vec<u8>,
     /// Prepare write buffers, reused when the next prepare needs the same size.
-    prepare_buffers: Vec<Rc<DmaBuffer>>,
+    prepare_buffers: BufferPool,
     /// Header-ring sectors whose in-memory copy holds redundant headers of acknowledged
     /// (durable) prepares that are not yet on disk: written with the next flush.
     headers_pending: BTreeSet<u64>,
@@ -280,7 +281,7 @@ impl Journal {
             file,
             map,
             ring,
-            prepare_buffers: Vec::new(),
+            prepare_buffers: BufferPool::new(PREPARE_BUFFERS_POOLED, PREPARE_POOL_BYTES),
             headers_pending: BTreeSet::new(),
             appended_since_tick: false,
             op_checkpoint,
@@ -655,12 +656,7 @@ impl Journal {
         &mut self,
         headers: &[PrepareHeader],
         copying: bool,
-        mut fill: impl FnMut(
-            &mut Vec<Rc<DmaBuffer>>,
-            &DmaFile,
-            usize,
-            &PrepareHeader,
-        ) -> Result<Rc<DmaBuffer>>,
+        mut fill: impl FnMut(&mut BufferPool, &DmaFile, usize, &PrepareHeader) -> Result<Rc<DmaBuffer>>,
     ) -> Result<Vec<Durable>> {
         for header in headers {
             self.forget_pages(
@@ -669,7 +665,6 @@ impl Journal {
             );
         }
         let pending = std::mem::take(&mut self.headers_pending);
-        let mut pool = std::mem::take(&mut self.prepare_buffers);
         let mut inflight = Concurrent::with_capacity(pending.len() + headers.len());
         for sector in &pending {
             let (buffer, offset) = self.ring_sector_write(sector * HEADERS_PER_SECTOR);
@@ -679,7 +674,7 @@ impl Journal {
         let mut used = Vec::with_capacity(headers.len());
         let mut refused = None;
         for (i, header) in headers.iter().enumerate() {
-            let buffer = match fill(&mut pool, &self.file, i, header) {
+            let buffer = match fill(&mut self.prepare_buffers, &self.file, i, header) {
                 Ok(buffer) => buffer,
                 Err(e) => {
                     refused = Some(e);
@@ -708,7 +703,6 @@ impl Journal {
                 header
             })
             .collect();
-        self.prepare_buffers = pool;
         self.recycle(used.into_iter().map(|(buffer, _)| buffer));
         // Until this flush succeeds, the pending headers are not known to be on disk.
         self.headers_pending.extend(pending.iter().copied());
@@ -741,17 +735,10 @@ impl Journal {
             .collect())
     }
 
-    /// Returns write buffers to the pool: the newest stay; the oldest (perhaps of a size
-    /// no longer used) go beyond `PREPARE_BUFFERS_POOLED` or `PREPARE_POOL_BYTES`.
+    /// Returns write buffers to the pool.
     fn recycle(&mut self, buffers: impl Iterator<Item = Rc<DmaBuffer>>) {
-        let pool = &mut self.prepare_buffers;
         for buffer in buffers {
-            pool.push(buffer);
-            while pool.len() > PREPARE_BUFFERS_POOLED
-                || pool.iter().map(|b| b.len()).sum::<usize>() > PREPARE_POOL_BYTES
-            {
-                pool.remove(0);
-            }
+            self.prepare_buffers.keep(buffer);
         }
     }
 
@@ -828,19 +815,14 @@ fn prepare_invalid(fault: EntryFault) -> JournalError {
     }
 }
 
-/// A pooled write buffer for `len` bytes (sector-padded): one of that size from `pool`
-/// if there is one, else a fresh one.
-fn take_buffer(pool: &mut Vec<Rc<DmaBuffer>>, file: &DmaFile, len: usize) -> Rc<DmaBuffer> {
-    let padded = crate::layout::sector_ceil(len as u64) as usize;
-    match pool.iter().position(|b| b.len() == padded) {
-        Some(at) => pool.swap_remove(at),
-        None => Rc::new(file.alloc_dma_buffer(padded)),
-    }
+/// A pooled write buffer for `len` bytes (sector-padded).
+fn take_buffer(pool: &mut BufferPool, file: &DmaFile, len: usize) -> Rc<DmaBuffer> {
+    pool.take(file, crate::layout::sector_ceil(len as u64) as usize)
 }
 
 /// `prepare` copied into a pooled write buffer, its body seal checked on the way.
 fn copy_into(
-    pool: &mut Vec<Rc<DmaBuffer>>,
+    pool: &mut BufferPool,
     file: &DmaFile,
     prepare: &[u8],
     header: &PrepareHeader,
@@ -852,7 +834,7 @@ fn copy_into(
     if copy_sealed(prepare, bytes, header.frame.checksum_body) {
         Ok(buffer)
     } else {
-        pool.push(buffer);
+        pool.keep(buffer);
         Err(prepare_invalid(EntryFault::BodyChecksum))
     }
 }

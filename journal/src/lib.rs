@@ -9,6 +9,7 @@
 //! `superblock::decode`, `segment::scan`), so tests drive them with arbitrary bytes; the
 //! glommio IO shells (`journal`, `superblock`, `segment`) are thin around them.
 
+mod buffers;
 pub mod data_dir;
 pub mod durability;
 pub mod error;

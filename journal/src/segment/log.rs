@@ -6,6 +6,7 @@
 //! followed by the new batch, zero-padded to a sector, at a sector-aligned position.
 //! When that write is forced to stable storage is the partition's `message_durability`.
 
+use std::cell::RefCell;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -19,6 +20,7 @@ use serde::Serialize;
 
 use super::index::SparseIndex;
 use super::scan::{scan_segment, BatchEntry, SegmentScan, SegmentTail};
+use crate::buffers::BufferPool;
 use crate::durability::{Durability, SyncSchedule};
 use crate::error::{JournalError, Result};
 use crate::journal::sync_parent_dir;
@@ -132,44 +134,9 @@ pub struct PartitionLog {
     schedule: SyncSchedule,
 }
 
-/// Write buffers of earlier appends on this thread (an executor's logs share them),
-/// reused when one has the length the next append needs: the appends of steady
-/// producers come in few sizes, and a fresh buffer per append costs its page faults and
-/// zeroing every time. Bounded in count and bytes.
-mod spare {
-    use std::cell::RefCell;
-
-    use glommio::io::DmaBuffer;
-
-    const BUFFERS_MAX: usize = 8;
-    const BYTES_MAX: usize = 16 << 20;
-
-    thread_local! {
-        static SPARE: RefCell<Vec<DmaBuffer>> = const { RefCell::new(Vec::new()) };
-    }
-
-    /// A kept buffer of exactly `len` bytes, if there is one.
-    pub(super) fn take(len: usize) -> Option<DmaBuffer> {
-        SPARE.with_borrow_mut(|spare| {
-            let i = spare.iter().position(|b| b.len() == len)?;
-            Some(spare.swap_remove(i))
-        })
-    }
-
-    /// Keeps `buffer` for reuse, dropping the oldest beyond the bounds.
-    pub(super) fn keep(buffer: DmaBuffer) {
-        if buffer.len() > BYTES_MAX {
-            return;
-        }
-        SPARE.with_borrow_mut(|spare| {
-            spare.push(buffer);
-            while spare.len() > BUFFERS_MAX
-                || spare.iter().map(|b| b.len()).sum::<usize>() > BYTES_MAX
-            {
-                spare.remove(0);
-            }
-        });
-    }
+thread_local! {
+    /// Write buffers of earlier appends on this thread (an executor's logs share them).
+    static SPARE_BUFFERS: RefCell<BufferPool> = const { RefCell::new(BufferPool::new(8, 16 << 20)) };
 }
 
 fn io<'a, E: Into<std::io::Error>>(
@@ -451,10 +418,12 @@ impl PartitionLog {
         let tail_len = self.active.tail.len();
         assert_eq!(write_at + tail_len as u64, position);
         let total = sector_ceil(position + batch.len() as u64) - write_at;
-        let mut buffer = spare::take(total as usize)
-            .unwrap_or_else(|| self.active.file.alloc_dma_buffer(total as usize));
+        let mut buffer =
+            SPARE_BUFFERS.with_borrow_mut(|pool| pool.take(&self.active.file, total as usize));
         {
-            let bytes = buffer.as_bytes_mut();
+            let bytes = Rc::get_mut(&mut buffer)
+                .unwrap_or_else(|| unreachable!("pooled buffers are not shared"))
+                .as_bytes_mut();
             bytes[..tail_len].copy_from_slice(&self.active.tail);
             bytes[tail_len..tail_len + batch.len()].copy_from_slice(batch);
             bytes[tail_len + batch.len()..].fill(0);
@@ -463,16 +432,13 @@ impl PartitionLog {
         let new_tail_start = (sector_floor(end) - write_at) as usize;
         let new_tail = buffer.as_bytes()[new_tail_start..(end - write_at) as usize].to_vec();
         let path = self.active_path();
-        let buffer = Rc::new(buffer);
         let written = self
             .active
             .file
             .write_rc_at(buffer.clone(), write_at)
             .await
             .map_err(io("write", &path))?;
-        if let Ok(buffer) = Rc::try_unwrap(buffer) {
-            spare::keep(buffer);
-        }
+        SPARE_BUFFERS.with_borrow_mut(|pool| pool.keep(buffer));
         if (written as u64) < total {
             return Err(JournalError::io(
                 "write",

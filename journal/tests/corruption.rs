@@ -12,7 +12,9 @@ use journal::inspect::{journal_verify, segment_verify, superblock as inspect_sup
 use journal::journal::JOURNAL_FILE;
 use journal::layout::{HEADER_SIZE, SECTOR_SIZE};
 use journal::recovery::FaultReason;
-use journal::segment::log::{index_sealed_segment, parse_segment_name};
+use journal::segment::log::{
+    index_sealed_segment, parse_segment_name, SealedScan, SEALED_SCAN_WINDOW,
+};
 use journal::segment::{PartitionConfig, PartitionLog, SegmentTail};
 use journal::slot::EntryFault;
 use journal::snapshot::{checkpoint, load_checkpoint};
@@ -671,6 +673,17 @@ fn garbage_files_are_errors_or_reports_never_panics() {
     }
 }
 
+/// The base offsets of the segment files in `dir`, ascending.
+fn segment_bases(dir: &Path) -> Vec<u64> {
+    let mut bases: Vec<u64> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| parse_segment_name(&e.file_name().to_string_lossy()))
+        .collect();
+    bases.sort_unstable();
+    bases
+}
+
 #[test]
 fn a_sealed_segment_verified_and_indexed_apart_is_loaded_by_the_open_and_bad_ones_refused() {
     let config = PartitionConfig {
@@ -691,12 +704,7 @@ fn a_sealed_segment_verified_and_indexed_apart_is_loaded_by_the_open_and_bad_one
         log.close().await.unwrap();
         end
     });
-    let mut bases: Vec<u64> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter_map(|e| parse_segment_name(&e.file_name().to_string_lossy()))
-        .collect();
-    bases.sort_unstable();
+    let bases = segment_bases(dir.path());
     assert!(bases.len() >= 3, "{bases:?}");
     // The segment files alone in a fresh directory, as a state transfer stages them.
     let staged = tempfile::tempdir().unwrap();
@@ -746,4 +754,104 @@ fn a_sealed_segment_verified_and_indexed_apart_is_loaded_by_the_open_and_bad_one
     assert!(refused(&second, PARTITION + 1, bases[1]));
     mutate(&first, |image| image[600] ^= 1);
     assert!(refused(&first, PARTITION, bases[0]));
+}
+
+#[test]
+fn a_sealed_segment_scanned_a_window_at_a_time_indexes_like_the_log_and_refuses_damage_anywhere() {
+    let config = PartitionConfig {
+        segment_size_max: 4 << 20,
+        index_interval_bytes: 4096,
+        durability: Durability::EveryBatch,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let (mut log, _) = PartitionLog::open(dir.path(), PARTITION, config)
+            .await
+            .unwrap();
+        for i in 0..60u64 {
+            // Mostly batches of ~100 KiB; every 20th is larger than a scan window.
+            let (count, payload) = if i % 20 == 7 {
+                (3, 500_000)
+            } else {
+                (10, 10_000)
+            };
+            let bytes = batch(PARTITION, log.next_offset(), 100 + i, count, payload);
+            let _ = log.append(&bytes).await.unwrap();
+        }
+        log.close().await.unwrap();
+    });
+    let bases = segment_bases(dir.path());
+    assert!(bases.len() >= 2, "{bases:?}");
+    let name = |base: u64, extension: &str| format!("{base:020}.{extension}");
+    let sealed = &bases[..bases.len() - 1];
+    let staged = tempfile::tempdir().unwrap();
+    let mut buffer = Vec::new();
+    for (i, base) in sealed.iter().enumerate() {
+        let path = dir.path().join(name(*base, "log"));
+        let len = std::fs::metadata(&path).unwrap().len();
+        assert!(
+            len > 2 * SEALED_SCAN_WINDOW as u64,
+            "segment of {len} bytes"
+        );
+        let mut scan = SealedScan::open(&path, PARTITION, *base, config, buffer).unwrap();
+        let mut steps = 0;
+        let next = loop {
+            steps += 1;
+            if let Some(next) = scan.step(64 * 1024).unwrap() {
+                break next;
+            }
+        };
+        assert_eq!(
+            next,
+            bases[i + 1],
+            "segment {base} ends where the next begins"
+        );
+        assert!(steps > 10, "{steps} steps of 64 KiB for {len} bytes");
+        scan.write_index(staged.path()).unwrap();
+        buffer = scan.into_buffer();
+        // The same index files as the log wrote when it sealed the segment.
+        for extension in ["index", "timeindex"] {
+            assert_eq!(
+                std::fs::read(staged.path().join(name(*base, extension))).unwrap(),
+                std::fs::read(dir.path().join(name(*base, extension))).unwrap(),
+                "{extension} of {base}"
+            );
+        }
+    }
+
+    // Damage past the first windows, then a byte after the last batch: each refused at
+    // the position of what is wrong.
+    let path = dir.path().join(name(bases[0], "log"));
+    let scan_all = |path: &Path| {
+        let mut scan = SealedScan::open(path, PARTITION, bases[0], config, Vec::new()).unwrap();
+        loop {
+            match scan.step(256 * 1024) {
+                Ok(Some(_)) => return None,
+                Ok(None) => {}
+                Err(JournalError::SegmentCorrupt { position, .. }) => return Some(position),
+                Err(other) => panic!("{other}"),
+            }
+        }
+    };
+    assert_eq!(scan_all(&path), None);
+    let image = std::fs::read(&path).unwrap();
+    let flipped = image.len() - 1000;
+    let mut damaged = image.clone();
+    damaged[flipped] ^= 1;
+    std::fs::write(&path, &damaged).unwrap();
+    let position = scan_all(&path).expect("a flipped byte is found");
+    assert!(
+        position as usize <= flipped && position as usize > 2 * SEALED_SCAN_WINDOW,
+        "refused at {position}, flipped {flipped}"
+    );
+    let mut trailing = image.clone();
+    trailing.extend_from_slice(&[0u8; 700]);
+    trailing.push(9);
+    std::fs::write(&path, &trailing).unwrap();
+    assert_eq!(scan_all(&path), Some(image.len() as u64));
+    std::fs::write(&path, &image).unwrap();
+    assert_eq!(
+        index_sealed_segment(&path, staged.path(), PARTITION, bases[0], config).unwrap(),
+        bases[1]
+    );
 }

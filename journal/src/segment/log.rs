@@ -187,7 +187,7 @@ impl PartitionLog {
         let mut segments = Vec::with_capacity(bases.len());
         let mut last_timestamp = None;
         let active_base = *bases.last().unwrap_or(&0);
-        let mut active_image = Vec::new();
+        let mut active_tail = Vec::new();
         for &base in &bases {
             let path = dir.join(segment_file_name(base, "log"));
             let is_active = base == active_base;
@@ -218,6 +218,30 @@ impl PartitionLog {
                     segment
                 }
                 None => {
+                    // The usual case, a clean end, is verified a window at a time; only
+                    // damage or a torn tail reads the file whole to tell which it is.
+                    let mut windowed =
+                        SealedScan::open(&path, partition_id, base, config, Vec::new())?;
+                    let clean = loop {
+                        match windowed.step(u64::MAX) {
+                            Ok(Some(_)) => break true,
+                            Ok(None) => {}
+                            Err(JournalError::SegmentCorrupt { .. }) => break false,
+                            Err(other) => return Err(other),
+                        }
+                    };
+                    if clean {
+                        let segment = windowed.segment();
+                        last_timestamp = windowed.batches.last().map(|b| b.base_timestamp);
+                        let tail_start = sector_floor(segment.len);
+                        active_tail = vec![0u8; (segment.len - tail_start) as usize];
+                        windowed
+                            .file
+                            .read_exact_at(&mut active_tail, tail_start)
+                            .map_err(io("read", &path))?;
+                        segments.push(segment);
+                        continue;
+                    }
                     let image = std::fs::read(&path).map_err(io("read", &path))?;
                     let scan = scan_segment(&image, partition_id, base);
                     match &scan.tail {
@@ -234,7 +258,8 @@ impl PartitionLog {
                         }
                     }
                     last_timestamp = scan.batches.last().map(|b| b.base_timestamp);
-                    active_image = image;
+                    let tail_start = sector_floor(scan.valid_len) as usize;
+                    active_tail = image[tail_start..scan.valid_len as usize].to_vec();
                     segment_of(base, &scan, config)
                 }
             };
@@ -252,8 +277,7 @@ impl PartitionLog {
                 .map_err(io("truncate", &path))?;
             file.fdatasync().await.map_err(io("fdatasync", &path))?;
         }
-        let tail_start = sector_floor(active_segment.len) as usize;
-        let tail = active_image[tail_start..active_segment.len as usize].to_vec();
+        let tail = active_tail;
         let last_timestamp = last_timestamp
             .or_else(|| {
                 segments
@@ -762,10 +786,9 @@ fn load_index(dir: &Path, base: u64, log_len: u64) -> Option<(SparseIndex, u64)>
 /// Verifies a sealed segment file whole (every batch's checksums, the partition id, the
 /// offsets following on from `base`, timestamps that never go back, nothing after the
 /// last batch) and writes its index files into `dir` under `base`, so that opening the
-/// log there loads them instead of scanning it. A caller assembling a log from
-/// received segments (state transfer) can so verify each as it completes, spreading
-/// the work, rather than all of them at the open. Returns the offset after its last
-/// batch.
+/// log there loads them instead of scanning it. Returns the offset after its last
+/// batch. A caller that must spread the work (state transfer verifies each received
+/// segment while the cluster commits) uses `SealedScan` a step at a time instead.
 pub fn index_sealed_segment(
     path: &Path,
     dir: &Path,
@@ -773,9 +796,13 @@ pub fn index_sealed_segment(
     base: u64,
     config: PartitionConfig,
 ) -> Result<u64> {
-    let segment = scan_sealed(path, partition_id, base, config)?;
-    write_index(dir, &segment)?;
-    Ok(segment.next_offset)
+    let mut scan = SealedScan::open(path, partition_id, base, config, Vec::new())?;
+    loop {
+        if let Some(next_offset) = scan.step(u64::MAX)? {
+            scan.write_index(dir)?;
+            return Ok(next_offset);
+        }
+    }
 }
 
 /// Reads and scans a sealed segment whole: anything but a clean end (a torn, corrupt or
@@ -786,16 +813,206 @@ fn scan_sealed(
     base: u64,
     config: PartitionConfig,
 ) -> Result<Segment> {
-    let image = std::fs::read(path).map_err(io("read", path))?;
-    let scan = scan_segment(&image, partition_id, base);
-    match &scan.tail {
-        SegmentTail::Clean => Ok(segment_of(base, &scan, config)),
-        SegmentTail::Torn { position, .. }
-        | SegmentTail::Corrupt { position, .. }
-        | SegmentTail::Discontinuity { position, .. } => Err(JournalError::SegmentCorrupt {
+    let mut scan = SealedScan::open(path, partition_id, base, config, Vec::new())?;
+    while scan.step(u64::MAX)?.is_none() {}
+    Ok(scan.segment())
+}
+
+/// Bytes a `SealedScan` reads at a time (more only for a batch longer than this).
+pub const SEALED_SCAN_WINDOW: usize = 1 << 20;
+
+/// The verification of a sealed segment (what `index_sealed_segment` checks), a window
+/// at a time through one reused buffer. No read copies more than a window (or one
+/// batch): a single read of a whole segment is tens of milliseconds in the kernel, long
+/// enough to delay the fsyncs of other writers on a small machine.
+pub struct SealedScan {
+    path: PathBuf,
+    file: std::fs::File,
+    file_len: u64,
+    partition_id: u64,
+    base: u64,
+    config: PartitionConfig,
+    /// File bytes from `buffer_start`, `buffer_len` of them valid.
+    buffer: Vec<u8>,
+    buffer_start: u64,
+    buffer_len: usize,
+    /// Where the next batch starts (or the zero padding, once `padding`).
+    position: u64,
+    next_offset: u64,
+    last_timestamp: u64,
+    batches: Vec<BatchEntry>,
+    /// Past the last batch: the rest must be zero; checked up to here.
+    padding: Option<u64>,
+    done: bool,
+}
+
+impl SealedScan {
+    /// Opens the segment at `path`, whose first batch must be `base` of `partition_id`.
+    /// `buffer` is reused as the read buffer (pass back `into_buffer` of an earlier scan).
+    pub fn open(
+        path: &Path,
+        partition_id: u64,
+        base: u64,
+        config: PartitionConfig,
+        mut buffer: Vec<u8>,
+    ) -> Result<SealedScan> {
+        let file = std::fs::File::open(path).map_err(io("open", path))?;
+        let file_len = file.metadata().map_err(io("stat", path))?.len();
+        if buffer.len() < SEALED_SCAN_WINDOW {
+            buffer.resize(SEALED_SCAN_WINDOW, 0);
+        }
+        Ok(SealedScan {
             path: path.to_path_buf(),
-            position: *position,
-        }),
+            file,
+            file_len,
+            partition_id,
+            base,
+            config,
+            buffer,
+            buffer_start: 0,
+            buffer_len: 0,
+            position: 0,
+            next_offset: base,
+            last_timestamp: 0,
+            batches: Vec::new(),
+            padding: None,
+            done: false,
+        })
+    }
+
+    /// The file's length.
+    pub fn len(&self) -> u64 {
+        self.file_len
+    }
+
+    /// Whether the file is empty.
+    pub fn is_empty(&self) -> bool {
+        self.file_len == 0
+    }
+
+    /// Verifies about `budget` more bytes (at least one batch or window): the offset
+    /// after the last batch once the whole file is verified, None while bytes remain.
+    /// A torn, corrupt or discontinuous batch, or anything but zeros after the last
+    /// batch, is `SegmentCorrupt` at its position.
+    pub fn step(&mut self, budget: u64) -> Result<Option<u64>> {
+        let mut scanned = 0u64;
+        while !self.done {
+            if scanned >= budget {
+                return Ok(None);
+            }
+            if let Some(checked) = self.padding {
+                if checked >= self.file_len {
+                    self.done = true;
+                    break;
+                }
+                let want = (self.file_len - checked).min(SEALED_SCAN_WINDOW as u64) as usize;
+                let at = self.fill(checked, want)?;
+                if self.buffer[at..at + want].iter().any(|b| *b != 0) {
+                    return Err(self.corrupt());
+                }
+                self.padding = Some(checked + want as u64);
+                scanned += want as u64;
+                continue;
+            }
+            let left = self.file_len - self.position;
+            if left == 0 {
+                self.done = true;
+                break;
+            }
+            let head_len = left.min(BATCH_HEADER_SIZE as u64) as usize;
+            let at = self.fill(self.position, head_len)?;
+            if self.buffer[at..at + head_len].iter().all(|b| *b == 0) {
+                self.padding = Some(self.position);
+                continue;
+            }
+            let header = super::scan::header_at(&self.buffer[..self.buffer_len], at)
+                .ok_or_else(|| self.corrupt())?;
+            let len = header.batch_length.get();
+            if len < BATCH_HEADER_SIZE as u64 || len > BATCH_SIZE_MAX || len > left {
+                return Err(self.corrupt());
+            }
+            let at = self.fill(self.position, len as usize)?;
+            let mut entry = super::scan::batch_at(&self.buffer[at..at + len as usize], 0)
+                .map_err(|_| self.corrupt())?;
+            if header.partition_id.get() != self.partition_id
+                || entry.base_offset != self.next_offset
+                || entry.base_timestamp < self.last_timestamp
+            {
+                return Err(self.corrupt());
+            }
+            entry.position = self.position;
+            self.next_offset = entry.next_offset();
+            self.last_timestamp = entry.base_timestamp;
+            self.position += len;
+            scanned += len;
+            self.batches.push(entry);
+        }
+        Ok(Some(self.next_offset))
+    }
+
+    /// Makes the buffer hold the file's bytes `[from, from + len)`, reading a window
+    /// (or `len` if larger) from `from`; their index in the buffer.
+    fn fill(&mut self, from: u64, len: usize) -> Result<usize> {
+        let end = self.buffer_start + self.buffer_len as u64;
+        if from >= self.buffer_start && from + len as u64 <= end {
+            return Ok((from - self.buffer_start) as usize);
+        }
+        let want = len
+            .max(SEALED_SCAN_WINDOW)
+            .min((self.file_len - from) as usize);
+        if self.buffer.len() < want {
+            self.buffer.resize(want, 0);
+        }
+        let mut filled = 0;
+        while filled < want {
+            let read = self
+                .file
+                .read_at(&mut self.buffer[filled..want], from + filled as u64)
+                .map_err(io("read", &self.path))?;
+            if read == 0 {
+                // Shorter than it was at the open: it changed under the scan.
+                self.buffer_len = 0;
+                return Err(self.corrupt());
+            }
+            filled += read;
+        }
+        self.buffer_start = from;
+        self.buffer_len = want;
+        Ok(0)
+    }
+
+    fn corrupt(&self) -> JournalError {
+        JournalError::SegmentCorrupt {
+            path: self.path.clone(),
+            position: self.padding.unwrap_or(self.position),
+        }
+    }
+
+    fn segment(&self) -> Segment {
+        Segment {
+            base_offset: self.base,
+            next_offset: self.next_offset,
+            len: self.position,
+            index: SparseIndex::build(self.base, &self.batches, self.config.index_interval_bytes),
+        }
+    }
+
+    /// Writes the index files of the verified segment into `dir` (after `step` returned
+    /// the next offset).
+    pub fn write_index(&self, dir: &Path) -> Result<()> {
+        if !self.done {
+            return Err(JournalError::io(
+                "index",
+                &self.path,
+                std::io::Error::other("the segment is not verified yet"),
+            ));
+        }
+        write_index(dir, &self.segment())
+    }
+
+    /// The read buffer, for the next scan.
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.buffer
     }
 }
 
@@ -825,15 +1042,18 @@ fn write_index(dir: &Path, segment: &Segment) -> Result<()> {
 
 fn last_batch_timestamp(dir: &Path, segment: &Segment) -> Option<u64> {
     let path = dir.join(segment_file_name(segment.base_offset, "log"));
-    let image = std::fs::read(path).ok()?;
-    // Walk from the last index point: batches are self-delimiting.
-    let mut position = segment
+    let file = std::fs::File::open(path).ok()?;
+    // Walk from the last index point (batches are self-delimiting), reading only that.
+    let from = segment
         .index
         .entries()
         .last()
-        .map_or(0, |e| e.position as usize);
+        .map_or(0, |e| u64::from(e.position));
+    let mut image = vec![0u8; segment.len.checked_sub(from)? as usize];
+    file.read_exact_at(&mut image, from).ok()?;
+    let mut position = 0;
     let mut last = None;
-    while position + BATCH_HEADER_SIZE <= segment.len as usize {
+    while position + BATCH_HEADER_SIZE <= image.len() {
         let len = u64::from_le_bytes(image.get(position + 32..position + 40)?.try_into().ok()?);
         let info = verify(image.get(position..position + len as usize)?).ok()?;
         last = Some(info.base_timestamp);

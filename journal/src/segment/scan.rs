@@ -74,12 +74,12 @@ impl SegmentScan {
     }
 }
 
-fn header_at(image: &[u8], position: usize) -> Option<BatchHeader> {
+pub(crate) fn header_at(image: &[u8], position: usize) -> Option<BatchHeader> {
     BatchHeader::read_from_bytes(image.get(position..position + BATCH_HEADER_SIZE)?).ok()
 }
 
 /// Verifies the batch at `position`, returning its entry.
-fn batch_at(image: &[u8], position: usize) -> Result<BatchEntry, String> {
+pub(crate) fn batch_at(image: &[u8], position: usize) -> Result<BatchEntry, String> {
     let header =
         header_at(image, position).ok_or_else(|| "batch header runs past the end".to_string())?;
     let len = header.batch_length.get();

@@ -383,6 +383,7 @@ impl Node {
             })
             .await;
             if let Some(event) = event {
+                let round = Instant::now();
                 self.on_event(event);
                 // Whatever else is already queued joins this round, so the journal
                 // writes of many requests share one flush (group commit).
@@ -392,18 +393,30 @@ impl Node {
                         _ => break,
                     }
                 }
+                let events_done = Instant::now();
                 self.pump().await?;
+                let pumped = Instant::now();
                 self.xfer_round().await?;
                 self.pump().await?;
+                if round.elapsed() >= SLOW_STEP {
+                    tracing::debug!(
+                        events_ms = (events_done - round).as_secs_f64() * 1e3,
+                        pump_ms = (pumped - events_done).as_secs_f64() * 1e3,
+                        rest_ms = pumped.elapsed().as_secs_f64() * 1e3,
+                        "slow step: round"
+                    );
+                }
             }
             if Instant::now() >= next_tick {
                 next_tick += tick;
                 if next_tick < Instant::now() {
                     next_tick = Instant::now() + tick;
                 }
+                let started = Instant::now();
                 self.on_tick().await?;
                 self.pump().await?;
                 self.release_forwards();
+                slow_step("tick", started);
                 if self.ticks.is_multiple_of(10) {
                     self.forget_stale();
                     publish(&self);
@@ -557,7 +570,20 @@ impl Node {
                 if ordered && self.partitions_written.contains(&group) {
                     self.flush_partition_journals().await?;
                 }
+                let kind = match &action {
+                    Action::Send { .. } => "action send",
+                    Action::Broadcast { .. } => "action broadcast",
+                    Action::JournalAppend { .. } => "action journal append",
+                    Action::JournalTruncate { .. } => "action journal truncate",
+                    Action::PersistSuperblock(_) => "action superblock",
+                    Action::Commit { .. } => "action commit",
+                    Action::Reply { .. } => "action reply",
+                    Action::Evict { .. } => "action evict",
+                    Action::StateTransfer { .. } => "action state transfer",
+                };
+                let started = Instant::now();
                 self.execute(group, action).await?;
+                slow_step(kind, started);
             }
             self.flush_partition_journals().await?;
         }
@@ -1070,6 +1096,7 @@ impl Node {
         for synced in journal::join_all(syncs).await {
             synced?;
         }
+        slow_step("partition journal sync", started);
         let pending = std::mem::take(&mut self.unsynced);
         if !pending.is_empty() {
             let _ = self
@@ -1222,6 +1249,17 @@ impl Node {
 }
 
 /// Applies a committed StoreConsumerOffset or DeleteConsumerOffset.
+/// A step of the replica executor longer than this is logged at debug (what held up
+/// commits, when an operator looks for it).
+const SLOW_STEP: Duration = Duration::from_millis(15);
+
+pub(super) fn slow_step(step: &'static str, started: Instant) {
+    let took = started.elapsed();
+    if took >= SLOW_STEP {
+        tracing::debug!(step, ms = took.as_secs_f64() * 1e3, "slow step");
+    }
+}
+
 fn apply_offset_op(
     partition: &mut partitions::Partition,
     operation: u8,

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use glommio::channels::shared_channel::{ConnectedSender, SharedReceiver, SharedSender};
-use journal::segment::log::segment_file_name;
+use journal::segment::log::{segment_file_name, SealedScan, SEALED_SCAN_WINDOW};
 use journal::segment::{PartitionConfig, PartitionLog};
 use replication::wire::{
     batch, Command, Frame, FrameBuf, FrameHeader, Operation, PrepareHeader,
@@ -67,7 +67,7 @@ pub const CORRUPT_CHUNKS_ENV: &str = "STATEXFER_TEST_CORRUPT_CHUNKS";
 const COPY_BUFFER: usize = 1 << 20;
 /// Staged bytes of an artifact written between write-backs (no writeback burst at
 /// install).
-const STAGING_WRITE_BACK_BYTES: u64 = 8 << 20;
+const STAGING_WRITE_BACK_BYTES: u64 = 1 << 20;
 
 /// What the replica executor sends this thread.
 pub enum ToXfer {
@@ -237,16 +237,22 @@ pub fn start(
                     None
                 })
                 .await;
+                let started = Instant::now();
                 match message {
                     Some(None) => break,
                     Some(Some(message)) => xfer.on_message(message),
                     None => {}
                 }
+                super::node::slow_step("statexfer message", started);
                 if Instant::now() >= next_tick {
                     next_tick = Instant::now() + TICK;
+                    let started = Instant::now();
                     xfer.on_tick();
+                    super::node::slow_step("statexfer tick", started);
                 }
+                let started = Instant::now();
                 xfer.finish_fetches().await;
+                super::node::slow_step("statexfer finish", started);
                 xfer.flush();
             }
         })
@@ -351,9 +357,13 @@ struct StagingSink {
     group: u64,
     partition: PartitionConfig,
     /// Completed sealed segments not yet verified and indexed (artifact index, base
-    /// offset, length), oldest first; with `verify_paced`, `Xfer::verify_step` takes
-    /// them one at a time.
+    /// offset, length), oldest first; with `verify_paced`, `Xfer::verify_step` verifies
+    /// a slice of the first each tick.
     unindexed: std::collections::VecDeque<(u32, u64, u64)>,
+    /// The scan of the first of `unindexed` (by artifact index), when begun.
+    verifying: Option<(u32, SealedScan)>,
+    /// The read buffer of the scans, reused from one segment to the next.
+    scan_buffer: Vec<u8>,
     verify_paced: bool,
     committed_segments: Vec<(u64, u64)>,
     /// Checksums of local files by inode, shared with the server side: a segment linked
@@ -362,23 +372,47 @@ struct StagingSink {
 }
 
 impl StagingSink {
-    /// Verifies the oldest completed sealed segment batch by batch and writes its index
-    /// files (the staged log's open loads them), so that work is spread over the
-    /// transfer rather than done all at once before the install. Its length, or None
-    /// when none is waiting.
-    fn verify_next(&mut self) -> std::io::Result<Option<u64>> {
-        let Some((index, base, len)) = self.unindexed.pop_front() else {
-            return Ok(None);
+    /// Verifies about `budget` more bytes of the oldest completed sealed segment, batch
+    /// by batch, and writes its index files once it is whole (the staged log's open
+    /// loads them), so that the work is spread over the transfer rather than done all
+    /// at once before the install. False when no segment waits.
+    fn verify_next(&mut self, budget: u64) -> std::io::Result<bool> {
+        let Some(&(index, base, _)) = self.unindexed.front() else {
+            return Ok(false);
         };
-        journal::segment::log::index_sealed_segment(
-            &self.staging.join(artifact_file(index)),
-            &self.staging,
-            self.group,
-            base,
-            self.partition,
-        )
-        .map_err(std::io::Error::other)?;
-        Ok(Some(len))
+        let scan = match &mut self.verifying {
+            Some((scanning, scan)) if *scanning == index => scan,
+            _ => {
+                self.stop_verifying(None);
+                let scan = SealedScan::open(
+                    &self.staging.join(artifact_file(index)),
+                    self.group,
+                    base,
+                    self.partition,
+                    std::mem::take(&mut self.scan_buffer),
+                )
+                .map_err(std::io::Error::other)?;
+                &mut self.verifying.insert((index, scan)).1
+            }
+        };
+        if scan.step(budget).map_err(std::io::Error::other)?.is_some() {
+            scan.write_index(&self.staging)
+                .map_err(std::io::Error::other)?;
+            self.stop_verifying(None);
+            self.unindexed.pop_front();
+        }
+        Ok(true)
+    }
+
+    /// Ends the scan under way (only if it is of artifact `index`, when given), keeping
+    /// its buffer.
+    fn stop_verifying(&mut self, index: Option<u32>) {
+        if index.is_some() && self.verifying.as_ref().map(|(i, _)| *i) != index {
+            return;
+        }
+        if let Some((_, scan)) = self.verifying.take() {
+            self.scan_buffer = scan.into_buffer();
+        }
     }
 
     /// Copies the first `entry.len` bytes of the local segment at `frontier` into the
@@ -445,6 +479,7 @@ impl ArtifactSink for StagingSink {
         // A new target (another peer) stages this artifact again: a verification queued
         // for its earlier bytes would read the new ones half written.
         self.unindexed.retain(|(queued, ..)| *queued != index);
+        self.stop_verifying(Some(index));
         self.files.begin(index)
     }
 
@@ -476,12 +511,13 @@ impl ArtifactSink for StagingSink {
         if self.verify_paced {
             return Ok(());
         }
-        while self.verify_next()?.is_some() {}
+        while self.verify_next(u64::MAX)? {}
         Ok(())
     }
 
     fn reuse(&mut self, index: u32, entry: &ManifestEntry) -> bool {
         self.unindexed.retain(|(queued, ..)| *queued != index);
+        self.stop_verifying(Some(index));
         if self.arm != Arm::Partition || entry.kind != ArtifactKind::SegmentLog {
             return false;
         }
@@ -498,6 +534,8 @@ impl ArtifactSink for StagingSink {
 #[derive(Default)]
 struct Hashes {
     by_file: HashMap<(u64, u64), (u64, Xxh3Default)>,
+    /// The read buffer, reused (a fresh megabyte per call costs page faults).
+    buffer: Vec<u8>,
 }
 
 const HASHES_MAX: usize = 1 << 16;
@@ -521,7 +559,10 @@ impl Hashes {
         };
         let stop = len.min(done.saturating_add(budget));
         let mut read = 0;
-        let mut buffer = vec![0u8; COPY_BUFFER];
+        if self.buffer.len() < COPY_BUFFER {
+            self.buffer.resize(COPY_BUFFER, 0);
+        }
+        let buffer = &mut self.buffer;
         while done < stop {
             let n = ((stop - done) as usize).min(buffer.len());
             file.read_exact_at(&mut buffer[..n], done)?;
@@ -568,8 +609,6 @@ struct Xfer {
     /// requests held until the budget allows them.
     budget: f64,
     held: std::collections::VecDeque<(u8, Frame)>,
-    /// Pacing of the verification of received segments: bytes it may still take now.
-    verify_budget: f64,
 }
 
 impl Xfer {
@@ -606,7 +645,6 @@ impl Xfer {
             totals: StateTransferStats::default(),
             budget: 0.0,
             held: std::collections::VecDeque::new(),
-            verify_budget: 0.0,
         }
     }
 
@@ -865,6 +903,8 @@ impl Xfer {
                 group: request.group,
                 partition: self.settings.partition,
                 unindexed: Default::default(),
+                verifying: None,
+                scan_buffer: Vec::new(),
                 verify_paced: self.settings.rate_max > 0,
                 committed_segments: request.committed_segments.clone(),
                 hashes: self.hashes.clone(),
@@ -933,22 +973,13 @@ impl Xfer {
         }
     }
 
-    /// Verifies at most one received segment per tick, at twice the transfer's rate on
-    /// average (it keeps up with the fetch): a segment's verification is a burst of CPU
-    /// (tens of milliseconds for 64 MiB), and several back to back (the fetcher
-    /// completes the artifacts it has in flight together) would take a core from the
-    /// replica executors for long enough to stall commits on a small machine.
+    /// Verifies received segments at twice the transfer's rate (it keeps up with the
+    /// fetch), a slice each tick: a 64 MiB segment verified in one go is tens of
+    /// milliseconds of CPU and reads, and several back to back (the fetcher completes the
+    /// artifacts it has in flight together) would take a core from the replica
+    /// executors for long enough to stall commits on a small machine.
     fn verify_step(&mut self) {
-        let rate = 2.0 * self.settings.rate_max as f64;
-        if !self.fetches.values().any(|f| !f.sink.unindexed.is_empty()) {
-            // Nothing waits: no credit builds up for a later burst.
-            self.verify_budget = self.verify_budget.min(0.0);
-            return;
-        }
-        self.verify_budget += rate * TICK.as_secs_f64();
-        if self.verify_budget < 0.0 {
-            return;
-        }
+        let slice = (2.0 * self.settings.rate_max as f64 * TICK.as_secs_f64()) as u64;
         let Some(fetch) = self
             .fetches
             .values_mut()
@@ -956,9 +987,8 @@ impl Xfer {
         else {
             return;
         };
-        match fetch.sink.verify_next() {
-            Ok(len) => self.verify_budget -= len.unwrap_or(0) as f64,
-            Err(error) => fetch.bad_segment = Some(format!("a received segment: {error}")),
+        if let Err(error) = fetch.sink.verify_next(slice.max(SEALED_SCAN_WINDOW as u64)) {
+            fetch.bad_segment = Some(format!("a received segment: {error}"));
         }
     }
 

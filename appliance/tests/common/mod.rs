@@ -163,7 +163,10 @@ impl Daemon {
             .arg("--replica-id")
             .arg(replica.to_string())
             .env("APPLIANCE_ROOT_PASSWORD", ROOT_PASSWORD)
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("E2E_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())

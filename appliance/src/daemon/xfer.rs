@@ -20,6 +20,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -286,6 +287,22 @@ fn lower_thread_priority() {
     }
 }
 
+/// Opens a file for the bulk reads of a transfer (hashing an offer, serving chunks,
+/// copying a local segment) with the kernel's readahead off, so the disk sees the
+/// megabyte reads asked for rather than readahead windows of up to `read_ahead_kb`
+/// (8 MiB on a virtio disk): the cluster's fsyncs on the same disk queue behind those.
+/// On this host a reader at 134 MB/s took a neighbour's fdatasync p99 from 0.9 to
+/// 11-23 ms with readahead, 3.2 ms without it.
+fn open_without_readahead(path: &Path) -> std::io::Result<File> {
+    let file = File::open(path)?;
+    // SAFETY: advisory call on a descriptor we own, no pointers.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+    if rc != 0 {
+        tracing::debug!(path = %path.display(), rc, "state transfer: readahead left on");
+    }
+    Ok(file)
+}
+
 /// An offer the server hands out: the manifest and where each artifact's bytes are.
 struct ReadyOffer {
     offer: Offer,
@@ -324,7 +341,7 @@ impl ArtifactSource for OfferSource<'_> {
                 Some(n)
             }
             Content::File { path, .. } => {
-                let file = File::open(path).ok()?;
+                let file = open_without_readahead(path).ok()?;
                 file.read_exact_at(&mut buf[..n], start).ok()?;
                 Some(n)
             }
@@ -419,7 +436,7 @@ impl StagingSink {
     /// staged artifact, hashing them; true when they match the manifest entry.
     fn copy_local(&mut self, index: u32, entry: &ManifestEntry) -> std::io::Result<bool> {
         let path = self.live.join(segment_file_name(entry.frontier, "log"));
-        let Ok(mut source) = File::open(&path) else {
+        let Ok(mut source) = open_without_readahead(&path) else {
             return Ok(false);
         };
         let file_len = source.metadata()?.len();
@@ -550,7 +567,7 @@ impl Hashes {
         len: u64,
         budget: u64,
     ) -> std::io::Result<(Option<u64>, u64)> {
-        let file = File::open(path)?;
+        let file = open_without_readahead(path)?;
         let meta = file.metadata()?;
         let key = (meta.dev(), meta.ino());
         let (mut done, mut hasher) = match self.by_file.get(&key) {

@@ -473,6 +473,11 @@ fn stats_health_metrics_and_status_on_three_nodes_through_peer_and_quorum_loss()
         check_documented_fields(&files, replica, s);
         assert!(u(&s["latency_us"]["journal_fsync"]["count"]) > 0, "{s}");
         assert!(u(&s["latency_us"]["prepare_commit"]["count"]) > 0, "{s}");
+        // The partition written above: its log's segments and their index, counted.
+        let storage = &s["storage"];
+        assert!(u(&storage["partitions"]) >= 1, "{s}");
+        assert!(u(&storage["segments"]) >= u(&storage["partitions"]), "{s}");
+        assert!(u(&storage["index_bytes"]) > 0, "{s}");
     }
     let primary = u(&group(&after[0], "metadata")["primary"]) as usize;
     let requests: u64 = after

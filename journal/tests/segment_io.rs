@@ -320,3 +320,45 @@ fn an_uncommitted_suffix_is_truncated_at_a_batch_boundary_across_segments() {
         assert_eq!(log.read_from_timestamp(5_000, 1).unwrap().len(), 1);
     });
 }
+
+#[test]
+fn index_memory_counts_the_segments_and_grows_with_the_data_then_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(Durability::EveryBatch);
+    let (counted, reopened) = run(async {
+        let (mut log, _) = PartitionLog::open(dir.path(), PARTITION, config)
+            .await
+            .unwrap();
+        let (segments, empty) = log.index_memory();
+        assert_eq!(segments, 1);
+        let mut last = empty;
+        for i in 0..40u64 {
+            let bytes = batch(PARTITION, log.next_offset(), 1000 + i, 8, 900);
+            log.append(&bytes).await.unwrap();
+            let (_, now) = log.index_memory();
+            assert!(now >= last, "index memory shrank: {last} -> {now}");
+            last = now;
+        }
+        let counted = log.index_memory();
+        log.close().await.unwrap();
+        let (log, _) = PartitionLog::open(dir.path(), PARTITION, config)
+            .await
+            .unwrap();
+        let reopened = log.index_memory();
+        log.close().await.unwrap();
+        (counted, reopened)
+    });
+    let files = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".log"))
+        })
+        .count();
+    assert!(counted.0 > 1, "the appends rolled segments: {counted:?}");
+    assert_eq!(counted.0, files);
+    // One 16-byte entry per index interval at least, for ~290 KiB of batches.
+    assert!(counted.1 >= 16 * 40, "{counted:?}");
+    assert_eq!(reopened.0, counted.0);
+    assert!(reopened.1 >= 16 * 40, "{reopened:?}");
+}

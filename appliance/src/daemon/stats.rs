@@ -117,7 +117,15 @@ pub fn snapshot(node: &Node) -> Snapshot {
         .iter()
         .map(|(k, v)| (k.to_string(), *v))
         .collect();
+    let mut storage = crate::stats::StorageStats::default();
+    for partition in node.partitions.by_group.values() {
+        let (segments, bytes) = partition.log.index_memory();
+        storage.partitions += 1;
+        storage.segments += segments as u64;
+        storage.index_bytes += bytes as u64;
+    }
     Snapshot {
+        storage,
         replica_id: node.settings.replica,
         cluster: node.settings.cluster_name.clone(),
         uptime_s: node.started.elapsed().as_secs(),

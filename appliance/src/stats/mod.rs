@@ -176,6 +176,16 @@ pub struct Snapshot {
     pub latency_us: Latencies,
     pub client_connections: u64,
     pub sessions: u64,
+    pub storage: StorageStats,
+}
+
+/// The partition logs' segments and what their in-memory indexes take.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StorageStats {
+    pub partitions: u64,
+    pub segments: u64,
+    /// Memory of the sparse offset/time indexes (grows with the data kept).
+    pub index_bytes: u64,
 }
 
 impl Snapshot {
@@ -280,6 +290,11 @@ pub(crate) mod tests {
             },
             client_connections: 5,
             sessions: 4,
+            storage: StorageStats {
+                partitions: 2,
+                segments: 7,
+                index_bytes: 4096,
+            },
         }
     }
 

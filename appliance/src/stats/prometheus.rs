@@ -109,6 +109,18 @@ pub fn render(s: &Snapshot) -> String {
         "Sessions in the client table.",
         s.sessions,
     );
+    out.one(
+        "appliance_storage_segments",
+        "gauge",
+        "Segment files of the partition logs.",
+        s.storage.segments,
+    );
+    out.one(
+        "appliance_storage_index_bytes",
+        "gauge",
+        "Memory of the partition logs' sparse indexes.",
+        s.storage.index_bytes,
+    );
 
     let group_gauges: [GroupSeries; 6] = [
         ("appliance_group_view", "Current view of the group.", |g| {
@@ -371,6 +383,7 @@ mod tests {
             "appliance_group_commit{group=\"9223372036854775808\",name=\"metadata\"} 118"
         ));
         assert!(text.contains("appliance_peer_connected{replica=\"2\"} 0"));
+        assert!(text.contains("appliance_storage_index_bytes 4096"));
         assert!(text.contains("appliance_rejected_frames_total{reason=\"frame_seal_mismatch\"} 3"));
         assert!(text.contains("appliance_request_latency_seconds{quantile=\"0.99\"}"));
     }

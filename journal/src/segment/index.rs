@@ -72,6 +72,11 @@ impl SparseIndex {
         &self.entries
     }
 
+    /// Bytes of memory the entries hold.
+    pub fn memory_bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<IndexEntry>()
+    }
+
     /// Position to start scanning from to find `relative_offset`.
     pub fn position_for_offset(&self, relative_offset: u64) -> u64 {
         let at = self

@@ -318,6 +318,12 @@ impl PartitionLog {
         }
     }
 
+    /// The number of segment files and the memory their sparse indexes hold.
+    pub fn index_memory(&self) -> (usize, usize) {
+        let bytes = self.segments.iter().map(|s| s.index.memory_bytes()).sum();
+        (self.segments.len(), bytes)
+    }
+
     /// Base offsets and byte lengths of the segments, oldest first (state-transfer
     /// artifacts; the last one is still being written).
     pub fn segments(&self) -> Vec<(u64, PathBuf, u64)> {

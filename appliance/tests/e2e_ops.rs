@@ -478,6 +478,7 @@ fn stats_health_metrics_and_status_on_three_nodes_through_peer_and_quorum_loss()
         assert!(u(&storage["partitions"]) >= 1, "{s}");
         assert!(u(&storage["segments"]) >= u(&storage["partitions"]), "{s}");
         assert!(u(&storage["index_bytes"]) > 0, "{s}");
+        assert!(u(&storage["prepare_index_bytes"]) > 0, "{s}");
     }
     let primary = u(&group(&after[0], "metadata")["primary"]) as usize;
     let requests: u64 = after

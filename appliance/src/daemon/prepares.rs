@@ -194,6 +194,12 @@ impl PrepareLog {
         self.entries.is_empty()
     }
 
+    /// Bytes of memory the in-memory index of records holds (its capacity: it grows to
+    /// the records kept between compactions and keeps that room).
+    pub fn memory_bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<Entry>()
+    }
+
     /// Appends the record of the next op (not synced: call `sync` per the durability
     /// policy).
     pub async fn append(&mut self, record: &Record) -> Result<(), String> {

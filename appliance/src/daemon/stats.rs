@@ -123,6 +123,7 @@ pub fn snapshot(node: &Node) -> Snapshot {
         storage.partitions += 1;
         storage.segments += segments as u64;
         storage.index_bytes += bytes as u64;
+        storage.prepare_index_bytes += partition.prepares.memory_bytes() as u64;
     }
     Snapshot {
         storage,

@@ -186,6 +186,9 @@ pub struct StorageStats {
     pub segments: u64,
     /// Memory of the sparse offset/time indexes (grows with the data kept).
     pub index_bytes: u64,
+    /// Memory of the prepare records' in-memory index (bounded by the records kept
+    /// between checkpoint compactions).
+    pub prepare_index_bytes: u64,
 }
 
 impl Snapshot {
@@ -294,6 +297,7 @@ pub(crate) mod tests {
                 partitions: 2,
                 segments: 7,
                 index_bytes: 4096,
+                prepare_index_bytes: 8192,
             },
         }
     }

@@ -121,6 +121,12 @@ pub fn render(s: &Snapshot) -> String {
         "Memory of the partition logs' sparse indexes.",
         s.storage.index_bytes,
     );
+    out.one(
+        "appliance_storage_prepare_index_bytes",
+        "gauge",
+        "Memory of the partition groups' prepare-record indexes.",
+        s.storage.prepare_index_bytes,
+    );
 
     let group_gauges: [GroupSeries; 6] = [
         ("appliance_group_view", "Current view of the group.", |g| {

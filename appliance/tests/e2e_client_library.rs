@@ -6,9 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use appliance::client::{Client, ClientOptions};
+use appliance::client::{Client, ClientError, ClientOptions};
 use appliance::protocol::reply::split_poll_body;
-use appliance::protocol::{Consumer, PollStrategy};
+use appliance::protocol::{Consumer, PollStrategy, Status};
 use common::*;
 use replication::wire::batch::{self, BatchBuilder, NewMessage};
 use replication::wire::PartitionKey;
@@ -272,5 +272,17 @@ fn three_nodes_keep_every_acknowledged_message_when_the_primary_is_killed_mid_pr
             .map(|p| read_back(&mut reader, keys[p], &placed[p]))
             .sum();
         assert_eq!(total as u64, MESSAGES, "node {replica}");
+    }
+    // A partition that does not exist: only the metadata primary says so (a backup may
+    // not have the topic yet and answers Unavailable), and the library, moving on from
+    // the backups, reports NotFound.
+    let missing = PartitionKey {
+        stream,
+        topic,
+        partition: PARTITIONS + 3,
+    };
+    match client.send_messages(missing, &numbered_batch(MESSAGES, PER_BATCH)) {
+        Err(ClientError::Status { status, .. }) => assert_eq!(status, Status::NotFound),
+        other => panic!("a missing partition answered {other:?}"),
     }
 }

@@ -432,10 +432,16 @@ impl Node {
         numbered.user_id = user;
         if self.groups.get(group).is_none() {
             // Unknown here: gone, or created by metadata this node has not applied yet.
-            let behind = self
-                .metadata()
-                .is_some_and(|m| m.op() > m.commit() || m.commit() < m.commit_max());
-            if behind {
+            // A backup cannot tell (the create may not even have reached it: a quorum
+            // acknowledged it without this node), so only the metadata primary, which
+            // committed every acknowledged create, answers NotFound; elsewhere the
+            // client is told to retry, and its next node may be the primary.
+            let authoritative = self.metadata().is_some_and(|m| {
+                m.is_primary()
+                    && m.status() == replication::vsr::Status::Normal
+                    && m.op() == m.commit()
+            });
+            if !authoritative {
                 self.reject("metadata_behind");
                 return self.answer(connection, header, Status::Unavailable, &[]);
             }

@@ -886,16 +886,6 @@ impl SealedScan {
         })
     }
 
-    /// The file's length.
-    pub fn len(&self) -> u64 {
-        self.file_len
-    }
-
-    /// Whether the file is empty.
-    pub fn is_empty(&self) -> bool {
-        self.file_len == 0
-    }
-
     /// Verifies about `budget` more bytes (at least one batch or window): the offset
     /// after the last batch once the whole file is verified, None while bytes remain.
     /// A torn, corrupt or discontinuous batch, or anything but zeros after the last

@@ -30,9 +30,10 @@ impl BufferPool {
     }
 
     /// Keeps `buffer` for reuse; the oldest (perhaps of a size no longer used) go beyond
-    /// the bounds. A buffer still shared (a write may still hold it) is not kept.
+    /// the bounds. A buffer still shared (a write may still hold it), or larger than the
+    /// byte bound alone (it would only push out every other), is not kept.
     pub(crate) fn keep(&mut self, buffer: Rc<DmaBuffer>) {
-        if Rc::strong_count(&buffer) != 1 {
+        if Rc::strong_count(&buffer) != 1 || buffer.len() > self.bytes_max {
             return;
         }
         self.buffers.push(buffer);

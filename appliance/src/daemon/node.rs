@@ -1248,11 +1248,11 @@ impl Node {
     }
 }
 
-/// Applies a committed StoreConsumerOffset or DeleteConsumerOffset.
 /// A step of the replica executor longer than this is logged at debug (what held up
 /// commits, when an operator looks for it).
 const SLOW_STEP: Duration = Duration::from_millis(15);
 
+/// Logs `step` at debug if it took SLOW_STEP or longer since `started`.
 pub(super) fn slow_step(step: &'static str, started: Instant) {
     let took = started.elapsed();
     if took >= SLOW_STEP {
@@ -1260,6 +1260,7 @@ pub(super) fn slow_step(step: &'static str, started: Instant) {
     }
 }
 
+/// Applies a committed StoreConsumerOffset or DeleteConsumerOffset.
 fn apply_offset_op(
     partition: &mut partitions::Partition,
     operation: u8,

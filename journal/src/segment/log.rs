@@ -222,13 +222,10 @@ impl PartitionLog {
                     // damage or a torn tail reads the file whole to tell which it is.
                     let mut windowed =
                         SealedScan::open(&path, partition_id, base, config, Vec::new())?;
-                    let clean = loop {
-                        match windowed.step(u64::MAX) {
-                            Ok(Some(_)) => break true,
-                            Ok(None) => {}
-                            Err(JournalError::SegmentCorrupt { .. }) => break false,
-                            Err(other) => return Err(other),
-                        }
+                    let clean = match windowed.step(u64::MAX) {
+                        Ok(_) => true,
+                        Err(JournalError::SegmentCorrupt { .. }) => false,
+                        Err(other) => return Err(other),
                     };
                     if clean {
                         let segment = windowed.segment();
@@ -802,13 +799,9 @@ pub fn index_sealed_segment(
     base: u64,
     config: PartitionConfig,
 ) -> Result<u64> {
-    let mut scan = SealedScan::open(path, partition_id, base, config, Vec::new())?;
-    loop {
-        if let Some(next_offset) = scan.step(u64::MAX)? {
-            scan.write_index(dir)?;
-            return Ok(next_offset);
-        }
-    }
+    let segment = scan_sealed(path, partition_id, base, config)?;
+    write_index(dir, &segment)?;
+    Ok(segment.next_offset)
 }
 
 /// Reads and scans a sealed segment whole: anything but a clean end (a torn, corrupt or
@@ -820,7 +813,7 @@ fn scan_sealed(
     config: PartitionConfig,
 ) -> Result<Segment> {
     let mut scan = SealedScan::open(path, partition_id, base, config, Vec::new())?;
-    while scan.step(u64::MAX)?.is_none() {}
+    scan.step(u64::MAX)?;
     Ok(scan.segment())
 }
 
@@ -887,7 +880,8 @@ impl SealedScan {
     }
 
     /// Verifies about `budget` more bytes (at least one batch or window): the offset
-    /// after the last batch once the whole file is verified, None while bytes remain.
+    /// after the last batch once the whole file is verified, None while bytes remain
+    /// (never with a budget of `u64::MAX`, which verifies the whole file).
     /// A torn, corrupt or discontinuous batch, or anything but zeros after the last
     /// batch, is `SegmentCorrupt` at its position.
     pub fn step(&mut self, budget: u64) -> Result<Option<u64>> {

@@ -362,3 +362,117 @@ fn index_memory_counts_the_segments_and_grows_with_the_data_then_survives_reopen
     assert_eq!(reopened.0, counted.0);
     assert!(reopened.1 >= 16 * 40, "{reopened:?}");
 }
+
+/// Stamped batches of varied sizes following each other from offset 0.
+fn chain_of_batches(n: u64) -> Vec<Vec<u8>> {
+    let mut next = 0;
+    (0..n)
+        .map(|i| {
+            let count = 1 + (i % 4) as u32;
+            let bytes = batch(
+                PARTITION,
+                next,
+                2000 + i,
+                count,
+                200 + (i as usize % 9) * 157,
+            );
+            next += u64::from(count);
+            bytes
+        })
+        .collect()
+}
+
+#[test]
+fn coalesced_appends_write_the_same_files_as_one_at_a_time_across_rolls() {
+    let one_dir = tempfile::tempdir().unwrap();
+    let many_dir = tempfile::tempdir().unwrap();
+    let batches = chain_of_batches(120);
+    run(async {
+        let config = config(Durability::EveryBatch);
+        let (mut one, _) = PartitionLog::open(one_dir.path(), PARTITION, config)
+            .await
+            .unwrap();
+        for bytes in &batches {
+            one.append_verified_deferred(bytes).await.unwrap();
+        }
+        one.sync().await.unwrap();
+        // Groups of 1 to 13 batches, as rounds of a group commit would hand them over.
+        let (mut many, _) = PartitionLog::open(many_dir.path(), PARTITION, config)
+            .await
+            .unwrap();
+        let mut at = 0;
+        let mut group = 1;
+        while at < batches.len() {
+            let end = (at + group).min(batches.len());
+            let slices: Vec<&[u8]> = batches[at..end].iter().map(Vec::as_slice).collect();
+            let (receipts, refused) = many.append_many_verified_deferred(&slices).await.unwrap();
+            assert!(refused.is_none());
+            assert_eq!(receipts.len(), end - at);
+            for (receipt, bytes) in receipts.iter().zip(&batches[at..end]) {
+                let info = replication::wire::batch::info_of_verified(bytes).unwrap();
+                assert_eq!(receipt.base_offset, info.base_offset);
+                assert_eq!(receipt.next_offset, info.next_offset());
+                assert_eq!(receipt.last_timestamp, info.base_timestamp);
+            }
+            at = end;
+            group = group % 13 + 1;
+        }
+        many.sync().await.unwrap();
+        assert!(many.segments().len() > 3, "no roll: {:?}", many.segments());
+        assert_eq!(many.position(), one.position());
+        let one_segments = one.segments();
+        let many_segments = many.segments();
+        assert_eq!(one_segments.len(), many_segments.len());
+        for ((base_a, path_a, len_a), (base_b, path_b, len_b)) in
+            one_segments.iter().zip(&many_segments)
+        {
+            assert_eq!((base_a, len_a), (base_b, len_b));
+            let a = std::fs::read(path_a).unwrap();
+            let b = std::fs::read(path_b).unwrap();
+            assert!(a == b, "segment {base_a} differs");
+        }
+        assert_eq!(many.read_from_offset(0, u64::MAX).unwrap(), batches);
+        many.close().await.unwrap();
+        one.close().await.unwrap();
+        let (reopened, report) = PartitionLog::open(many_dir.path(), PARTITION, config)
+            .await
+            .unwrap();
+        assert!(report.truncated_tail.is_none() && report.rebuilt_indexes.is_empty());
+        assert_eq!(reopened.read_from_offset(0, u64::MAX).unwrap(), batches);
+    });
+}
+
+#[test]
+fn a_coalesced_append_stops_at_the_first_batch_that_does_not_follow() {
+    let dir = tempfile::tempdir().unwrap();
+    let batches = chain_of_batches(6);
+    run(async {
+        let (mut log, _) =
+            PartitionLog::open(dir.path(), PARTITION, config(Durability::EveryBatch))
+                .await
+                .unwrap();
+        // Batch 3 is left out, so batch 4 does not follow batch 2.
+        let slices: Vec<&[u8]> = [0, 1, 2, 4, 5]
+            .iter()
+            .map(|&i| batches[i].as_slice())
+            .collect();
+        let (receipts, refused) = log.append_many_verified_deferred(&slices).await.unwrap();
+        assert_eq!(receipts.len(), 3);
+        assert!(
+            matches!(refused, Some(JournalError::BatchRejected { .. })),
+            "{refused:?}"
+        );
+        let info = replication::wire::batch::info_of_verified(&batches[2]).unwrap();
+        assert_eq!(log.next_offset(), info.next_offset());
+        assert_eq!(
+            log.read_from_offset(0, u64::MAX).unwrap(),
+            batches[..3].to_vec()
+        );
+        // The log goes on from there.
+        let rest: Vec<&[u8]> = batches[3..].iter().map(Vec::as_slice).collect();
+        let (receipts, refused) = log.append_many_verified_deferred(&rest).await.unwrap();
+        assert!(refused.is_none());
+        assert_eq!(receipts.len(), 3);
+        assert_eq!(log.read_from_offset(0, u64::MAX).unwrap(), batches);
+    });
+}

@@ -19,6 +19,7 @@ pub mod xfer;
 
 mod client;
 mod forward;
+mod group_commit;
 mod xfer_node;
 
 use std::collections::BTreeMap;

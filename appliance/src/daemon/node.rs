@@ -25,7 +25,6 @@ use zerocopy::FromBytes;
 use super::files;
 use super::forward;
 use super::partitions::{self, Partitions};
-use super::prepares;
 use super::DaemonError;
 use crate::protocol::codec::Reader;
 use crate::protocol::Status;
@@ -201,6 +200,9 @@ pub struct Node {
     pub(super) forwarded: HashMap<u128, forward::Forwarded>,
     /// Request numbers of internal auto-commit writes.
     pub(super) auto_commits: u64,
+    /// Partition prepares staged this round for its group commit (group_commit.rs), by
+    /// group, in op order.
+    pub(super) staged: BTreeMap<u64, Vec<(u64, Frame)>>,
     /// Partition prepares written this round, reported durable at its group commit.
     pub(super) unsynced: Vec<(u64, u64, u128)>,
     pub(super) partitions_written: std::collections::BTreeSet<u64>,
@@ -349,6 +351,7 @@ impl Node {
             forward_nonces: 0,
             forwarded: HashMap::new(),
             auto_commits: 0,
+            staged: BTreeMap::new(),
             unsynced: Vec::new(),
             partitions_written: std::collections::BTreeSet::new(),
             xfer,
@@ -555,21 +558,14 @@ impl Node {
         loop {
             let actions = self.groups.drain_actions();
             if actions.is_empty() {
-                if self.unsynced.is_empty() && self.partitions_written.is_empty() {
+                if !self.journals_unflushed() {
                     return Ok(());
                 }
                 self.flush_partition_journals().await?;
                 continue;
             }
             for (group, action) in actions {
-                // A truncation or a new view must not overtake writes still unsynced.
-                let ordered = matches!(
-                    action,
-                    Action::JournalTruncate { .. } | Action::PersistSuperblock(_)
-                );
-                if ordered && self.partitions_written.contains(&group) {
-                    self.flush_partition_journals().await?;
-                }
+                self.order_before(group, &action).await?;
                 let kind = match &action {
                     Action::Send { .. } => "action send",
                     Action::Broadcast { .. } => "action broadcast",
@@ -600,11 +596,8 @@ impl Node {
             Action::JournalAppend { op, frame } => {
                 self.prepared_at.insert((group, op), Instant::now());
                 if group != METADATA_GROUP {
-                    // Reported durable by the round's group commit.
-                    if let Some(checksum) = self.partition_journal(group, op, &frame).await? {
-                        self.unsynced.push((group, op, checksum));
-                    }
-                    return Ok(());
+                    // Staged, written and reported durable by the round's group commit.
+                    return self.partition_append(group, op, frame).await;
                 }
                 let started = Instant::now();
                 let checksum = self.journal_write(op, &frame).await?;
@@ -980,136 +973,6 @@ impl Node {
         let mut replica = Replica::new(config);
         replica.seed_partition_position(partition.log.position());
         Ok(replica)
-    }
-
-    /// Journals the prepare of `op` of a partition group: its batch into the segment log,
-    /// its record into the prepare log, both durable per `message_durability` before it
-    /// is reported. Returns the identity when it is journaled, None when it cannot be yet
-    /// (a gap below it) or must not be (it would rewrite a committed op).
-    async fn partition_journal(
-        &mut self,
-        group: u64,
-        op: u64,
-        frame: &Frame,
-    ) -> Result<Option<u128>, DaemonError> {
-        let Some(partition) = self.partitions.by_group.get_mut(&group) else {
-            return Ok(None);
-        };
-        let checksum = frame.checksum();
-        let fail =
-            |e: String| DaemonError::Runtime(format!("partition group {group} op {op}: {e}"));
-        if partition
-            .prepares
-            .get(op)
-            .is_some_and(|e| e.identity == checksum)
-        {
-            return Ok(Some(checksum));
-        }
-        if op <= partition.committed_op {
-            self.bus.stats().reject("partition_rewrite_committed");
-            tracing::error!(group, op, "refused to rewrite a committed partition op");
-            return Ok(None);
-        }
-        if op <= partition.prepares.head() {
-            partition.truncate_after(op - 1).await.map_err(fail)?;
-        }
-        let head = partition.prepares.head();
-        let follows = op == head + 1 || (partition.prepares.is_empty() && op == 1);
-        if !follows {
-            // Counted (`rejected.journal_append_gap` in /stats), logged at debug: a
-            // group that is repairing or fetching its state defers every prepare its
-            // primary sends, and the core asks again on each repair timeout (thousands
-            // of lines a second at warn, into the journal of the host).
-            self.bus.stats().reject("journal_append_gap");
-            tracing::debug!(
-                group,
-                op,
-                head,
-                "partition journal append past the head deferred"
-            );
-            return Ok(None);
-        }
-        let Ok((header, _)) = PrepareHeader::read_from_prefix(frame.as_bytes()) else {
-            return Err(fail("not a prepare".into()));
-        };
-        let body = frame.as_bytes().get(256..).unwrap_or(&[]);
-        let before = partition.log.position();
-        let record = if header.operation == Operation::SendMessages as u8 {
-            let receipt = match partition.log.append_verified_deferred(body).await {
-                Ok(receipt) => receipt,
-                Err(error) => {
-                    // The core checked the stamp against its own position: a mismatch
-                    // here means the log and the core disagree; do not acknowledge.
-                    self.bus.stats().reject("partition_append_refused");
-                    tracing::error!(group, op, %error, "partition batch not journaled");
-                    return Ok(None);
-                }
-            };
-            prepares::Record {
-                header,
-                base_offset: receipt.base_offset,
-                next_offset: receipt.next_offset,
-                last_timestamp: partition.log.position().last_timestamp,
-                inline: Vec::new(),
-            }
-        } else {
-            if body.len() > prepares::INLINE_BODY_MAX {
-                self.bus.stats().reject("partition_prepare_body_too_large");
-                return Ok(None);
-            }
-            prepares::Record {
-                header,
-                base_offset: before.next_offset,
-                next_offset: before.next_offset,
-                last_timestamp: before.last_timestamp,
-                inline: body.to_vec(),
-            }
-        };
-        partition.prepares.append(&record).await.map_err(fail)?;
-        // Not synced here: `flush_partition_journals` syncs every partition written in
-        // this round once (group commit) before any of it is reported durable.
-        self.partitions_written.insert(group);
-        Ok(Some(checksum))
-    }
-
-    /// Group commit: syncs the segment logs and prepare records written since the last
-    /// flush (under message_durability = every), then reports their prepares durable to
-    /// the consensus, which sends the PrepareOks.
-    async fn flush_partition_journals(&mut self) -> Result<(), DaemonError> {
-        if self.unsynced.is_empty() && self.partitions_written.is_empty() {
-            return Ok(());
-        }
-        let started = Instant::now();
-        // Every partition written this round syncs at once: the fdatasyncs overlap.
-        let written = std::mem::take(&mut self.partitions_written);
-        let syncs = self
-            .partitions
-            .by_group
-            .iter_mut()
-            .filter(|(group, p)| written.contains(group) && p.log.syncs_every_batch())
-            .map(|(group, partition)| async move {
-                partition
-                    .sync_journal()
-                    .await
-                    .map_err(|e| DaemonError::Runtime(format!("partition group {group}: {e}")))
-            });
-        for synced in journal::join_all(syncs).await {
-            synced?;
-        }
-        slow_step("partition journal sync", started);
-        let pending = std::mem::take(&mut self.unsynced);
-        if !pending.is_empty() {
-            let _ = self
-                .latencies
-                .journal_fsync
-                .record(started.elapsed().as_micros() as u64);
-        }
-        for (group, op, checksum) in pending {
-            if let Some(replica) = self.groups.get_mut(group) {
-                replica.on_journal_durable(op, checksum);
-            }
-        }
-        Ok(())
     }
 
     /// Truncates a partition group's journal above `op_max` (a view change discarded

@@ -203,14 +203,30 @@ impl PrepareLog {
     /// Appends the record of the next op (not synced: call `sync` per the durability
     /// policy).
     pub async fn append(&mut self, record: &Record) -> Result<(), String> {
-        if !self.entries.is_empty() && record.op() != self.head() + 1 {
-            return Err(format!(
-                "prepare log: op {} does not follow {}",
-                record.op(),
-                self.head()
-            ));
+        self.append_many(std::slice::from_ref(record)).await
+    }
+
+    /// Appends the records of the next ops in one write (a group commit's records), not
+    /// synced. They must follow the log and each other.
+    pub async fn append_many(&mut self, records: &[Record]) -> Result<(), String> {
+        let mut expected = self.head() + 1;
+        let mut bytes = Vec::new();
+        let mut entries = Vec::with_capacity(records.len());
+        for (i, record) in records.iter().enumerate() {
+            if (!self.entries.is_empty() || i > 0) && record.op() != expected {
+                return Err(format!(
+                    "prepare log: op {} does not follow {}",
+                    record.op(),
+                    expected - 1
+                ));
+            }
+            expected = record.op() + 1;
+            entries.push(entry_of(record, self.end + bytes.len() as u64));
+            bytes.extend_from_slice(&record.encode());
         }
-        let bytes = record.encode();
+        if bytes.is_empty() {
+            return Ok(());
+        }
         let len = bytes.len();
         let written = self
             .file
@@ -223,7 +239,7 @@ impl PrepareLog {
                 self.path.display()
             ));
         }
-        self.entries.push_back(entry_of(record, self.end));
+        self.entries.extend(entries);
         self.end += len as u64;
         Ok(())
     }
@@ -421,6 +437,29 @@ mod tests {
         block_on(async {
             let (log, held) = PrepareLog::open(dir.path()).await.unwrap();
             assert_eq!(ops(&held), [1]);
+            log.close().await.unwrap();
+        });
+    }
+
+    #[test]
+    fn records_appended_together_read_back_like_records_appended_one_by_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = chain(9);
+        block_on(async {
+            let (mut log, _) = PrepareLog::open(dir.path()).await.unwrap();
+            log.append(&records[0]).await.unwrap();
+            log.append_many(&records[1..5]).await.unwrap();
+            assert_eq!(log.head(), 5);
+            assert_eq!(log.get(3).map(|e| e.base_offset), Some(20));
+            // A group that skips an op is refused whole.
+            let gapped = [records[5].clone(), records[7].clone()];
+            assert!(log.append_many(&gapped).await.is_err());
+            assert_eq!(log.head(), 5);
+            log.append_many(&records[5..]).await.unwrap();
+            log.close().await.unwrap();
+            let (log, held) = PrepareLog::open(dir.path()).await.unwrap();
+            assert_eq!(ops(&held), (1..=9).collect::<Vec<_>>());
+            assert_eq!(held[5].inline, vec![6u8; 13]);
             log.close().await.unwrap();
         });
     }

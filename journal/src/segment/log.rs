@@ -46,6 +46,12 @@ pub const INDEX_INTERVAL_BYTES_DEFAULT: u64 = 4096;
 
 const _: () = assert!(BATCH_SIZE_MAX < SEGMENT_SIZE_LIMIT && SEGMENT_SIZE_MIN >= SECTOR_SIZE);
 
+/// Bytes of batches one coalesced write carries at most (a single larger batch goes
+/// alone): bounds the write buffer of a group commit.
+const RUN_BYTES_MAX: u64 = 8 << 20;
+/// Extra room of a fresh coalesced-write buffer, so runs a little longer reuse it.
+const RUN_SLACK_BYTES: usize = 256 << 10;
+
 /// Per-partition storage settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct PartitionConfig {
@@ -118,6 +124,8 @@ pub struct OpenReport {
 pub struct AppendReceipt {
     pub base_offset: u64,
     pub next_offset: u64,
+    /// The batch's base_timestamp: the log's last timestamp once it is appended.
+    pub last_timestamp: u64,
     /// Whether the batch is on stable storage now (always under `EveryBatch`).
     pub durable: bool,
 }
@@ -416,18 +424,79 @@ impl PartitionLog {
         self.config.durability == Durability::EveryBatch
     }
 
-    async fn append_inner(
+    /// As `append_verified_deferred` for several batches in order (the appends of one
+    /// group commit): each must follow the one before it, and they go to disk in as few
+    /// writes as the segment size allows (one, unless a roll falls between them), instead
+    /// of a write per batch. Returns the receipts of the batches appended, in order; when
+    /// a batch is refused (its stamp does not follow, it is too large), the ones before it
+    /// are appended, it and those after it are not, and its error comes back beside the
+    /// receipts. IO errors fail the whole call.
+    pub async fn append_many_verified_deferred(
         &mut self,
+        batches: &[&[u8]],
+    ) -> Result<(Vec<AppendReceipt>, Option<JournalError>)> {
+        let mut receipts = Vec::with_capacity(batches.len());
+        let mut rest = batches;
+        while !rest.is_empty() {
+            // Checked up front, against the position the batches before them leave.
+            let mut position = self.position();
+            let mut infos = Vec::new();
+            let mut refused = None;
+            let mut run_bytes = 0u64;
+            // The segment the run goes into: the active one, or a fresh one when the
+            // first batch rolls it (`write_run`).
+            let mut segment_len = self.active_segment().len;
+            let first_len = rest[0].len() as u64;
+            if segment_len > 0 && segment_len + first_len > self.config.segment_size_max {
+                segment_len = 0;
+            }
+            for (i, batch) in rest.iter().enumerate() {
+                let info = match self.check_batch(batch, &position, Checks::StampOnly) {
+                    Ok(info) => info,
+                    Err(error) => {
+                        refused = Some(error);
+                        break;
+                    }
+                };
+                // A run stays in one segment and within one write buffer's bound.
+                let grown = run_bytes + batch.len() as u64;
+                if i > 0
+                    && (segment_len + grown > self.config.segment_size_max || grown > RUN_BYTES_MAX)
+                {
+                    break;
+                }
+                run_bytes = grown;
+                position.next_offset = info.next_offset();
+                position.last_timestamp = info.base_timestamp;
+                infos.push(info);
+            }
+            let run = infos.len();
+            if run > 0 {
+                receipts.extend(self.write_run(&rest[..run], &infos, false).await?);
+            }
+            if let Some(error) = refused {
+                // The refused batch is `rest[run]`: it and those after it stay out.
+                return Ok((receipts, Some(error)));
+            }
+            rest = &rest[run..];
+        }
+        Ok((receipts, None))
+    }
+
+    /// The stamp (and, with `Checks::Verify`, every checksum) and size of `batch` as the
+    /// next batch after `position`.
+    fn check_batch(
+        &self,
         batch: &[u8],
-        sync_now: bool,
+        position: &PartitionPosition,
         checks: Checks,
-    ) -> Result<AppendReceipt> {
+    ) -> Result<replication::wire::batch::BatchInfo> {
         let checked = match checks {
-            Checks::Verify => check_stamp(batch, &self.position()),
-            Checks::StampOnly => check_stamp_of_verified(batch, &self.position()),
+            Checks::Verify => check_stamp(batch, position),
+            Checks::StampOnly => check_stamp_of_verified(batch, position),
         };
         let info = checked.map_err(|e| JournalError::BatchRejected {
-            base_offset: self.next_offset(),
+            base_offset: position.next_offset,
             reason: e.to_string(),
         })?;
         if batch.len() as u64 > BATCH_SIZE_MAX {
@@ -436,26 +505,64 @@ impl PartitionLog {
                 reason: format!("{} bytes exceeds {BATCH_SIZE_MAX}", batch.len()),
             });
         }
+        Ok(info)
+    }
+
+    async fn append_inner(
+        &mut self,
+        batch: &[u8],
+        sync_now: bool,
+        checks: Checks,
+    ) -> Result<AppendReceipt> {
+        let info = self.check_batch(batch, &self.position(), checks)?;
+        let mut receipts = self.write_run(&[batch], &[info], sync_now).await?;
+        Ok(receipts
+            .pop()
+            .unwrap_or_else(|| unreachable!("one receipt per batch written")))
+    }
+
+    /// Writes `batches` (checked: `infos` are theirs, each following the one before it)
+    /// after the log's end in one direct-IO write: the last partial sector kept in memory,
+    /// the batches, zero padding to a sector. Rolls the segment first when the first batch
+    /// would take it past `segment_size_max` (the caller keeps a run within one segment).
+    async fn write_run(
+        &mut self,
+        batches: &[&[u8]],
+        infos: &[replication::wire::batch::BatchInfo],
+        sync_now: bool,
+    ) -> Result<Vec<AppendReceipt>> {
+        debug_assert_eq!(batches.len(), infos.len());
+        let run_len: u64 = batches.iter().map(|b| b.len() as u64).sum();
+        let first_len = batches.first().map_or(0, |b| b.len() as u64);
         let len = self.active_segment().len;
-        if len > 0 && len + batch.len() as u64 > self.config.segment_size_max {
+        if len > 0 && len + first_len > self.config.segment_size_max {
             self.roll().await?;
         }
         let position = self.active_segment().len;
         let write_at = sector_floor(position);
         let tail_len = self.active.tail.len();
         assert_eq!(write_at + tail_len as u64, position);
-        let total = sector_ceil(position + batch.len() as u64) - write_at;
-        let mut buffer =
-            SPARE_BUFFERS.with_borrow_mut(|pool| pool.take(&self.active.file, total as usize));
+        let end = position + run_len;
+        let total = (sector_ceil(end) - write_at) as usize;
+        let mut buffer = SPARE_BUFFERS.with_borrow_mut(|pool| {
+            if batches.len() == 1 {
+                pool.take(&self.active.file, total)
+            } else {
+                pool.take_at_least(&self.active.file, total, RUN_SLACK_BYTES)
+            }
+        });
         {
             let bytes = Rc::get_mut(&mut buffer)
                 .unwrap_or_else(|| unreachable!("pooled buffers are not shared"))
                 .as_bytes_mut();
             bytes[..tail_len].copy_from_slice(&self.active.tail);
-            bytes[tail_len..tail_len + batch.len()].copy_from_slice(batch);
-            bytes[tail_len + batch.len()..].fill(0);
+            let mut at = tail_len;
+            for batch in batches {
+                bytes[at..at + batch.len()].copy_from_slice(batch);
+                at += batch.len();
+            }
+            bytes[at..].fill(0);
         }
-        let end = position + batch.len() as u64;
         let new_tail_start = (sector_floor(end) - write_at) as usize;
         let new_tail = buffer.as_bytes()[new_tail_start..(end - write_at) as usize].to_vec();
         let path = self.active_path();
@@ -466,7 +573,7 @@ impl PartitionLog {
             .await
             .map_err(io("write", &path))?;
         SPARE_BUFFERS.with_borrow_mut(|pool| pool.keep(buffer));
-        if (written as u64) < total {
+        if written < total {
             return Err(JournalError::io(
                 "write",
                 &path,
@@ -474,22 +581,33 @@ impl PartitionLog {
             ));
         }
         self.active.tail = new_tail;
-        let entry = BatchEntry {
-            position,
-            len: batch.len() as u64,
-            base_offset: info.base_offset,
-            message_count: info.message_count,
-            base_timestamp: info.base_timestamp,
-        };
         let interval = self.config.index_interval_bytes;
         let segment = self
             .segments
             .last_mut()
             .unwrap_or_else(|| unreachable!("one segment at least"));
-        segment.index.observe(segment.base_offset, &entry, interval);
-        segment.len = end;
-        segment.next_offset = entry.next_offset();
-        self.last_timestamp = info.base_timestamp;
+        let mut receipts = Vec::with_capacity(batches.len());
+        let mut at = position;
+        for (batch, info) in batches.iter().zip(infos) {
+            let entry = BatchEntry {
+                position: at,
+                len: batch.len() as u64,
+                base_offset: info.base_offset,
+                message_count: info.message_count,
+                base_timestamp: info.base_timestamp,
+            };
+            segment.index.observe(segment.base_offset, &entry, interval);
+            at += batch.len() as u64;
+            segment.len = at;
+            segment.next_offset = entry.next_offset();
+            self.last_timestamp = info.base_timestamp;
+            receipts.push(AppendReceipt {
+                base_offset: info.base_offset,
+                next_offset: entry.next_offset(),
+                last_timestamp: info.base_timestamp,
+                durable: false,
+            });
+        }
         let due = self.schedule.written(Instant::now());
         let durable = if due && sync_now {
             self.sync().await?;
@@ -497,11 +615,10 @@ impl PartitionLog {
         } else {
             !self.schedule.is_dirty()
         };
-        Ok(AppendReceipt {
-            base_offset: info.base_offset,
-            next_offset: entry.next_offset(),
-            durable,
-        })
+        for receipt in &mut receipts {
+            receipt.durable = durable;
+        }
+        Ok(receipts)
     }
 
     /// Forces everything appended so far to stable storage.

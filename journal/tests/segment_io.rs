@@ -382,6 +382,32 @@ fn chain_of_batches(n: u64) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// A log in `dir` holding `batches`, appended one at a time and synced: the reference
+/// the coalesced and planned writes are compared with.
+async fn one_at_a_time(dir: &std::path::Path, batches: &[Vec<u8>]) -> PartitionLog {
+    let (mut one, _) = PartitionLog::open(dir, PARTITION, config(Durability::EveryBatch))
+        .await
+        .unwrap();
+    for bytes in batches {
+        one.append_verified_deferred(bytes).await.unwrap();
+    }
+    one.sync().await.unwrap();
+    one
+}
+
+/// Both logs hold the same segments, byte for byte.
+fn assert_same_segments(a: &PartitionLog, b: &PartitionLog) {
+    assert_eq!(a.position(), b.position());
+    let (a, b) = (a.segments(), b.segments());
+    assert_eq!(a.len(), b.len());
+    for ((base_a, path_a, len_a), (base_b, path_b, len_b)) in a.iter().zip(&b) {
+        assert_eq!((base_a, len_a), (base_b, len_b));
+        let bytes_a = std::fs::read(path_a).unwrap();
+        let bytes_b = std::fs::read(path_b).unwrap();
+        assert!(bytes_a == bytes_b, "segment {base_a} differs");
+    }
+}
+
 #[test]
 fn coalesced_appends_write_the_same_files_as_one_at_a_time_across_rolls() {
     let one_dir = tempfile::tempdir().unwrap();
@@ -389,13 +415,7 @@ fn coalesced_appends_write_the_same_files_as_one_at_a_time_across_rolls() {
     let batches = chain_of_batches(120);
     run(async {
         let config = config(Durability::EveryBatch);
-        let (mut one, _) = PartitionLog::open(one_dir.path(), PARTITION, config)
-            .await
-            .unwrap();
-        for bytes in &batches {
-            one.append_verified_deferred(bytes).await.unwrap();
-        }
-        one.sync().await.unwrap();
+        let one = one_at_a_time(one_dir.path(), &batches).await;
         // Groups of 1 to 13 batches, as rounds of a group commit would hand them over.
         let (mut many, _) = PartitionLog::open(many_dir.path(), PARTITION, config)
             .await
@@ -419,18 +439,7 @@ fn coalesced_appends_write_the_same_files_as_one_at_a_time_across_rolls() {
         }
         many.sync().await.unwrap();
         assert!(many.segments().len() > 3, "no roll: {:?}", many.segments());
-        assert_eq!(many.position(), one.position());
-        let one_segments = one.segments();
-        let many_segments = many.segments();
-        assert_eq!(one_segments.len(), many_segments.len());
-        for ((base_a, path_a, len_a), (base_b, path_b, len_b)) in
-            one_segments.iter().zip(&many_segments)
-        {
-            assert_eq!((base_a, len_a), (base_b, len_b));
-            let a = std::fs::read(path_a).unwrap();
-            let b = std::fs::read(path_b).unwrap();
-            assert!(a == b, "segment {base_a} differs");
-        }
+        assert_same_segments(&one, &many);
         assert_eq!(many.read_from_offset(0, u64::MAX).unwrap(), batches);
         many.close().await.unwrap();
         one.close().await.unwrap();
@@ -474,5 +483,92 @@ fn a_coalesced_append_stops_at_the_first_batch_that_does_not_follow() {
         assert!(refused.is_none());
         assert_eq!(receipts.len(), 3);
         assert_eq!(log.read_from_offset(0, u64::MAX).unwrap(), batches);
+    });
+}
+
+#[test]
+fn planned_writes_run_beside_syncs_leave_the_same_files_as_appends() {
+    use journal::segment::Plan;
+    let one_dir = tempfile::tempdir().unwrap();
+    let planned_dir = tempfile::tempdir().unwrap();
+    let batches = chain_of_batches(150);
+    run(async {
+        let config = config(Durability::EveryBatch);
+        let one = one_at_a_time(one_dir.path(), &batches).await;
+        let (mut log, _) = PartitionLog::open(planned_dir.path(), PARTITION, config)
+            .await
+            .unwrap();
+        let mut at = 0;
+        let mut rolls = 0;
+        let mut pending_sync = None;
+        while at < batches.len() {
+            let end = (at + 7).min(batches.len());
+            let slices: Vec<&[u8]> = batches[at..end].iter().map(Vec::as_slice).collect();
+            let planned = match log.plan_many_verified(&slices).unwrap() {
+                Plan::Planned(planned) => planned,
+                Plan::RollFirst => {
+                    // Nothing may be in flight across a roll.
+                    if let Some(sync) = pending_sync.take() {
+                        journal::segment::Syncer::run(sync).await.unwrap();
+                    }
+                    log.roll().await.unwrap();
+                    rolls += 1;
+                    continue;
+                }
+            };
+            assert!(planned.refused.is_none());
+            assert!(!planned.receipts.is_empty());
+            // The position counts the plan before its write runs.
+            assert_eq!(
+                log.next_offset(),
+                planned.receipts.last().unwrap().next_offset
+            );
+            // The previous plan's sync runs beside this plan's write.
+            let write = planned.write.unwrap().run();
+            match pending_sync.take() {
+                Some(sync) => {
+                    let (w, s) =
+                        futures_lite::future::zip(write, journal::segment::Syncer::run(sync)).await;
+                    w.unwrap();
+                    s.unwrap();
+                }
+                None => write.await.unwrap(),
+            }
+            pending_sync = Some(log.syncer());
+            at += planned.receipts.len();
+        }
+        if let Some(sync) = pending_sync.take() {
+            sync.run().await.unwrap();
+        }
+        log.note_synced();
+        assert!(rolls > 2, "no roll");
+        assert_same_segments(&one, &log);
+        assert_eq!(log.read_from_offset(0, u64::MAX).unwrap(), batches);
+        one.close().await.unwrap();
+        log.close().await.unwrap();
+    });
+}
+
+#[test]
+fn a_log_refuses_to_close_while_a_planned_write_holds_its_file() {
+    use journal::segment::Plan;
+    let dir = tempfile::tempdir().unwrap();
+    let batches = chain_of_batches(3);
+    run(async {
+        let (mut log, _) =
+            PartitionLog::open(dir.path(), PARTITION, config(Durability::EveryBatch))
+                .await
+                .unwrap();
+        let slices: Vec<&[u8]> = batches.iter().map(Vec::as_slice).collect();
+        let Plan::Planned(planned) = log.plan_many_verified(&slices).unwrap() else {
+            panic!("an empty segment needs no roll");
+        };
+        let write = planned.write.unwrap();
+        let closed = log.close().await;
+        assert!(
+            matches!(&closed, Err(JournalError::Io { .. })),
+            "{closed:?}"
+        );
+        write.run().await.unwrap();
     });
 }

@@ -1,42 +1,114 @@
-//! Group commit of the partition groups' journals. A partition group's JournalAppend is
-//! staged, not written at once: the round's later actions (the chain Send of a prepare
-//! above all) go out without waiting for the disk. When the round's actions are done,
-//! every partition with staged prepares writes them in one coalesced segment write and
-//! one record write, all partitions at once; each written partition then syncs once
-//! (under `message_durability = "every"`), and only then are its prepares reported
-//! durable to the consensus, which sends the PrepareOks (vsr/mod.rs, "Ordering
-//! contract": a JournalAppend completes asynchronously).
+//! Group commit of the partition groups' journals, pipelined. A partition group's
+//! JournalAppend is staged in the group's lane, not written where the action list
+//! reaches it, so the round's later actions (the chain Send of a prepare above all) go
+//! out without waiting for the disk. Each lane then runs its IO beside the node loop:
 //!
-//! Prepares that do not extend the journal (a rewrite below the head, a gap) take the
-//! one-at-a-time path of `partition_journal`, after the group's staged ones.
+//! - at most one write in flight: the staged prepares planned into one coalesced
+//!   segment write and one record write (`PartitionLog::plan_many_verified`,
+//!   `PrepareLog::plan_many`), which run as a task holding only the files and buffers.
+//!   One at a time because each segment write rewrites the last sector of the one
+//!   before it; prepares staged meanwhile make the next write longer.
+//! - at most one sync in flight (under `message_durability = "every"`): it covers the
+//!   writes completed before it started, and runs beside the next write.
+//!
+//! Completions come back to the node loop as `IoDone`; a prepare is reported durable to
+//! the consensus (which then sends its PrepareOk) only once a sync that started after
+//! its write completed has completed (or, under an interval policy, once it is written).
+//! That is the ordering contract of vsr/mod.rs: a JournalAppend completes
+//! asynchronously.
+//!
+//! Whatever must not overlap a lane's IO waits for it first: applying a commit waits
+//! for that op's write (reads serve what is committed), a truncation, a new view, a
+//! checkpoint's compaction, a roll, a state-transfer install and shutdown drain the
+//! lane. Prepares that do not extend the journal (a rewrite below the head, a gap) are
+//! journaled one at a time after the lane is drained.
 
+use std::rc::Rc;
 use std::time::Instant;
 
+use glommio::channels::local_channel::LocalSender;
+use journal::segment::Plan;
 use replication::vsr::Action;
 use replication::wire::{Frame, Operation, PrepareHeader};
 use zerocopy::FromBytes;
 
-use super::node::{slow_step, Node};
+use super::node::Node;
 use super::partitions::Partition;
 use super::prepares;
 use super::DaemonError;
 
-/// Prepares staged per partition group in one round at most: past it the group's staged
-/// ones are written before more are taken (bounds the memory a round holds).
+/// Prepares staged in one lane at most before the node waits for the lane to write
+/// them (bounds the memory one partition's prepares hold while its disk is slow).
 const STAGED_OPS_MAX: usize = 1024;
 
-/// What writing a partition's staged prepares did.
-struct Written {
-    /// The ops now in the journal (not yet synced), with their identities.
-    journaled: Vec<(u64, u128)>,
-    /// Reasons for `rejected` of the ops refused (they and the ops after them were not
-    /// journaled; the consensus asks again).
-    refused: Vec<&'static str>,
+/// A lane's IO that completed.
+pub(super) struct IoDone {
+    group: u64,
+    kind: IoKind,
+    result: Result<(), String>,
 }
 
+enum IoKind {
+    Write,
+    Sync,
+}
+
+/// One partition group's journal work not yet reported durable.
+#[derive(Default)]
+pub(super) struct Lane {
+    /// Prepares not yet planned into a write, in op order.
+    staged: Vec<(u64, Frame)>,
+    /// The ops (and identities) of the write in flight, and when it started.
+    writing: Option<(Vec<(u64, u128)>, Instant)>,
+    /// Ops written, for the next sync; when the oldest of their writes started.
+    written: Vec<(u64, u128)>,
+    written_since: Option<Instant>,
+    /// The ops the sync in flight covers, and when the oldest of their writes started.
+    syncing: Option<(Vec<(u64, u128)>, Instant)>,
+}
+
+impl Lane {
+    fn idle(&self) -> bool {
+        self.staged.is_empty()
+            && self.writing.is_none()
+            && self.written.is_empty()
+            && self.syncing.is_none()
+    }
+
+    /// Whether `op` is staged or in the write in flight (not yet in the segment file).
+    fn unwritten(&self, op: u64) -> bool {
+        self.staged.iter().any(|(o, _)| *o == op)
+            || self
+                .writing
+                .as_ref()
+                .is_some_and(|(ops, _)| ops.iter().any(|(o, _)| *o == op))
+    }
+
+    /// Whether `op` is written or being written but not yet reported durable.
+    fn in_flight(&self, op: u64) -> bool {
+        let holds = |ops: &[(u64, u128)]| ops.iter().any(|(o, _)| *o == op);
+        self.writing.as_ref().is_some_and(|(ops, _)| holds(ops))
+            || holds(&self.written)
+            || self.syncing.as_ref().is_some_and(|(ops, _)| holds(ops))
+    }
+}
+
+/// What planning a lane's staged prepares produced.
+struct PlannedLane {
+    /// The ops planned (they leave `staged`), with identities.
+    ops: Vec<(u64, u128)>,
+    /// Staged ops dropped after them: one was refused (reasons for `rejected`).
+    refused: Vec<&'static str>,
+    drop_rest: bool,
+    io: Option<LaneIo>,
+}
+
+/// A lane's planned write: the segment write and the record write, together.
+type LaneIo = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>>>>;
+
 impl Node {
-    /// The JournalAppend of a partition group: staged for the round's group commit when
-    /// it extends the journal, else journaled one at a time.
+    /// The JournalAppend of a partition group: staged in its lane when it extends the
+    /// journal, else journaled one at a time.
     pub(super) async fn partition_append(
         &mut self,
         group: u64,
@@ -47,142 +119,101 @@ impl Node {
             return Ok(());
         };
         let checksum = frame.checksum();
-        let staged = self.staged.entry(group).or_default();
-        if let Some(at) = staged.iter().position(|(staged_op, _)| *staged_op >= op) {
-            if staged[at].0 == op && staged[at].1.checksum() == checksum {
-                // Asked again for a prepare staged this round: it is reported with it.
+        let lane = self.lanes.entry(group).or_default();
+        if let Some(at) = lane.staged.iter().position(|(staged, _)| *staged >= op) {
+            if lane.staged[at].0 == op && lane.staged[at].1.checksum() == checksum {
+                // Asked again for a staged prepare: it is reported with its write.
                 return Ok(());
             }
-            // Replaces staged prepares never written (nor reported): drop them.
-            staged.truncate(at);
+            // Replaces staged prepares never written (nor reported): they go.
+            lane.staged.truncate(at);
         }
-        let head = staged
-            .last()
-            .map_or(partition.prepares.head(), |(staged_op, _)| *staged_op);
-        let recorded = partition
+        if partition
             .prepares
             .get(op)
-            .is_some_and(|e| e.identity == checksum);
-        let follows = op == head + 1 || (head == 0 && partition.prepares.is_empty() && op == 1);
-        if follows && !recorded && op > partition.committed_op {
-            staged.push((op, frame));
-            if staged.len() >= STAGED_OPS_MAX {
-                self.write_staged(group).await?;
-            }
-            return Ok(());
-        }
-        if staged.is_empty() {
-            self.staged.remove(&group);
-        }
-        // Everything staged below it goes first, in order.
-        self.write_staged(group).await?;
-        if let Some(checksum) = self.partition_journal(group, op, &frame).await? {
-            self.unsynced.push((group, op, checksum));
-        }
-        Ok(())
-    }
-
-    /// Writes one group's staged prepares now (before a commit of one of them is
-    /// applied, or an action that must not overtake them). Not synced: the round's
-    /// flush syncs them.
-    pub(super) async fn write_staged(&mut self, group: u64) -> Result<(), DaemonError> {
-        let Some(ops) = self.staged.remove(&group) else {
-            return Ok(());
-        };
-        let Some(partition) = self.partitions.by_group.get_mut(&group) else {
-            return Ok(());
-        };
-        let written = write_staged_ops(partition, group, &ops)
-            .await
-            .map_err(DaemonError::Runtime)?;
-        self.note_written(group, written);
-        Ok(())
-    }
-
-    fn note_written(&mut self, group: u64, written: Written) {
-        for reason in written.refused {
-            self.bus.stats().reject(reason);
-        }
-        if !written.journaled.is_empty() {
-            self.partitions_written.insert(group);
-        }
-        self.unsynced.extend(
-            written
-                .journaled
-                .into_iter()
-                .map(|(op, checksum)| (group, op, checksum)),
-        );
-    }
-
-    /// Whether a partition group has prepares staged or written but not yet synced.
-    pub(super) fn partition_unflushed(&self, group: u64) -> bool {
-        self.staged.contains_key(&group) || self.partitions_written.contains(&group)
-    }
-
-    /// Whether any journal work of the round is still to be flushed.
-    pub(super) fn journals_unflushed(&self) -> bool {
-        !self.staged.is_empty() || !self.unsynced.is_empty() || !self.partitions_written.is_empty()
-    }
-
-    /// Group commit: writes every partition's staged prepares (all partitions at once),
-    /// syncs the segment logs and prepare records written since the last flush (under
-    /// message_durability = every), then reports their prepares durable to the
-    /// consensus, which sends the PrepareOks.
-    pub(super) async fn flush_partition_journals(&mut self) -> Result<(), DaemonError> {
-        if !self.journals_unflushed() {
-            return Ok(());
-        }
-        let started = Instant::now();
-        let staged = std::mem::take(&mut self.staged);
-        let written_before = std::mem::take(&mut self.partitions_written);
-        // One future per partition: its coalesced writes, then its syncs; partitions
-        // overlap each other's writes and fdatasyncs.
-        let work = self
-            .partitions
-            .by_group
-            .iter_mut()
-            .filter(|(group, _)| staged.contains_key(group) || written_before.contains(group))
-            .map(|(group, partition)| {
-                let ops = staged.get(group).map_or(&[][..], Vec::as_slice);
-                let synced_before = written_before.contains(group);
-                async move {
-                    let written = write_staged_ops(partition, *group, ops).await?;
-                    if (synced_before || !written.journaled.is_empty())
-                        && partition.log.syncs_every_batch()
-                    {
-                        partition
-                            .sync_journal()
-                            .await
-                            .map_err(|e| format!("partition group {group}: {e}"))?;
-                    }
-                    Ok::<_, String>((*group, written))
+            .is_some_and(|e| e.identity == checksum)
+        {
+            // Journaled already (the core asks again for ops it never saw reported):
+            // reported when its sync completes, or now if that happened.
+            if !lane.in_flight(op) {
+                if let Some(replica) = self.groups.get_mut(group) {
+                    replica.on_journal_durable(op, checksum);
                 }
-            });
-        let results = journal::join_all(work).await;
-        for result in results {
-            let (group, written) = result.map_err(DaemonError::Runtime)?;
-            self.note_written(group, written);
-        }
-        // Synced above, with everything else this round wrote.
-        self.partitions_written.clear();
-        slow_step("partition journal sync", started);
-        let pending = std::mem::take(&mut self.unsynced);
-        if !pending.is_empty() {
-            let _ = self
-                .latencies
-                .journal_fsync
-                .record(started.elapsed().as_micros() as u64);
-        }
-        for (group, op, checksum) in pending {
-            if let Some(replica) = self.groups.get_mut(group) {
-                replica.on_journal_durable(op, checksum);
             }
+            return Ok(());
+        }
+        let head = lane
+            .staged
+            .last()
+            .map_or(partition.prepares.head(), |(staged, _)| *staged);
+        let follows = op == head + 1 || (head == 0 && partition.prepares.is_empty() && op == 1);
+        if follows && op > partition.committed_op {
+            lane.staged.push((op, frame));
+            if lane.staged.len() >= STAGED_OPS_MAX {
+                self.drain_lane(group).await?;
+            }
+            return Ok(());
+        }
+        self.partition_journal(group, op, &frame).await.map(|_| ())
+    }
+
+    /// Before a commit of `op` is applied: its batch must be in the segment file (reads
+    /// serve committed offsets), though not necessarily synced here (a quorum has it).
+    pub(super) async fn wait_written(&mut self, group: u64, op: u64) -> Result<(), DaemonError> {
+        loop {
+            if !self
+                .lanes
+                .get(&group)
+                .is_some_and(|lane| lane.unwritten(op))
+            {
+                return Ok(());
+            }
+            self.start_lane_io(group).await?;
+            self.await_io(group).await?;
+        }
+    }
+
+    /// Waits until the lane of `group` has nothing staged, in flight or unreported.
+    pub(super) async fn drain_lane(&mut self, group: u64) -> Result<(), DaemonError> {
+        loop {
+            self.start_lane_io(group).await?;
+            if self.lanes.get(&group).is_none_or(Lane::idle) {
+                self.lanes.remove(&group);
+                return Ok(());
+            }
+            self.await_io(group).await?;
+        }
+    }
+
+    /// Drains every lane (shutdown, before the files close).
+    pub(super) async fn drain_lanes(&mut self) -> Result<(), DaemonError> {
+        let groups: Vec<u64> = self.lanes.keys().copied().collect();
+        for group in groups {
+            self.drain_lane(group).await?;
         }
         Ok(())
+    }
+
+    /// Takes the next IO completion (of any lane) while `group`'s lane waits on IO.
+    async fn await_io(&mut self, group: u64) -> Result<(), DaemonError> {
+        let waiting = self
+            .lanes
+            .get(&group)
+            .is_some_and(|lane| lane.writing.is_some() || lane.syncing.is_some());
+        if !waiting {
+            // Nothing in flight, yet work left that could not start: a bug, not input.
+            return Err(DaemonError::Runtime(format!(
+                "partition group {group}: journal work left with no IO in flight"
+            )));
+        }
+        let Some(done) = self.io_done.recv().await else {
+            return Err(DaemonError::Runtime("journal completions closed".into()));
+        };
+        self.on_io_done(done)
     }
 
     /// Before `action` of `group` runs: a truncation or a new view must not overtake
-    /// that group's writes still staged or unsynced.
+    /// that group's journal IO.
     pub(super) async fn order_before(
         &mut self,
         group: u64,
@@ -192,25 +223,150 @@ impl Node {
             action,
             Action::JournalTruncate { .. } | Action::PersistSuperblock(_)
         );
-        if ordered && self.partition_unflushed(group) {
-            self.flush_partition_journals().await?;
+        if ordered && self.lanes.contains_key(&group) {
+            self.drain_lane(group).await?;
         }
         Ok(())
     }
 
-    /// Journals the prepare of `op` of a partition group on its own: its batch into the
-    /// segment log, its record into the prepare log, both durable per
-    /// `message_durability` before it is reported. Returns the identity when it is
-    /// journaled, None when it cannot be yet (a gap below it) or must not be (it would
-    /// rewrite a committed op).
+    /// Starts what every lane can start: a sync of its completed writes, a write of its
+    /// staged prepares.
+    pub(super) async fn start_journal_io(&mut self) -> Result<(), DaemonError> {
+        let groups: Vec<u64> = self
+            .lanes
+            .iter()
+            .filter(|(_, lane)| {
+                (lane.writing.is_none() && !lane.staged.is_empty())
+                    || (lane.syncing.is_none() && !lane.written.is_empty())
+            })
+            .map(|(group, _)| *group)
+            .collect();
+        for group in groups {
+            self.start_lane_io(group).await?;
+        }
+        Ok(())
+    }
+
+    async fn start_lane_io(&mut self, group: u64) -> Result<(), DaemonError> {
+        let Some(lane) = self.lanes.get_mut(&group) else {
+            return Ok(());
+        };
+        let Some(partition) = self.partitions.by_group.get_mut(&group) else {
+            // The partition is gone (deleted with its topic): nothing left to journal.
+            self.lanes.remove(&group);
+            return Ok(());
+        };
+        if lane.syncing.is_none() && !lane.written.is_empty() {
+            let ops = std::mem::take(&mut lane.written);
+            let since = lane.written_since.take().unwrap_or_else(Instant::now);
+            let (log, records) = (partition.log.syncer(), partition.prepares.syncer());
+            let io = async move {
+                let (log, records) = futures_lite::future::zip(log.run(), records).await;
+                log.map_err(|e| e.to_string())?;
+                records
+            };
+            spawn_io(&self.io_done_tx, group, IoKind::Sync, io);
+            lane.syncing = Some((ops, since));
+        }
+        if lane.writing.is_some() || lane.staged.is_empty() {
+            return Ok(());
+        }
+        let planned = match plan_lane(partition, group, &lane.staged)? {
+            Some(planned) => planned,
+            None => {
+                // The first batch starts a new segment: roll with nothing in flight.
+                if lane.syncing.is_some() {
+                    return Ok(());
+                }
+                partition
+                    .log
+                    .roll()
+                    .await
+                    .map_err(|e| DaemonError::Runtime(format!("partition group {group}: {e}")))?;
+                plan_lane(partition, group, &lane.staged)?.ok_or_else(|| {
+                    DaemonError::Runtime(format!("partition group {group}: roll did not make room"))
+                })?
+            }
+        };
+        let planned_ops = planned.ops.len();
+        if planned.drop_rest {
+            lane.staged.clear();
+        } else {
+            lane.staged.drain(..planned_ops);
+        }
+        if let Some(io) = planned.io {
+            spawn_io(&self.io_done_tx, group, IoKind::Write, io);
+            lane.writing = Some((planned.ops, Instant::now()));
+        }
+        for reason in planned.refused {
+            self.bus.stats().reject(reason);
+        }
+        Ok(())
+    }
+
+    /// A lane's write or sync completed: its prepares move on, and those a completed
+    /// sync covers (or, without syncs per batch, those written) are reported durable.
+    pub(super) fn on_io_done(&mut self, done: IoDone) -> Result<(), DaemonError> {
+        let group = done.group;
+        done.result
+            .map_err(|e| DaemonError::Runtime(format!("partition group {group}: {e}")))?;
+        let (Some(lane), Some(partition)) = (
+            self.lanes.get_mut(&group),
+            self.partitions.by_group.get_mut(&group),
+        ) else {
+            return Err(DaemonError::Runtime(format!(
+                "partition group {group}: journal IO completed for no lane"
+            )));
+        };
+        let durable = match done.kind {
+            IoKind::Write => {
+                let Some((ops, since)) = lane.writing.take() else {
+                    return Err(DaemonError::Runtime(format!(
+                        "partition group {group}: a write completed that was not in flight"
+                    )));
+                };
+                if partition.log.syncs_every_batch() {
+                    lane.written.extend(ops);
+                    lane.written_since.get_or_insert(since);
+                    return Ok(());
+                }
+                (ops, since)
+            }
+            IoKind::Sync => {
+                let Some(synced) = lane.syncing.take() else {
+                    return Err(DaemonError::Runtime(format!(
+                        "partition group {group}: a sync completed that was not in flight"
+                    )));
+                };
+                partition.log.note_synced();
+                synced
+            }
+        };
+        let (ops, since) = durable;
+        let _ = self
+            .latencies
+            .journal_fsync
+            .record(since.elapsed().as_micros() as u64);
+        if let Some(replica) = self.groups.get_mut(group) {
+            for (op, checksum) in ops {
+                replica.on_journal_durable(op, checksum);
+            }
+        }
+        Ok(())
+    }
+
+    /// Journals the prepare of `op` of a partition group on its own, after its lane is
+    /// drained: its batch into the segment log, its record into the prepare log, synced
+    /// per `message_durability` by the lane before it is reported. Returns the identity
+    /// when it is journaled (or was), None when it cannot be yet (a gap below it) or
+    /// must not be (it would rewrite a committed op).
     pub(super) async fn partition_journal(
         &mut self,
         group: u64,
         op: u64,
         frame: &Frame,
     ) -> Result<Option<u128>, DaemonError> {
-        // Staged prepares below it are journaled first.
-        self.write_staged(group).await?;
+        self.drain_lane(group).await?;
         let Some(partition) = self.partitions.by_group.get_mut(&group) else {
             return Ok(None);
         };
@@ -248,66 +404,103 @@ impl Node {
             );
             return Ok(None);
         }
-        let written = write_staged_ops(partition, group, &[(op, frame.clone())])
-            .await
-            .map_err(fail)?;
-        let journaled = written.journaled.first().map(|(_, checksum)| *checksum);
-        self.note_written(group, written);
-        Ok(journaled)
+        // Through the lane, which is empty: planned, written, then synced and reported
+        // like any other.
+        self.lanes
+            .entry(group)
+            .or_default()
+            .staged
+            .push((op, frame.clone()));
+        self.wait_written(group, op).await?;
+        Ok(self.journaled(group, op, checksum).then_some(checksum))
+    }
+
+    /// Whether the prepare of `op` with identity `checksum` is in the group's journal
+    /// (written or planned).
+    pub(super) fn journaled(&self, group: u64, op: u64, checksum: u128) -> bool {
+        self.partitions
+            .by_group
+            .get(&group)
+            .and_then(|p| p.prepares.get(op))
+            .is_some_and(|e| e.identity == checksum)
     }
 }
 
-/// Writes `ops` (each following the one before it and the journal's head) to a
-/// partition's journal: their batches in one coalesced segment append (split only at a
-/// segment roll), then their records in one write. A batch the log refuses, or an inline
-/// body too large, ends the list there. Not synced.
-async fn write_staged_ops(
+/// Starts `io` as a task of the executor; its completion comes back as an `IoDone`.
+fn spawn_io(
+    done: &Rc<LocalSender<IoDone>>,
+    group: u64,
+    kind: IoKind,
+    io: impl std::future::Future<Output = Result<(), String>> + 'static,
+) {
+    let done = done.clone();
+    glommio::spawn_local(async move {
+        let result = io.await;
+        // Unbounded: never refused while the node holds the receiver.
+        let _ = done.try_send(IoDone {
+            group,
+            kind,
+            result,
+        });
+    })
+    .detach();
+}
+
+/// Plans the next write of a lane's `staged` prepares (each following the one before
+/// it and the journal's head): their batches into one segment write, their records into
+/// one record write, as far as the segment and one write's bound allow. A batch the log
+/// refuses, or an inline body too large, ends the plan there and drops the rest. None:
+/// the first batch needs a roll first.
+fn plan_lane(
     partition: &mut Partition,
     group: u64,
-    ops: &[(u64, Frame)],
-) -> Result<Written, String> {
-    let mut written = Written {
-        journaled: Vec::new(),
-        refused: Vec::new(),
-    };
-    if ops.is_empty() {
-        return Ok(written);
-    }
-    // Headers first; an inline body too large ends the list before anything is written
+    staged: &[(u64, Frame)],
+) -> Result<Option<PlannedLane>, DaemonError> {
+    let fail = |e: String| DaemonError::Runtime(format!("partition group {group}: {e}"));
+    let mut refused = Vec::new();
+    let mut drop_rest = false;
+    // Headers first; an inline body too large ends the list before anything is planned
     // (batches past it would be in the log without records).
-    let mut headers = Vec::with_capacity(ops.len());
+    let mut headers = Vec::with_capacity(staged.len());
     let mut batches = Vec::new();
-    for (op, frame) in ops {
+    for (op, frame) in staged {
         let Ok((header, _)) = PrepareHeader::read_from_prefix(frame.as_bytes()) else {
-            return Err(format!("partition group {group} op {op}: not a prepare"));
+            return Err(fail(format!("op {op} is not a prepare")));
         };
         let body = frame.as_bytes().get(256..).unwrap_or(&[]);
         if header.operation == Operation::SendMessages as u8 {
             batches.push(body);
         } else if body.len() > prepares::INLINE_BODY_MAX {
-            written.refused.push("partition_prepare_body_too_large");
+            refused.push("partition_prepare_body_too_large");
+            drop_rest = true;
             break;
         }
         headers.push(header);
     }
     let before = partition.log.position();
-    let (receipts, refused) = partition
+    let planned = match partition
         .log
-        .append_many_verified_deferred(&batches)
-        .await
-        .map_err(|e| format!("partition group {group}: {e}"))?;
+        .plan_many_verified(&batches)
+        .map_err(|e| fail(e.to_string()))?
+    {
+        Plan::RollFirst => return Ok(None),
+        Plan::Planned(planned) => planned,
+    };
     let mut records = Vec::with_capacity(headers.len());
-    let mut receipts = receipts.into_iter();
+    let mut ops = Vec::with_capacity(headers.len());
+    let mut receipts = planned.receipts.into_iter();
     let (mut next_offset, mut last_timestamp) = (before.next_offset, before.last_timestamp);
-    for ((op, frame), header) in ops.iter().zip(headers) {
+    for ((op, frame), header) in staged.iter().zip(headers) {
         let record = if header.operation == Operation::SendMessages as u8 {
             let Some(receipt) = receipts.next() else {
-                // The core checked the stamp against its own position: a refusal here
-                // means the log and the core disagree; do not acknowledge.
-                if let Some(error) = &refused {
+                if let Some(error) = &planned.refused {
+                    // The core checked the stamp against its own position: a refusal
+                    // here means the log and the core disagree; do not acknowledge.
                     tracing::error!(group, op, %error, "partition batch not journaled");
+                    refused.push("partition_append_refused");
+                    drop_rest = true;
                 }
-                written.refused.push("partition_append_refused");
+                // Else past one write's bound or the segment's end: the next write.
                 break;
             };
             next_offset = receipt.next_offset;
@@ -329,157 +522,33 @@ async fn write_staged_ops(
             }
         };
         records.push(record);
-        written.journaled.push((*op, frame.checksum()));
+        ops.push((*op, frame.checksum()));
     }
-    partition
-        .prepares
-        .append_many(&records)
-        .await
-        .map_err(|e| format!("partition group {group}: {e}"))?;
-    Ok(written)
+    let io = if records.is_empty() {
+        None
+    } else {
+        let records = partition.prepares.plan_many(&records).map_err(fail)?;
+        let write = planned.write;
+        let io = async move {
+            let segment = async {
+                match write {
+                    Some(write) => write.run().await.map_err(|e| e.to_string()),
+                    None => Ok(()),
+                }
+            };
+            let (segment, records) = futures_lite::future::zip(segment, records.run()).await;
+            segment?;
+            records
+        };
+        Some(Box::pin(io) as LaneIo)
+    };
+    Ok(Some(PlannedLane {
+        ops,
+        refused,
+        drop_rest,
+        io,
+    }))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use journal::segment::PartitionConfig;
-    use journal::Durability;
-    use replication::wire::batch::{stamp, BatchBuilder, NewMessage};
-    use replication::wire::{Header, PartitionKey, PrepareChain};
-
-    const KEY: PartitionKey = PartitionKey {
-        stream: 1,
-        topic: 2,
-        partition: 0,
-    };
-
-    /// A stamped batch of `count` messages at `base_offset`.
-    fn batch(partition_id: u64, base_offset: u64, count: u32) -> Vec<u8> {
-        let mut builder = BatchBuilder::with_capacity(count as usize * 200);
-        for i in 0..count {
-            builder.push(NewMessage {
-                id: u128::from(base_offset) + u128::from(i),
-                timestamp_delta: 0,
-                payload: &[i as u8; 150],
-                user_headers: &[],
-            });
-        }
-        let mut bytes = builder.finish(1_000);
-        stamp(&mut bytes, partition_id, base_offset, 1_000 + base_offset).unwrap();
-        bytes
-    }
-
-    /// Chained prepares of ops 1.. with the given operations and bodies.
-    fn prepares(group: u64, bodies: &[(Operation, Vec<u8>)]) -> Vec<(u64, Frame)> {
-        let mut chain = PrepareChain::after(0);
-        bodies
-            .iter()
-            .enumerate()
-            .map(|(i, (operation, body))| {
-                let mut header = PrepareHeader::new();
-                header.op = i as u64 + 1;
-                header.group = group;
-                header.operation = *operation as u8;
-                (header.op, chain.append(&mut header, body))
-            })
-            .collect()
-    }
-
-    async fn open(dir: &std::path::Path, group: u64) -> Partition {
-        let config = PartitionConfig {
-            segment_size_max: 1 << 20,
-            index_interval_bytes: 4096,
-            durability: Durability::EveryBatch,
-        };
-        super::super::partitions::open(dir, KEY, group, config, Durability::EveryBatch)
-            .await
-            .unwrap()
-            .partition
-    }
-
-    fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
-        journal::runtime::raise_memlock(64 << 20);
-        journal::runtime::block_on(future).expect("executor")
-    }
-
-    #[test]
-    fn staged_batches_and_inline_ops_are_recorded_in_order_up_to_a_refused_batch() {
-        let dir = tempfile::tempdir().unwrap();
-        let group = KEY.pack().unwrap();
-        let offsets_body = vec![7u8; 13];
-        let ops = prepares(
-            group,
-            &[
-                (Operation::SendMessages, batch(group, 0, 3)),
-                (Operation::StoreConsumerOffset, offsets_body.clone()),
-                (Operation::SendMessages, batch(group, 3, 2)),
-                // Does not follow offset 5: refused, and the op after it is not written.
-                (Operation::SendMessages, batch(group, 9, 2)),
-                (Operation::SendMessages, batch(group, 5, 2)),
-            ],
-        );
-        block_on(async {
-            let mut partition = open(dir.path(), group).await;
-            let written = write_staged_ops(&mut partition, group, &ops).await.unwrap();
-            let journaled: Vec<u64> = written.journaled.iter().map(|(op, _)| *op).collect();
-            assert_eq!(journaled, [1, 2, 3]);
-            assert_eq!(written.refused, ["partition_append_refused"]);
-            assert_eq!(partition.log.next_offset(), 5);
-            let entry = |op| partition.prepares.get(op).copied().unwrap();
-            assert_eq!((entry(1).base_offset, entry(1).next_offset), (0, 3));
-            // The inline op sits at the log position the batch before it left.
-            assert_eq!((entry(2).base_offset, entry(2).next_offset), (3, 3));
-            assert_eq!((entry(3).base_offset, entry(3).next_offset), (3, 5));
-            assert_eq!(entry(3).identity, ops[2].1.checksum());
-            assert!(partition.prepares.get(4).is_none());
-            partition.sync_journal().await.unwrap();
-            partition.log.close().await.unwrap();
-            partition.prepares.close().await.unwrap();
-            // Reopened: the same records, and every batch they name.
-            let opened = super::super::partitions::open(
-                dir.path(),
-                KEY,
-                group,
-                PartitionConfig {
-                    segment_size_max: 1 << 20,
-                    index_interval_bytes: 4096,
-                    durability: Durability::EveryBatch,
-                },
-                Durability::EveryBatch,
-            )
-            .await
-            .unwrap();
-            let ops_held: Vec<u64> = opened.records.iter().map(|r| r.op()).collect();
-            assert_eq!(ops_held, [1, 2, 3]);
-            assert_eq!(opened.records[1].inline, offsets_body);
-            assert_eq!(opened.partition.log.next_offset(), 5);
-        });
-    }
-
-    #[test]
-    fn an_inline_body_too_large_stops_the_list_before_any_batch_after_it_is_written() {
-        let dir = tempfile::tempdir().unwrap();
-        let group = KEY.pack().unwrap();
-        let ops = prepares(
-            group,
-            &[
-                (Operation::SendMessages, batch(group, 0, 3)),
-                (
-                    Operation::StoreConsumerOffset,
-                    vec![1u8; prepares::INLINE_BODY_MAX + 1],
-                ),
-                (Operation::SendMessages, batch(group, 3, 2)),
-            ],
-        );
-        block_on(async {
-            let mut partition = open(dir.path(), group).await;
-            let written = write_staged_ops(&mut partition, group, &ops).await.unwrap();
-            let journaled: Vec<u64> = written.journaled.iter().map(|(op, _)| *op).collect();
-            assert_eq!(journaled, [1]);
-            assert_eq!(written.refused, ["partition_prepare_body_too_large"]);
-            // Op 3's batch is not in the log without a record.
-            assert_eq!(partition.log.next_offset(), 3);
-            assert_eq!(partition.prepares.head(), 1);
-        });
-    }
-}
+mod tests;

@@ -1,8 +1,10 @@
 //! The replica executor's node: every VSR group hosted here, the metadata journal, the
 //! partition stores and the metadata state machine, driven by one task. Bus callbacks
 //! and the tick only enqueue events; this task executes the groups' actions in order
-//! (vsr/mod.rs, "Ordering contract"), awaiting each journal write before the next
-//! action, so no write is ever in flight when the loop stops.
+//! (vsr/mod.rs, "Ordering contract"). Metadata journal writes are awaited before the
+//! next action; partition journal writes run in each group's lane beside the loop
+//! (group_commit.rs), and the loop drains the lanes before it stops, so no write is in
+//! flight when it does.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -76,6 +78,12 @@ pub enum Event {
         request: Box<RequestHeader>,
         user: Option<u32>,
     },
+}
+
+/// What wakes the node loop.
+enum Input {
+    Event(Event),
+    Io(super::group_commit::IoDone),
 }
 
 /// The bus's callbacks: enqueue, never block.
@@ -200,12 +208,11 @@ pub struct Node {
     pub(super) forwarded: HashMap<u128, forward::Forwarded>,
     /// Request numbers of internal auto-commit writes.
     pub(super) auto_commits: u64,
-    /// Partition prepares staged this round for its group commit (group_commit.rs), by
-    /// group, in op order.
-    pub(super) staged: BTreeMap<u64, Vec<(u64, Frame)>>,
-    /// Partition prepares written this round, reported durable at its group commit.
-    pub(super) unsynced: Vec<(u64, u64, u128)>,
-    pub(super) partitions_written: std::collections::BTreeSet<u64>,
+    /// Each partition group's journal work in flight (group_commit.rs).
+    pub(super) lanes: BTreeMap<u64, super::group_commit::Lane>,
+    /// Completions of the lanes' IO tasks.
+    pub(super) io_done_tx: Rc<LocalSender<super::group_commit::IoDone>>,
+    pub(super) io_done: LocalReceiver<super::group_commit::IoDone>,
     /// The statexfer executor's inbox (None: state transfer is off, e.g. in tools).
     pub(super) xfer: Option<Rc<ConnectedSender<super::xfer::ToXfer>>>,
     pub(super) xfer_work: super::xfer_node::XferWork,
@@ -329,6 +336,7 @@ impl Node {
         );
         let mut groups = Groups::new();
         groups.insert(replica);
+        let (io_done_tx, io_done) = glommio::channels::local_channel::new_unbounded();
         let mut node = Node {
             settings,
             bus,
@@ -351,9 +359,9 @@ impl Node {
             forward_nonces: 0,
             forwarded: HashMap::new(),
             auto_commits: 0,
-            staged: BTreeMap::new(),
-            unsynced: Vec::new(),
-            partitions_written: std::collections::BTreeSet::new(),
+            lanes: BTreeMap::new(),
+            io_done_tx: Rc::new(io_done_tx),
+            io_done,
             xfer,
             xfer_work: Default::default(),
             xfer_freezes: 0,
@@ -377,24 +385,40 @@ impl Node {
         let mut next_tick = Instant::now() + tick;
         loop {
             if super::system::shutdown_requested() {
+                // No journal write is left in flight when the loop stops.
+                self.drain_lanes().await?;
                 return Ok(self);
             }
             let wait = next_tick.saturating_duration_since(Instant::now());
-            let event = futures_lite::future::or(async { events.recv().await }, async {
-                glommio::timer::sleep(wait).await;
-                None
-            })
+            let input = futures_lite::future::or(
+                async { events.recv().await.map(Input::Event) },
+                futures_lite::future::or(
+                    async { self.io_done.recv().await.map(Input::Io) },
+                    async {
+                        glommio::timer::sleep(wait).await;
+                        None
+                    },
+                ),
+            )
             .await;
-            if let Some(event) = event {
+            if let Some(input) = input {
                 let round = Instant::now();
-                self.on_event(event);
+                match input {
+                    Input::Event(event) => self.on_event(event),
+                    Input::Io(done) => self.on_io_done(done)?,
+                }
                 // Whatever else is already queued joins this round, so the journal
-                // writes of many requests share one flush (group commit).
+                // writes of many requests share one write and one sync (group commit).
                 for _ in 0..EVENTS_PER_ROUND_MAX {
                     match futures_lite::future::poll_once(events.recv()).await {
                         Some(Some(event)) => self.on_event(event),
                         _ => break,
                     }
+                }
+                while let Some(Some(done)) =
+                    futures_lite::future::poll_once(self.io_done.recv()).await
+                {
+                    self.on_io_done(done)?;
                 }
                 let events_done = Instant::now();
                 self.pump().await?;
@@ -540,11 +564,15 @@ impl Node {
             .await
             .map_err(|e| DaemonError::Runtime(format!("journal header sync: {e}")))?;
         for partition in self.partitions.by_group.values_mut() {
-            partition
-                .log
-                .tick()
-                .await
-                .map_err(|e| DaemonError::Runtime(format!("partition sync: {e}")))?;
+            // Under "every" the group's lane syncs each write (group_commit.rs); a tick's
+            // sync would only wait on the disk beside it.
+            if !partition.log.syncs_every_batch() {
+                partition
+                    .log
+                    .tick()
+                    .await
+                    .map_err(|e| DaemonError::Runtime(format!("partition sync: {e}")))?;
+            }
             partition
                 .offsets
                 .tick()
@@ -558,11 +586,8 @@ impl Node {
         loop {
             let actions = self.groups.drain_actions();
             if actions.is_empty() {
-                if !self.journals_unflushed() {
-                    return Ok(());
-                }
-                self.flush_partition_journals().await?;
-                continue;
+                // The round's journal IO starts once its sends and replies are out.
+                return self.start_journal_io().await;
             }
             for (group, action) in actions {
                 self.order_before(group, &action).await?;
@@ -581,7 +606,6 @@ impl Node {
                 self.execute(group, action).await?;
                 slow_step(kind, started);
             }
-            self.flush_partition_journals().await?;
         }
     }
 
@@ -769,9 +793,13 @@ impl Node {
             self.remember_reply(group, header.client, op, Status::NotFound, Vec::new());
             return Ok(());
         }
-        // Normally journaled at prepare time; an op whose append was deferred (a gap) is
-        // journaled now, in order, before it is applied.
-        if self.partition_journal(group, op, prepare).await?.is_none() {
+        // Normally journaled at prepare time (its write may still be in flight: reads
+        // serve what is committed, so it lands first); an op whose append was deferred
+        // (a gap) is journaled now, in order, before it is applied.
+        self.wait_written(group, op).await?;
+        if !self.journaled(group, op, prepare.checksum())
+            && self.partition_journal(group, op, prepare).await?.is_none()
+        {
             return Err(DaemonError::Runtime(format!(
                 "partition group {group}: committed op {op} cannot be journaled"
             )));
@@ -1055,6 +1083,11 @@ impl Node {
         let Some(checkpoint) = replica.checkpoint() else {
             return Ok(());
         };
+        // The compaction rewrites the prepare log: no record write may be in flight.
+        self.drain_lane(group).await?;
+        let Some(partition) = self.partitions.by_group.get_mut(&group) else {
+            return Ok(());
+        };
         let fail = |e: String| DaemonError::Runtime(format!("partition checkpoint: {e}"));
         partition.sync_journal().await.map_err(fail)?;
         // Offsets unchanged since their last flush are on stable storage already.
@@ -1079,7 +1112,8 @@ impl Node {
     }
 
     /// Flushes and closes storage (shutdown).
-    pub async fn close(self) -> Result<(), DaemonError> {
+    pub async fn close(mut self) -> Result<(), DaemonError> {
+        self.drain_lanes().await?;
         for (_, mut partition) in self.partitions.by_group {
             let _ = partition.offsets.flush();
             partition

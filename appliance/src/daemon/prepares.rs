@@ -14,6 +14,7 @@
 use std::collections::VecDeque;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use glommio::io::BufferedFile;
 use replication::wire::PrepareHeader;
@@ -103,7 +104,8 @@ pub struct Entry {
 /// The open prepare log of one partition group. Not `Send` (glommio file).
 pub struct PrepareLog {
     path: PathBuf,
-    file: BufferedFile,
+    /// Shared with a planned record write or a sync in flight.
+    file: Rc<BufferedFile>,
     entries: VecDeque<Entry>,
     end: u64,
 }
@@ -162,7 +164,7 @@ impl PrepareLog {
             file.set_len(at as u64).map_err(io("truncate", &path))?;
             file.sync_all().map_err(io("fsync", &path))?;
         }
-        let file = open_file(&path).await?;
+        let file = Rc::new(open_file(&path).await?);
         let log = PrepareLog {
             path,
             file,
@@ -209,6 +211,45 @@ impl PrepareLog {
     /// Appends the records of the next ops in one write (a group commit's records), not
     /// synced. They must follow the log and each other.
     pub async fn append_many(&mut self, records: &[Record]) -> Result<(), String> {
+        let (bytes, entries) = self.encode_many(records)?;
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let len = bytes.len() as u64;
+        write_records(&self.file, &self.path, bytes, self.end).await?;
+        self.entries.extend(entries);
+        self.end += len;
+        Ok(())
+    }
+
+    /// As `append_many`, without writing: the log counts the records at once and the
+    /// caller runs the returned write (it holds the file, not the log), which must
+    /// complete before the records are synced, truncated or compacted.
+    pub fn plan_many(&mut self, records: &[Record]) -> Result<PlannedRecords, String> {
+        let (bytes, entries) = self.encode_many(records)?;
+        let planned = PlannedRecords {
+            file: self.file.clone(),
+            path: self.path.clone(),
+            at: self.end,
+            bytes,
+        };
+        self.end += planned.bytes.len() as u64;
+        self.entries.extend(entries);
+        Ok(planned)
+    }
+
+    /// An fdatasync of the records that holds only the file.
+    pub fn syncer(&self) -> impl std::future::Future<Output = Result<(), String>> + 'static {
+        let (file, path) = (self.file.clone(), self.path.clone());
+        async move {
+            file.fdatasync()
+                .await
+                .map_err(|e| format!("fdatasync {}: {e}", path.display()))
+        }
+    }
+
+    /// The bytes and index entries of `records` appended after the log's end.
+    fn encode_many(&self, records: &[Record]) -> Result<(Vec<u8>, Vec<Entry>), String> {
         let mut expected = self.head() + 1;
         let mut bytes = Vec::new();
         let mut entries = Vec::with_capacity(records.len());
@@ -224,24 +265,7 @@ impl PrepareLog {
             entries.push(entry_of(record, self.end + bytes.len() as u64));
             bytes.extend_from_slice(&record.encode());
         }
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        let len = bytes.len();
-        let written = self
-            .file
-            .write_at(bytes, self.end)
-            .await
-            .map_err(glommio_io("write", &self.path))?;
-        if written != len {
-            return Err(format!(
-                "prepare log: short write to {}",
-                self.path.display()
-            ));
-        }
-        self.entries.extend(entries);
-        self.end += len as u64;
-        Ok(())
+        Ok((bytes, entries))
     }
 
     /// Forces every record appended so far to stable storage.
@@ -300,9 +324,11 @@ impl PrepareLog {
                 .and_then(|d| d.sync_all())
                 .map_err(io("fsync", dir))?;
         }
-        let reopened = open_file(&self.path).await?;
+        let reopened = Rc::new(open_file(&self.path).await?);
         let old = std::mem::replace(&mut self.file, reopened);
-        let _ = old.close().await;
+        if let Ok(old) = Rc::try_unwrap(old) {
+            let _ = old.close().await;
+        }
         while self.entries.front().is_some_and(|e| e.op < keep_from) {
             self.entries.pop_front();
         }
@@ -316,11 +342,48 @@ impl PrepareLog {
     /// Syncs and closes.
     pub async fn close(mut self) -> Result<(), String> {
         self.sync().await?;
-        self.file
-            .close()
-            .await
-            .map_err(glommio_io("close", &self.path))
+        let Ok(file) = Rc::try_unwrap(self.file) else {
+            return Err(format!(
+                "prepare log {}: a planned write or sync has not completed",
+                self.path.display()
+            ));
+        };
+        file.close().await.map_err(glommio_io("close", &self.path))
     }
+}
+
+/// Records planned by `PrepareLog::plan_many`, to be written.
+pub struct PlannedRecords {
+    file: Rc<BufferedFile>,
+    path: PathBuf,
+    at: u64,
+    bytes: Vec<u8>,
+}
+
+impl PlannedRecords {
+    pub async fn run(self) -> Result<(), String> {
+        if self.bytes.is_empty() {
+            return Ok(());
+        }
+        write_records(&self.file, &self.path, self.bytes, self.at).await
+    }
+}
+
+async fn write_records(
+    file: &BufferedFile,
+    path: &Path,
+    bytes: Vec<u8>,
+    at: u64,
+) -> Result<(), String> {
+    let len = bytes.len();
+    let written = file
+        .write_at(bytes, at)
+        .await
+        .map_err(glommio_io("write", path))?;
+    if written != len {
+        return Err(format!("prepare log: short write to {}", path.display()));
+    }
+    Ok(())
 }
 
 fn entry_of(record: &Record, position: u64) -> Entry {

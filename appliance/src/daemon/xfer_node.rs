@@ -304,6 +304,8 @@ impl Node {
         // This replica's view promises move to the new directory.
         let superblock = files::read_vsr_superblock(&live).map_err(|e| fatal(e.to_string()))?;
         files::write_vsr_superblock(staging, &superblock).map_err(|e| fatal(e.to_string()))?;
+        // Its files close: no journal IO of the group may be in flight.
+        self.drain_lane(group).await.map_err(Refusal::Fatal)?;
         let Some(partition) = self.partitions.by_group.remove(&group) else {
             return Err(Refusal::Skip("the partition is gone".into()));
         };

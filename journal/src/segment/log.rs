@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use glommio::io::{DmaFile, OpenOptions};
 use replication::wire::batch::{
-    check_stamp, check_stamp_of_verified, verify, PartitionPosition, BATCH_HEADER_SIZE,
+    check_stamp, check_stamp_of_verified, verify, BatchInfo, PartitionPosition, BATCH_HEADER_SIZE,
 };
 use serde::Serialize;
 
@@ -104,7 +104,8 @@ struct Segment {
 }
 
 struct Active {
-    file: DmaFile,
+    /// Shared with a planned write or a sync in flight (`PlannedWrite`, `Syncer`).
+    file: Rc<DmaFile>,
     /// Bytes of the last partial sector, rewritten by the next append.
     tail: Vec<u8>,
 }
@@ -128,6 +129,74 @@ pub struct AppendReceipt {
     pub last_timestamp: u64,
     /// Whether the batch is on stable storage now (always under `EveryBatch`).
     pub durable: bool,
+}
+
+/// What `plan_many_verified` planned.
+pub enum Plan {
+    Planned(Planned),
+    /// The first batch does not fit the active segment: roll it, then plan again.
+    RollFirst,
+}
+
+/// Batches planned into one write.
+pub struct Planned {
+    /// The batches planned, in order (a prefix of those given).
+    pub receipts: Vec<AppendReceipt>,
+    /// Why the batch after them was refused, when one was.
+    pub refused: Option<JournalError>,
+    /// The write to run (None when nothing was planned).
+    pub write: Option<PlannedWrite>,
+}
+
+/// A planned write of a segment log: it holds the file and the buffer, not the log.
+pub struct PlannedWrite {
+    file: Rc<DmaFile>,
+    buffer: Rc<glommio::io::DmaBuffer>,
+    at: u64,
+    path: PathBuf,
+}
+
+impl PlannedWrite {
+    /// Does the write; its buffer goes back to the thread's pool.
+    pub async fn run(self) -> Result<()> {
+        let total = self.buffer.len();
+        let written = self
+            .file
+            .write_rc_at(self.buffer.clone(), self.at)
+            .await
+            .map_err(io("write", &self.path))?;
+        SPARE_BUFFERS.with_borrow_mut(|pool| pool.keep(self.buffer));
+        if written < total {
+            return Err(JournalError::io(
+                "write",
+                &self.path,
+                std::io::Error::new(std::io::ErrorKind::WriteZero, "short direct-IO write"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An fdatasync of a segment log's active file that holds only the file.
+pub struct Syncer {
+    file: Rc<DmaFile>,
+    path: PathBuf,
+}
+
+impl Syncer {
+    pub async fn run(self) -> Result<()> {
+        self.file
+            .fdatasync()
+            .await
+            .map_err(io("fdatasync", &self.path))
+    }
+}
+
+/// A write buffer filled for the log's next write.
+struct Filled {
+    position: u64,
+    new_tail: Vec<u8>,
+    write: PlannedWrite,
 }
 
 /// An open partition log. Not `Send`: it lives on one glommio executor.
@@ -297,7 +366,10 @@ impl PartitionLog {
             partition_id,
             config,
             segments,
-            active: Active { file, tail },
+            active: Active {
+                file: Rc::new(file),
+                tail,
+            },
             last_timestamp,
             schedule: SyncSchedule::new(config.durability),
         };
@@ -438,38 +510,14 @@ impl PartitionLog {
         let mut receipts = Vec::with_capacity(batches.len());
         let mut rest = batches;
         while !rest.is_empty() {
-            // Checked up front, against the position the batches before them leave.
-            let mut position = self.position();
-            let mut infos = Vec::new();
-            let mut refused = None;
-            let mut run_bytes = 0u64;
             // The segment the run goes into: the active one, or a fresh one when the
             // first batch rolls it (`write_run`).
             let mut segment_len = self.active_segment().len;
-            let first_len = rest[0].len() as u64;
-            if segment_len > 0 && segment_len + first_len > self.config.segment_size_max {
+            if segment_len > 0 && segment_len + rest[0].len() as u64 > self.config.segment_size_max
+            {
                 segment_len = 0;
             }
-            for (i, batch) in rest.iter().enumerate() {
-                let info = match self.check_batch(batch, &position, Checks::StampOnly) {
-                    Ok(info) => info,
-                    Err(error) => {
-                        refused = Some(error);
-                        break;
-                    }
-                };
-                // A run stays in one segment and within one write buffer's bound.
-                let grown = run_bytes + batch.len() as u64;
-                if i > 0
-                    && (segment_len + grown > self.config.segment_size_max || grown > RUN_BYTES_MAX)
-                {
-                    break;
-                }
-                run_bytes = grown;
-                position.next_offset = info.next_offset();
-                position.last_timestamp = info.base_timestamp;
-                infos.push(info);
-            }
+            let (infos, refused) = self.check_run(rest, segment_len);
             let run = infos.len();
             if run > 0 {
                 receipts.extend(self.write_run(&rest[..run], &infos, false).await?);
@@ -490,7 +538,7 @@ impl PartitionLog {
         batch: &[u8],
         position: &PartitionPosition,
         checks: Checks,
-    ) -> Result<replication::wire::batch::BatchInfo> {
+    ) -> Result<BatchInfo> {
         let checked = match checks {
             Checks::Verify => check_stamp(batch, position),
             Checks::StampOnly => check_stamp_of_verified(batch, position),
@@ -528,16 +576,118 @@ impl PartitionLog {
     async fn write_run(
         &mut self,
         batches: &[&[u8]],
-        infos: &[replication::wire::batch::BatchInfo],
+        infos: &[BatchInfo],
         sync_now: bool,
     ) -> Result<Vec<AppendReceipt>> {
         debug_assert_eq!(batches.len(), infos.len());
-        let run_len: u64 = batches.iter().map(|b| b.len() as u64).sum();
         let first_len = batches.first().map_or(0, |b| b.len() as u64);
         let len = self.active_segment().len;
         if len > 0 && len + first_len > self.config.segment_size_max {
             self.roll().await?;
         }
+        let Filled {
+            position,
+            new_tail,
+            write,
+        } = self.fill(batches);
+        write.run().await?;
+        let mut receipts = self.advance(position, new_tail, batches, infos);
+        let due = self.schedule.written(Instant::now());
+        let durable = if due && sync_now {
+            self.sync().await?;
+            true
+        } else {
+            !self.schedule.is_dirty()
+        };
+        for receipt in &mut receipts {
+            receipt.durable = durable;
+        }
+        Ok(receipts)
+    }
+
+    /// Plans the next write of `batches` (the appends of a group commit, each verified
+    /// already) without doing it: the batches that fit the active segment and one write's
+    /// bound are checked and copied into a write buffer, and the log's position, index
+    /// and tail count them at once. The caller runs the returned write (it shares only
+    /// the file and the buffer, not the log) and must let it complete before planning the
+    /// next one (the next write rewrites its last sector), before reads rely on the
+    /// batches, and before a roll, truncation or close. A first batch that does not fit
+    /// the non-empty active segment gives `Plan::RollFirst`: call `roll` (with nothing in
+    /// flight), then plan again. Batches past the bound are left for the next plan
+    /// (`receipts` is shorter than `batches`); a refused batch ends the plan with its
+    /// error, and those after it are not planned.
+    pub fn plan_many_verified(&mut self, batches: &[&[u8]]) -> Result<Plan> {
+        let Some(first) = batches.first() else {
+            return Ok(Plan::Planned(Planned {
+                receipts: Vec::new(),
+                refused: None,
+                write: None,
+            }));
+        };
+        let segment_len = self.active_segment().len;
+        if segment_len > 0 && segment_len + first.len() as u64 > self.config.segment_size_max {
+            return Ok(Plan::RollFirst);
+        }
+        let (infos, refused) = self.check_run(batches, segment_len);
+        let run = infos.len();
+        if run == 0 {
+            return Ok(Plan::Planned(Planned {
+                receipts: Vec::new(),
+                refused,
+                write: None,
+            }));
+        }
+        let Filled {
+            position,
+            new_tail,
+            write,
+        } = self.fill(&batches[..run]);
+        let mut receipts = self.advance(position, new_tail, &batches[..run], &infos);
+        let _ = self.schedule.written(Instant::now());
+        for receipt in &mut receipts {
+            receipt.durable = false;
+        }
+        Ok(Plan::Planned(Planned {
+            receipts,
+            refused,
+            write: Some(write),
+        }))
+    }
+
+    /// The longest prefix of `batches` that follows the log's end, fits the segment (of
+    /// `segment_len` bytes now) and one write's bound (a first batch always does), with
+    /// the error of the batch that stopped it when one was refused.
+    fn check_run(
+        &self,
+        batches: &[&[u8]],
+        segment_len: u64,
+    ) -> (Vec<BatchInfo>, Option<JournalError>) {
+        let mut position = self.position();
+        let mut infos = Vec::new();
+        let mut run_bytes = 0u64;
+        for (i, batch) in batches.iter().enumerate() {
+            let info = match self.check_batch(batch, &position, Checks::StampOnly) {
+                Ok(info) => info,
+                Err(error) => return (infos, Some(error)),
+            };
+            let grown = run_bytes + batch.len() as u64;
+            if i > 0
+                && (segment_len + grown > self.config.segment_size_max || grown > RUN_BYTES_MAX)
+            {
+                break;
+            }
+            run_bytes = grown;
+            position.next_offset = info.next_offset();
+            position.last_timestamp = info.base_timestamp;
+            infos.push(info);
+        }
+        (infos, None)
+    }
+
+    /// The write buffer of `batches` after the log's end: the kept partial sector, the
+    /// batches, zero padding; and the new partial sector.
+    fn fill(&self, batches: &[&[u8]]) -> Filled {
+        let run_len: u64 = batches.iter().map(|b| b.len() as u64).sum();
         let position = self.active_segment().len;
         let write_at = sector_floor(position);
         let tail_len = self.active.tail.len();
@@ -565,21 +715,26 @@ impl PartitionLog {
         }
         let new_tail_start = (sector_floor(end) - write_at) as usize;
         let new_tail = buffer.as_bytes()[new_tail_start..(end - write_at) as usize].to_vec();
-        let path = self.active_path();
-        let written = self
-            .active
-            .file
-            .write_rc_at(buffer.clone(), write_at)
-            .await
-            .map_err(io("write", &path))?;
-        SPARE_BUFFERS.with_borrow_mut(|pool| pool.keep(buffer));
-        if written < total {
-            return Err(JournalError::io(
-                "write",
-                &path,
-                std::io::Error::new(std::io::ErrorKind::WriteZero, "short direct-IO write"),
-            ));
+        Filled {
+            position,
+            new_tail,
+            write: PlannedWrite {
+                file: self.active.file.clone(),
+                buffer,
+                at: write_at,
+                path: self.active_path(),
+            },
         }
+    }
+
+    /// Counts `batches` (written, or planned to be) in the log: tail, index, lengths.
+    fn advance(
+        &mut self,
+        position: u64,
+        new_tail: Vec<u8>,
+        batches: &[&[u8]],
+        infos: &[BatchInfo],
+    ) -> Vec<AppendReceipt> {
         self.active.tail = new_tail;
         let interval = self.config.index_interval_bytes;
         let segment = self
@@ -608,17 +763,22 @@ impl PartitionLog {
                 durable: false,
             });
         }
-        let due = self.schedule.written(Instant::now());
-        let durable = if due && sync_now {
-            self.sync().await?;
-            true
-        } else {
-            !self.schedule.is_dirty()
-        };
-        for receipt in &mut receipts {
-            receipt.durable = durable;
+        receipts
+    }
+
+    /// An fdatasync of the active segment that does not hold the log (run it beside a
+    /// planned write; it covers the writes completed before it starts). Call
+    /// `note_synced` once it completed.
+    pub fn syncer(&self) -> Syncer {
+        Syncer {
+            file: self.active.file.clone(),
+            path: self.active_path(),
         }
-        Ok(receipts)
+    }
+
+    /// A `Syncer` of this log completed.
+    pub fn note_synced(&mut self) {
+        self.schedule.synced();
     }
 
     /// Forces everything appended so far to stable storage.
@@ -666,11 +826,11 @@ impl PartitionLog {
         let old = std::mem::replace(
             &mut self.active,
             Active {
-                file,
+                file: Rc::new(file),
                 tail: Vec::new(),
             },
         );
-        old.file.close().await.map_err(io("close", &path))?;
+        close_file(old.file, &path).await?;
         self.segments.push(Segment {
             base_offset: base,
             next_offset: base,
@@ -774,12 +934,7 @@ impl PartitionLog {
         let (reopened, _) = PartitionLog::open(&self.dir, self.partition_id, self.config).await?;
         let old = std::mem::replace(self, reopened);
         let old_path = old.active_path();
-        old.active
-            .file
-            .close()
-            .await
-            .map_err(io("close", &old_path))?;
-        Ok(())
+        close_file(old.active.file, &old_path).await
     }
 
     /// Batches holding `offset` and after, up to about `bytes_max` bytes (at least one
@@ -890,7 +1045,19 @@ impl PartitionLog {
             .await
             .map_err(io("truncate", &path))?;
         self.sync().await?;
-        self.active.file.close().await.map_err(io("close", &path))
+        close_file(self.active.file, &path).await
+    }
+}
+
+/// Closes a segment file no planned write or sync still holds.
+async fn close_file(file: Rc<DmaFile>, path: &Path) -> Result<()> {
+    match Rc::try_unwrap(file) {
+        Ok(file) => file.close().await.map_err(io("close", path)),
+        Err(_) => Err(JournalError::io(
+            "close",
+            path,
+            std::io::Error::other("a planned write or sync of the file has not completed"),
+        )),
     }
 }
 

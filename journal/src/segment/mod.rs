@@ -8,6 +8,8 @@ pub mod log;
 pub mod offsets;
 pub mod scan;
 
-pub use log::{AppendReceipt, OpenReport, PartitionConfig, PartitionLog};
+pub use log::{
+    AppendReceipt, OpenReport, PartitionConfig, PartitionLog, Plan, Planned, PlannedWrite, Syncer,
+};
 pub use offsets::ConsumerOffsets;
 pub use scan::{scan_segment, BatchEntry, SegmentScan, SegmentTail};

@@ -311,3 +311,29 @@ fn acknowledged_segment_batches_survive_random_sigkills() {
         "too little progress to exercise roll and retention"
     );
 }
+
+#[test]
+fn acknowledged_batches_of_planned_writes_beside_syncs_survive_random_sigkills() {
+    // The daemon's group commit path: coalesced planned writes, each beside the sync of
+    // the one before it, a batch acknowledged only after a later-started sync.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let started = Instant::now();
+    let ledger = std::cell::RefCell::new(SegmentLedger::default());
+    let kills = kill_runs(
+        "planned",
+        dir.path(),
+        |line, _| ledger.borrow_mut().absorb(line),
+        |run| ledger.borrow().check(dir.path(), run),
+    );
+    let ledger = ledger.into_inner();
+    eprintln!(
+        "{kills} kills, next offset {} acknowledged, start {}, {:?}",
+        ledger.next_acked_max,
+        ledger.start,
+        started.elapsed()
+    );
+    assert!(
+        ledger.start > 0,
+        "too little progress to exercise roll and retention"
+    );
+}

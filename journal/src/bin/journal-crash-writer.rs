@@ -181,24 +181,131 @@ async fn run_segments(dir: &Path, generation: u64) -> journal::Result<()> {
     }
 }
 
+/// The daemon's path (its group commit): groups of 1 to 5 batches planned into one write
+/// (`plan_many_verified`), each write started while the sync of the one before it still
+/// runs, a batch acknowledged only once a sync that started after its write completed
+/// has completed. Same output as `run_segments`.
+async fn run_planned(dir: &Path, generation: u64) -> journal::Result<()> {
+    use journal::segment::{PartitionConfig, PartitionLog, Plan};
+    let config = PartitionConfig {
+        segment_size_max: SEGMENT_SIZE,
+        index_interval_bytes: 4096,
+        durability: journal::Durability::EveryBatch,
+    };
+    let (mut log, _) = PartitionLog::open(dir, PARTITION, config).await?;
+    let mut out = std::io::stdout().lock();
+    let mut line = |text: String| {
+        let _ = writeln!(out, "{text}");
+        let _ = out.flush();
+    };
+    line(format!(
+        "recovered {} {}",
+        log.next_offset(),
+        log.start_offset()
+    ));
+    // Written, waiting for a sync; the sync in flight and what it covers.
+    let mut written: Vec<Acked> = Vec::new();
+    let mut syncing: Option<(journal::segment::Syncer, Vec<Acked>)> = None;
+    let mut round = 0u64;
+    loop {
+        round += 1;
+        let count = 1 + ((round * 13 + generation) % 5) as usize;
+        let mut next = log.next_offset();
+        let batches: Vec<Vec<u8>> = (0..count)
+            .map(|_| {
+                let bytes = batch(next, generation);
+                next += u64::from(u32::from_le_bytes(
+                    bytes[48..52].try_into().unwrap_or([0; 4]),
+                ));
+                bytes
+            })
+            .collect();
+        let slices: Vec<&[u8]> = batches.iter().map(Vec::as_slice).collect();
+        let planned = match log.plan_many_verified(&slices)? {
+            Plan::Planned(planned) => planned,
+            Plan::RollFirst => {
+                // Nothing in flight across a roll: the sync completes (and acks) first.
+                if let Some((sync, ops)) = syncing.take() {
+                    sync.run().await?;
+                    log.note_synced();
+                    ack(&mut line, &ops);
+                }
+                log.roll().await?;
+                continue;
+            }
+        };
+        assert!(
+            planned.refused.is_none(),
+            "freshly built batches follow the log"
+        );
+        let covered: Vec<Acked> = planned
+            .receipts
+            .iter()
+            .zip(&batches)
+            .map(|(receipt, bytes)| {
+                let checksum = u64::from_le_bytes(bytes[40..48].try_into().unwrap_or([0; 8]));
+                (receipt.base_offset, receipt.next_offset, checksum)
+            })
+            .collect();
+        let write = planned.write.map(|w| w.run());
+        // The write runs beside the sync of what was written before it.
+        match (write, syncing.take()) {
+            (Some(write), Some((sync, ops))) => {
+                let (w, s) = futures_lite::future::zip(write, sync.run()).await;
+                w?;
+                s?;
+                log.note_synced();
+                ack(&mut line, &ops);
+            }
+            (Some(write), None) => write.await?,
+            (None, Some((sync, ops))) => {
+                sync.run().await?;
+                ack(&mut line, &ops);
+            }
+            (None, None) => {}
+        }
+        written.extend(covered);
+        // A sync started now covers every write completed so far.
+        syncing = Some((log.syncer(), std::mem::take(&mut written)));
+        // Sealed segments only (a roll waited for every sync): all acknowledged.
+        let segments = log.segments();
+        if segments.len() > SEGMENTS_KEPT {
+            let keep_from = segments[segments.len() - SEGMENTS_KEPT].0;
+            log.delete_segments_before(keep_from)?;
+            line(format!("retained {}", log.start_offset()));
+        }
+    }
+}
+
+/// A batch to acknowledge: base offset, next offset, batch checksum.
+type Acked = (u64, u64, u64);
+
+fn ack(line: &mut impl FnMut(String), ops: &[Acked]) {
+    for (base, next, checksum) in ops {
+        line(format!("ack {base} {next} {checksum:x}"));
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     journal::runtime::raise_memlock(64 << 20);
     let result = match args.get(1..).unwrap_or(&[]) {
         [cmd, dir] if cmd == "format" => journal::runtime::block_on(format(Path::new(dir))),
-        [cmd, dir, generation] if cmd == "run" || cmd == "segments" => {
+        [cmd, dir, generation] if cmd == "run" || cmd == "segments" || cmd == "planned" => {
             let Ok(generation) = generation.parse() else {
                 eprintln!("journal-crash-writer: GENERATION must be an integer");
                 return ExitCode::from(2);
             };
             if cmd == "run" {
                 journal::runtime::block_on(run(Path::new(dir), generation))
-            } else {
+            } else if cmd == "segments" {
                 journal::runtime::block_on(run_segments(Path::new(dir), generation))
+            } else {
+                journal::runtime::block_on(run_planned(Path::new(dir), generation))
             }
         }
         _ => {
-            eprintln!("usage: journal-crash-writer format DIR | run DIR GENERATION | segments DIR GENERATION");
+            eprintln!("usage: journal-crash-writer format DIR | run DIR GENERATION | segments DIR GENERATION | planned DIR GENERATION");
             return ExitCode::from(2);
         }
     };

@@ -545,9 +545,13 @@ impl Node {
             self.checkpoint_due = self.partitions.by_group.keys().copied().collect();
         }
         if let Some(group) = self.checkpoint_due.pop_first() {
+            let started = Instant::now();
             self.checkpoint_partition(group).await?;
+            slow_step("partition checkpoint", started);
         }
+        let started = Instant::now();
         self.checkpoint_metadata().await?;
+        slow_step("metadata checkpoint", started);
         // Redundant headers of the last appends ride on the next append's flush; an idle
         // journal writes them within two ticks.
         self.data
@@ -1084,7 +1088,9 @@ impl Node {
             return Ok(());
         };
         // The compaction rewrites the prepare log: no record write may be in flight.
+        let started = Instant::now();
         self.drain_lane(group).await?;
+        slow_step("partition checkpoint: journal drained", started);
         let Some(partition) = self.partitions.by_group.get_mut(&group) else {
             return Ok(());
         };

@@ -58,6 +58,15 @@ pub(crate) struct Dvc {
     pub present: u128,
 }
 
+/// An uncommitted op of a primary's pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Pending {
+    /// The replicas that acknowledged it (bitmask, the primary's own bit once durable).
+    pub(crate) acks: u32,
+    /// The tick it was last sent at (the prepare retransmit skips ops sent since).
+    pub(crate) sent_at: u64,
+}
+
 /// One replica of one consensus group.
 #[derive(Debug)]
 pub struct Replica {
@@ -71,8 +80,9 @@ pub struct Replica {
     pub(crate) commit: u64,
     /// Highest commit point learned.
     pub(crate) commit_max: u64,
-    /// Primary: uncommitted ops and the replicas that acknowledged them (bitmask).
-    pub(crate) pipeline: BTreeMap<u64, u32>,
+    /// Primary: uncommitted ops, the replicas that acknowledged them, and when they
+    /// were last sent.
+    pub(crate) pipeline: BTreeMap<u64, Pending>,
     pub(crate) timestamp_last: u64,
     /// Primary: when the pipeline last made progress (abdication when it stalls).
     pub(crate) progress_tick: u64,
@@ -408,8 +418,8 @@ impl Replica {
         slot.prepared = true;
         match self.status {
             Status::Normal if self.is_primary() => {
-                if let Some(acks) = self.pipeline.get_mut(&op) {
-                    *acks |= 1 << self.config.replica;
+                if let Some(pending) = self.pipeline.get_mut(&op) {
+                    pending.acks |= 1 << self.config.replica;
                 }
                 self.commit_pipeline();
             }
@@ -553,8 +563,8 @@ impl Replica {
         if self.log.identity(header.op) != Some(header.prepare_checksum) {
             return;
         }
-        if let Some(acks) = self.pipeline.get_mut(&header.op) {
-            *acks |= 1 << header.frame.replica;
+        if let Some(pending) = self.pipeline.get_mut(&header.op) {
+            pending.acks |= 1 << header.frame.replica;
         }
         self.commit_pipeline();
     }
@@ -563,10 +573,10 @@ impl Replica {
         assert!(self.is_primary() && self.status == Status::Normal);
         loop {
             let op = self.commit + 1;
-            let Some(acks) = self.pipeline.get(&op) else {
+            let Some(pending) = self.pipeline.get(&op) else {
                 break;
             };
-            if (acks.count_ones() as usize) < self.config.quorum_replication() {
+            if (pending.acks.count_ones() as usize) < self.config.quorum_replication() {
                 break;
             }
             self.pipeline.remove(&op);
@@ -693,14 +703,35 @@ impl Replica {
             return;
         }
         let all = self.all_replicas();
-        let pending: Vec<(u64, u32)> = self.pipeline.iter().map(|(op, a)| (*op, *a)).collect();
-        for (op, acks) in pending {
+        // Only prepares sent at least half an interval ago: one sent just before the
+        // timer fired is not late, and under load every 1 MiB batch in the pipeline would
+        // otherwise go out again on each firing.
+        let due_before = self
+            .now
+            .saturating_sub(self.config.prepare_retransmit_interval_ticks / 2);
+        let now = self.now;
+        let due: Vec<(u64, u32)> = self
+            .pipeline
+            .iter_mut()
+            .filter(|(_, pending)| pending.sent_at <= due_before)
+            .map(|(op, pending)| {
+                pending.sent_at = now;
+                (*op, pending.acks)
+            })
+            .collect();
+        for (op, acks) in due {
             let Some(frame) = self.log.slot(op).and_then(|s| s.frame.as_ref()) else {
                 continue;
             };
             let mut header = frame_header(frame);
-            header.frame.view = self.view;
-            let frame = Frame::build(&header, &frame.as_bytes()[256..]);
+            // Re-stamped in the current view (the identity leaves view out); in the view
+            // it was built in, the frame is sent again as it is.
+            let frame = if header.frame.view == self.view {
+                frame.clone()
+            } else {
+                header.frame.view = self.view;
+                Frame::build(&header, &frame.as_bytes()[256..])
+            };
             for to in 0..self.config.replica_count {
                 if to != self.config.replica && acks & (1 << to) == 0 && all & (1 << to) != 0 {
                     self.actions.push_back(Action::Send {

@@ -206,7 +206,13 @@ impl Replica {
         if self.pipeline.is_empty() {
             self.progress_tick = self.now;
         }
-        self.pipeline.insert(op, 0);
+        self.pipeline.insert(
+            op,
+            super::replica::Pending {
+                acks: 0,
+                sent_at: self.now,
+            },
+        );
         self.actions.push_back(Action::JournalAppend {
             op,
             frame: frame.clone(),

@@ -355,7 +355,12 @@ impl Replica {
         let own = 1u32 << self.config.replica;
         for op in self.commit_max + 1..=self.log.op {
             let durable = self.log.slot(op).is_some_and(|s| s.durable);
-            self.pipeline.insert(op, if durable { own } else { 0 });
+            // Never sent in this view: due at the first retransmit.
+            let pending = super::replica::Pending {
+                acks: if durable { own } else { 0 },
+                sent_at: 0,
+            };
+            self.pipeline.insert(op, pending);
         }
         self.progress_tick = self.now;
         self.timestamp_last = self.timestamp_last.max(

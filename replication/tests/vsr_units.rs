@@ -725,3 +725,86 @@ fn an_op_never_reported_durable_is_journaled_again_and_then_acked() {
         );
     }
 }
+
+/// (tick, to, op) of every Prepare the primary sends over `ticks` ticks, its journal
+/// reporting at once and no backup acknowledging; a Register from a new client is
+/// prepared at each tick of `requests_at`.
+fn prepare_sends(requests_at: &[u64], ticks: u64) -> Vec<(u64, u8, u64)> {
+    let mut primary = Replica::new(Config::new(cluster(), METADATA_GROUP, 0, 3));
+    primary.set_connected(1, true);
+    primary.set_connected(2, true);
+    let mut sends = Vec::new();
+    for tick in 0..ticks {
+        if requests_at.contains(&tick) {
+            let client = 0x100 + u128::from(tick);
+            let outcome = primary.on_request(request(client, Operation::Register, 0, 0).as_bytes());
+            assert!(
+                matches!(outcome, RequestOutcome::Prepared { .. }),
+                "{outcome:?}"
+            );
+        }
+        primary.on_tick();
+        for action in primary.drain_actions() {
+            match action {
+                Action::JournalAppend { op, frame } => {
+                    primary.on_journal_durable(op, frame.checksum())
+                }
+                Action::Send { to, frame } => {
+                    if let Ok(Message::Prepare(header, _)) =
+                        decode(frame.as_bytes(), &Limits::default())
+                    {
+                        sends.push((tick, to, header.op));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    sends
+}
+
+#[test]
+fn the_prepare_retransmit_resends_only_prepares_sent_half_an_interval_ago() {
+    let interval = Config::new(cluster(), METADATA_GROUP, 0, 3).prepare_retransmit_interval_ticks;
+    // Op 1 at tick 0, never acknowledged: resent at each firing of the timer.
+    let alone = prepare_sends(&[0], 8 * interval);
+    let firings: Vec<u64> = alone
+        .iter()
+        .filter(|(tick, to, op)| *op == 1 && *tick > 0 && *to == 2)
+        .map(|(tick, ..)| *tick)
+        .collect();
+    assert!(firings.len() >= 3, "op 1 resent at {firings:?}");
+    // Never before half an interval after it was last sent, and to both backups each time
+    // (the chain sent it to replica 1 only).
+    let mut last = 0;
+    for firing in &firings {
+        assert!(
+            firing - last >= interval / 2,
+            "resent at {firing} after {last}"
+        );
+        assert!(alone.contains(&(*firing, 1, 1)));
+        last = *firing;
+    }
+    // The same run with op 2 sent three ticks before the second firing (the primary is
+    // deterministic): that firing resends op 1 but not op 2, which goes out again only
+    // at the next one.
+    let second = firings[1];
+    let both = prepare_sends(&[0, second - 3], 8 * interval);
+    let sends_of = |op: u64| -> Vec<u64> {
+        both.iter()
+            .filter(|(_, to, o)| *o == op && *to == 2)
+            .map(|(tick, ..)| *tick)
+            .collect()
+    };
+    assert!(sends_of(1).contains(&second), "{:?}", sends_of(1));
+    assert!(
+        !sends_of(2).contains(&second),
+        "op 2, sent at {}, resent at the firing right after: {:?}",
+        second - 3,
+        sends_of(2)
+    );
+    assert!(
+        sends_of(2).iter().any(|tick| *tick > second),
+        "op 2 never resent"
+    );
+}

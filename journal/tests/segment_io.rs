@@ -409,50 +409,8 @@ fn assert_same_segments(a: &PartitionLog, b: &PartitionLog) {
 }
 
 #[test]
-fn coalesced_appends_write_the_same_files_as_one_at_a_time_across_rolls() {
-    let one_dir = tempfile::tempdir().unwrap();
-    let many_dir = tempfile::tempdir().unwrap();
-    let batches = chain_of_batches(120);
-    run(async {
-        let config = config(Durability::EveryBatch);
-        let one = one_at_a_time(one_dir.path(), &batches).await;
-        // Groups of 1 to 13 batches, as rounds of a group commit would hand them over.
-        let (mut many, _) = PartitionLog::open(many_dir.path(), PARTITION, config)
-            .await
-            .unwrap();
-        let mut at = 0;
-        let mut group = 1;
-        while at < batches.len() {
-            let end = (at + group).min(batches.len());
-            let slices: Vec<&[u8]> = batches[at..end].iter().map(Vec::as_slice).collect();
-            let (receipts, refused) = many.append_many_verified_deferred(&slices).await.unwrap();
-            assert!(refused.is_none());
-            assert_eq!(receipts.len(), end - at);
-            for (receipt, bytes) in receipts.iter().zip(&batches[at..end]) {
-                let info = replication::wire::batch::info_of_verified(bytes).unwrap();
-                assert_eq!(receipt.base_offset, info.base_offset);
-                assert_eq!(receipt.next_offset, info.next_offset());
-                assert_eq!(receipt.last_timestamp, info.base_timestamp);
-            }
-            at = end;
-            group = group % 13 + 1;
-        }
-        many.sync().await.unwrap();
-        assert!(many.segments().len() > 3, "no roll: {:?}", many.segments());
-        assert_same_segments(&one, &many);
-        assert_eq!(many.read_from_offset(0, u64::MAX).unwrap(), batches);
-        many.close().await.unwrap();
-        one.close().await.unwrap();
-        let (reopened, report) = PartitionLog::open(many_dir.path(), PARTITION, config)
-            .await
-            .unwrap();
-        assert!(report.truncated_tail.is_none() && report.rebuilt_indexes.is_empty());
-        assert_eq!(reopened.read_from_offset(0, u64::MAX).unwrap(), batches);
-    });
-}
-
-#[test]
-fn a_coalesced_append_stops_at_the_first_batch_that_does_not_follow() {
+fn a_plan_stops_at_the_first_batch_that_does_not_follow() {
+    use journal::segment::Plan;
     let dir = tempfile::tempdir().unwrap();
     let batches = chain_of_batches(6);
     run(async {
@@ -465,24 +423,33 @@ fn a_coalesced_append_stops_at_the_first_batch_that_does_not_follow() {
             .iter()
             .map(|&i| batches[i].as_slice())
             .collect();
-        let (receipts, refused) = log.append_many_verified_deferred(&slices).await.unwrap();
-        assert_eq!(receipts.len(), 3);
+        let Plan::Planned(planned) = log.plan_many_verified(&slices).unwrap() else {
+            panic!("an empty segment needs no roll");
+        };
+        assert_eq!(planned.receipts.len(), 3);
         assert!(
-            matches!(refused, Some(JournalError::BatchRejected { .. })),
-            "{refused:?}"
+            matches!(planned.refused, Some(JournalError::BatchRejected { .. })),
+            "{:?}",
+            planned.refused
         );
         let info = replication::wire::batch::info_of_verified(&batches[2]).unwrap();
         assert_eq!(log.next_offset(), info.next_offset());
+        planned.write.unwrap().run().await.unwrap();
         assert_eq!(
             log.read_from_offset(0, u64::MAX).unwrap(),
             batches[..3].to_vec()
         );
         // The log goes on from there.
         let rest: Vec<&[u8]> = batches[3..].iter().map(Vec::as_slice).collect();
-        let (receipts, refused) = log.append_many_verified_deferred(&rest).await.unwrap();
-        assert!(refused.is_none());
-        assert_eq!(receipts.len(), 3);
+        let Plan::Planned(planned) = log.plan_many_verified(&rest).unwrap() else {
+            panic!("the segment has room");
+        };
+        assert!(planned.refused.is_none());
+        assert_eq!(planned.receipts.len(), 3);
+        planned.write.unwrap().run().await.unwrap();
         assert_eq!(log.read_from_offset(0, u64::MAX).unwrap(), batches);
+        log.sync().await.unwrap();
+        log.close().await.unwrap();
     });
 }
 

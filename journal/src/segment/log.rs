@@ -496,41 +496,6 @@ impl PartitionLog {
         self.config.durability == Durability::EveryBatch
     }
 
-    /// As `append_verified_deferred` for several batches in order (the appends of one
-    /// group commit): each must follow the one before it, and they go to disk in as few
-    /// writes as the segment size allows (one, unless a roll falls between them), instead
-    /// of a write per batch. Returns the receipts of the batches appended, in order; when
-    /// a batch is refused (its stamp does not follow, it is too large), the ones before it
-    /// are appended, it and those after it are not, and its error comes back beside the
-    /// receipts. IO errors fail the whole call.
-    pub async fn append_many_verified_deferred(
-        &mut self,
-        batches: &[&[u8]],
-    ) -> Result<(Vec<AppendReceipt>, Option<JournalError>)> {
-        let mut receipts = Vec::with_capacity(batches.len());
-        let mut rest = batches;
-        while !rest.is_empty() {
-            // The segment the run goes into: the active one, or a fresh one when the
-            // first batch rolls it (`write_run`).
-            let mut segment_len = self.active_segment().len;
-            if segment_len > 0 && segment_len + rest[0].len() as u64 > self.config.segment_size_max
-            {
-                segment_len = 0;
-            }
-            let (infos, refused) = self.check_run(rest, segment_len);
-            let run = infos.len();
-            if run > 0 {
-                receipts.extend(self.write_run(&rest[..run], &infos, false).await?);
-            }
-            if let Some(error) = refused {
-                // The refused batch is `rest[run]`: it and those after it stay out.
-                return Ok((receipts, Some(error)));
-            }
-            rest = &rest[run..];
-        }
-        Ok((receipts, None))
-    }
-
     /// The stamp (and, with `Checks::Verify`, every checksum) and size of `batch` as the
     /// next batch after `position`.
     fn check_batch(
@@ -556,6 +521,9 @@ impl PartitionLog {
         Ok(info)
     }
 
+    /// Checks `batch` and writes it after the log's end in one direct-IO write (the last
+    /// partial sector kept in memory, the batch, zero padding to a sector), rolling the
+    /// segment first when the batch would take it past `segment_size_max`.
     async fn append_inner(
         &mut self,
         batch: &[u8],
@@ -563,46 +531,28 @@ impl PartitionLog {
         checks: Checks,
     ) -> Result<AppendReceipt> {
         let info = self.check_batch(batch, &self.position(), checks)?;
-        let mut receipts = self.write_run(&[batch], &[info], sync_now).await?;
-        Ok(receipts
-            .pop()
-            .unwrap_or_else(|| unreachable!("one receipt per batch written")))
-    }
-
-    /// Writes `batches` (checked: `infos` are theirs, each following the one before it)
-    /// after the log's end in one direct-IO write: the last partial sector kept in memory,
-    /// the batches, zero padding to a sector. Rolls the segment first when the first batch
-    /// would take it past `segment_size_max` (the caller keeps a run within one segment).
-    async fn write_run(
-        &mut self,
-        batches: &[&[u8]],
-        infos: &[BatchInfo],
-        sync_now: bool,
-    ) -> Result<Vec<AppendReceipt>> {
-        debug_assert_eq!(batches.len(), infos.len());
-        let first_len = batches.first().map_or(0, |b| b.len() as u64);
         let len = self.active_segment().len;
-        if len > 0 && len + first_len > self.config.segment_size_max {
+        if len > 0 && len + batch.len() as u64 > self.config.segment_size_max {
             self.roll().await?;
         }
         let Filled {
             position,
             new_tail,
             write,
-        } = self.fill(batches);
+        } = self.fill(&[batch]);
         write.run().await?;
-        let mut receipts = self.advance(position, new_tail, batches, infos);
+        let mut receipt = self
+            .advance(position, new_tail, &[batch], &[info])
+            .pop()
+            .unwrap_or_else(|| unreachable!("one receipt per batch written"));
         let due = self.schedule.written(Instant::now());
-        let durable = if due && sync_now {
+        receipt.durable = if due && sync_now {
             self.sync().await?;
             true
         } else {
             !self.schedule.is_dirty()
         };
-        for receipt in &mut receipts {
-            receipt.durable = durable;
-        }
-        Ok(receipts)
+        Ok(receipt)
     }
 
     /// Plans the next write of `batches` (the appends of a group commit, each verified

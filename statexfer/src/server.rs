@@ -10,8 +10,10 @@ use replication::wire::{
 
 use crate::artifact::{ArtifactSource, Unavailable};
 
-/// Default chunk size a server sends.
-pub const CHUNK_MAX_DEFAULT: u32 = 1 << 20;
+/// Default chunk size a server sends (and a fetcher asks for): each chunk is one read on
+/// the serving node and one write on the fetching one, and the cluster's journal writes
+/// on the same disk wait behind whole ones, so they are kept short.
+pub const CHUNK_MAX_DEFAULT: u32 = 64 << 10;
 
 /// Counters for the stats endpoint.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -51,6 +51,9 @@ use crate::stats::StateTransferStats;
 pub const TICK: Duration = Duration::from_millis(50);
 /// A frozen offer is handed to new transfers for this long; then a fresh one is taken.
 const OFFER_FRESH: Duration = Duration::from_secs(1);
+/// A group's freezes replaced in a row because they were stale once hashed (the
+/// cluster may grow the open segment faster than the paced hashing reads it).
+const REFREEZES_MAX: u32 = 2;
 /// A transfer that asked for no chunk for this long is forgotten (its offer released).
 const TRANSFER_IDLE_MAX: Duration = Duration::from_secs(60);
 /// Frames and requests queued between the two executors, each way.
@@ -603,6 +606,8 @@ impl Hashes {
 struct Hashing {
     frozen: Frozen,
     entries: Vec<ManifestEntry>,
+    /// When the replica executor's answer arrived (about when the group was frozen).
+    frozen_at: Instant,
 }
 
 struct Xfer {
@@ -629,6 +634,11 @@ struct Xfer {
     /// requests held until the budget allows them.
     budget: f64,
     held: std::collections::VecDeque<(u8, Frame)>,
+    /// When the last tick ran: pacing and the fetch time count the time that passed,
+    /// not ticks (a tick comes late when a step before it ran long).
+    last_tick: Instant,
+    /// Stale freezes replaced by a fresh one, by group (reset once one is offered).
+    refreezes: HashMap<u64, u32>,
 }
 
 impl Xfer {
@@ -665,6 +675,8 @@ impl Xfer {
             totals: StateTransferStats::default(),
             budget: 0.0,
             held: std::collections::VecDeque::new(),
+            last_tick: Instant::now(),
+            refreezes: HashMap::new(),
         }
     }
 
@@ -824,10 +836,23 @@ impl Xfer {
     fn on_frozen(&mut self, frozen: Frozen) {
         self.freezing.insert(frozen.group, Instant::now());
         self.refused.remove(&frozen.group);
-        self.hashing.push_back(Hashing {
+        let job = Hashing {
             entries: Vec::with_capacity(frozen.artifacts.len()),
             frozen,
-        });
+            frozen_at: Instant::now(),
+        };
+        // A freeze that replaces a stale one has little left to hash: ahead of a group
+        // hashed for the first time (whose progress so far the cache keeps), or it would
+        // wait out that whole read and be stale again.
+        if self
+            .refreezes
+            .get(&job.frozen.group)
+            .is_some_and(|n| *n > 0)
+        {
+            self.hashing.push_front(job);
+        } else {
+            self.hashing.push_back(job);
+        }
         self.hash_step();
     }
 
@@ -887,7 +912,37 @@ impl Xfer {
     }
 
     fn finish_offer(&mut self, job: Hashing) {
-        let Hashing { frozen, entries } = job;
+        let Hashing {
+            frozen,
+            entries,
+            frozen_at,
+        } = job;
+        // Hashing a large group from the disk at the paced rate takes seconds (longer
+        // when it queued behind another group's), while the cluster keeps committing: a
+        // fetcher installing that old a state would find the ops above it gone from its
+        // peers' repair windows and need a second transfer. So a stale freeze is
+        // replaced by a fresh one, whose hashing resumes where this one ended (only
+        // what grew since is read); a second stale one is offered as it is.
+        let refreezes = self.refreezes.entry(frozen.group).or_default();
+        if frozen_at.elapsed() > OFFER_FRESH && *refreezes < REFREEZES_MAX {
+            *refreezes += 1;
+            tracing::debug!(
+                group = frozen.group,
+                commit_op = frozen.commit_op,
+                seconds = frozen_at.elapsed().as_secs_f64(),
+                "state transfer: freeze hashed too late to offer; freezing again"
+            );
+            if let Some(links) = &frozen.links {
+                let _ = std::fs::remove_dir_all(links);
+            }
+            self.totals.refreezes += 1;
+            self.freezing.insert(frozen.group, Instant::now());
+            self.send(FromXfer::Freeze {
+                group: frozen.group,
+            });
+            return;
+        }
+        self.refreezes.remove(&frozen.group);
         self.freezing.remove(&frozen.group);
         let contents: Vec<Content> = frozen.artifacts.into_iter().map(|(_, _, c)| c).collect();
         let offer = ReadyOffer {
@@ -1014,14 +1069,17 @@ impl Xfer {
 
     fn on_tick(&mut self) {
         self.ticks += 1;
+        let now = Instant::now();
+        let elapsed = now.duration_since(self.last_tick).as_secs_f64();
+        self.last_tick = now;
         if self.settings.rate_max > 0 {
             // At most a second's worth may accumulate (no burst after an idle spell).
             let rate = self.settings.rate_max as f64;
             let burst = rate.max(f64::from(self.settings.fetcher.chunk_len));
-            self.budget = (self.budget + rate * TICK.as_secs_f64()).min(burst);
+            self.budget = (self.budget + rate * elapsed).min(burst);
         }
         if !self.fetches.is_empty() {
-            self.totals.fetching_seconds += TICK.as_secs_f64();
+            self.totals.fetching_seconds += elapsed;
         }
         for fetch in self.fetches.values_mut() {
             fetch.fetcher.tick(self.ticks);
@@ -1307,3 +1365,6 @@ async fn materialize_partition(
     }
     fsync_dir(staging).map_err(|e| fail("staging", &e))
 }
+
+#[cfg(test)]
+mod tests;

@@ -120,6 +120,8 @@ pub struct StateTransferStats {
     pub chunks_refused: u64,
     /// Frames dropped because the queue to the replica executor was full.
     pub frames_dropped: u64,
+    /// Freezes hashed too late to offer (the commit point had moved on), frozen again.
+    pub refreezes: u64,
 }
 
 /// Percentiles of one latency histogram, microseconds.

@@ -712,6 +712,7 @@ impl Xfer {
             ToXfer::Frozen(frozen) => self.on_frozen(frozen),
             ToXfer::FreezeRefused { group, transient } => {
                 self.freezing.remove(&group);
+                self.refreezes.remove(&group);
                 self.refused.insert(group, (Instant::now(), transient));
             }
             ToXfer::Fetch(request) => self.start_fetch(request),

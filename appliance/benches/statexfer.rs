@@ -119,9 +119,14 @@ fn main() {
         .unwrap_or(transfer_seconds)
         .max(0.05);
     let rate = transferred as f64 / fetching;
-    let transfers = node_stats(&files, 2)
-        .and_then(|s| s["state_transfer"]["transfers_started"].as_u64())
-        .unwrap_or(0);
+    let node2 = node_stats(&files, 2);
+    let fetched = |field: &str| {
+        node2
+            .as_ref()
+            .and_then(|s| s["state_transfer"][field].as_u64())
+            .unwrap_or(0)
+    };
+    let (transfers, reused) = (fetched("transfers_started"), fetched("bytes_reused"));
 
     // A wrong result fails the run: node 2 must serve what node 0 serves.
     let want = served_counts(&files, 0, &keys);
@@ -170,6 +175,7 @@ fn main() {
         "{:<44} {:>12}",
         "  transfers (one per partition is best)", transfers
     );
+    println!("{:<44} {:>12}", "  bytes staged from local copies", reused);
     println!(
         "{:<44} {:>9.0} MB/s",
         "  O_DIRECT sequential read",
@@ -201,6 +207,7 @@ fn main() {
             "fetching_seconds": fetching,
             "rejoin_seconds": transfer_seconds,
             "transfers": transfers,
+            "bytes_reused": reused,
             "rate_mb_s": rate / MB,
         },
         "limits": { "disk_read_mb_s": disk_read / MB, "loopback_mb_s": loopback / MB },

@@ -51,6 +51,20 @@ pub trait ArtifactSink {
         let _ = (index, entry);
         false
     }
+    /// Offered when `reuse` declined: stages the first bytes of artifact `index` from
+    /// bytes this node already holds (the part of the server's open segment it has,
+    /// say), as `begin` and `append` would. Returns how many it staged (more than 0,
+    /// fewer than `entry.len`) and their running checksum; the fetcher fetches the rest
+    /// and verifies the artifact whole, starting it over empty on a mismatch. `None`:
+    /// nothing staged, the artifact is fetched from its start.
+    fn reuse_prefix(
+        &mut self,
+        index: u32,
+        entry: &crate::ManifestEntry,
+    ) -> Option<(u64, xxhash_rust::xxh3::Xxh3Default)> {
+        let _ = (index, entry);
+        None
+    }
 }
 
 /// An in-memory source and sink, for tests and the simulator.

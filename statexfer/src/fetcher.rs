@@ -319,17 +319,36 @@ impl Fetcher {
         let mut reused = 0;
         for (index, entry) in manifest.entries.iter().enumerate() {
             let done = entry.len > 0 && sink.reuse(index as u32, entry);
+            let mut received = 0;
+            let mut hasher = Xxh3Default::new();
             if done {
+                received = entry.len;
                 reused += entry.len;
-            } else if let Err(e) = sink.begin(index as u32) {
-                self.state = State::Finished(Outcome::Failed(FetchError::Sink(e.to_string())));
-                return;
+            } else {
+                let prefix = match entry.len {
+                    0 => None,
+                    _ => sink.reuse_prefix(index as u32, entry),
+                };
+                match prefix {
+                    Some((len, staged)) if len > 0 && len < entry.len => {
+                        received = len;
+                        hasher = staged;
+                        reused += len;
+                    }
+                    _ => {
+                        if let Err(e) = sink.begin(index as u32) {
+                            self.state =
+                                State::Finished(Outcome::Failed(FetchError::Sink(e.to_string())));
+                            return;
+                        }
+                    }
+                }
             }
             artifacts.push(Artifact {
                 len: entry.len,
                 checksum: entry.checksum,
-                received: if done { entry.len } else { 0 },
-                hasher: Xxh3Default::new(),
+                received,
+                hasher,
                 in_flight: None,
                 done,
                 refetches: 0,

@@ -54,6 +54,8 @@ struct Net {
     /// Chunk requests sent and not yet answered, per artifact, and the worst seen.
     pending: HashMap<u32, usize>,
     max_in_flight_per_artifact: usize,
+    /// The offset of the first chunk asked of each artifact.
+    first_offsets: HashMap<u32, u64>,
 }
 
 impl Net {
@@ -74,6 +76,7 @@ impl Net {
             stop_after_chunks: None,
             pending: HashMap::new(),
             max_in_flight_per_artifact: 0,
+            first_offsets: HashMap::new(),
         }
     }
 
@@ -99,6 +102,7 @@ impl Net {
                     continue;
                 }
                 if let Message::RequestStateChunk(h) = message {
+                    self.first_offsets.entry(h.artifact).or_insert(h.offset);
                     let pending = self.pending.entry(h.artifact).or_default();
                     *pending += 1;
                     self.max_in_flight_per_artifact = self.max_in_flight_per_artifact.max(*pending);
@@ -422,6 +426,90 @@ fn artifacts_the_fetcher_already_holds_are_reused_and_mismatching_ones_fetched()
         vec![0, 2, 3],
         "every non-empty artifact is offered"
     );
+}
+
+/// A sink that holds the first bytes of some artifacts (the part of the server's open
+/// segment a node installed in an earlier round) and stages them instead of fetching.
+struct PrefixSink {
+    inner: MemoryArtifacts,
+    prefixes: HashMap<u32, Vec<u8>>,
+}
+
+impl statexfer::ArtifactSink for PrefixSink {
+    fn begin(&mut self, index: u32) -> std::io::Result<()> {
+        self.inner.begin(index)
+    }
+    fn append(&mut self, index: u32, bytes: &[u8]) -> std::io::Result<()> {
+        self.inner.append(index, bytes)
+    }
+    fn reuse_prefix(
+        &mut self,
+        index: u32,
+        _entry: &statexfer::ManifestEntry,
+    ) -> Option<(u64, xxhash_rust::xxh3::Xxh3Default)> {
+        let prefix = self.prefixes.get(&index)?.clone();
+        self.inner.begin(index).ok()?;
+        self.inner.append(index, &prefix).ok()?;
+        let mut hasher = xxhash_rust::xxh3::Xxh3Default::new();
+        hasher.update(&prefix);
+        Some((prefix.len() as u64, hasher))
+    }
+}
+
+#[test]
+fn a_held_prefix_of_an_artifact_is_staged_and_only_the_rest_fetched() {
+    let src = source(5);
+    let mut net = Net::new(&[(1, src.clone())], 4096);
+    let held = 30_000;
+    let mut sink = PrefixSink {
+        inner: MemoryArtifacts::default(),
+        prefixes: HashMap::from([(2, src.artifacts[2][..held].to_vec())]),
+    };
+    let mut fetcher = Fetcher::start(CLUSTER, 0, GROUP, vec![1], config(), 23, 0);
+    let outcome = net.run(&mut fetcher, &mut sink, 1_000);
+    assert!(matches!(outcome, Outcome::Complete { .. }), "{outcome:?}");
+    assert_same(&sink.inner, &src);
+    assert_eq!(fetcher.progress.bytes_reused, held as u64);
+    assert_eq!(fetcher.progress.bytes_done, fetcher.progress.bytes_total);
+    assert_eq!(fetcher.progress.refetches, 0);
+    assert_eq!(net.first_offsets.get(&2), Some(&(held as u64)));
+    assert_eq!(net.first_offsets.get(&0), Some(&0));
+}
+
+#[test]
+fn a_held_prefix_that_differs_is_caught_by_the_artifact_check_and_fetched_whole() {
+    let src = source(6);
+    let mut net = Net::new(&[(1, src.clone())], 4096);
+    let mut prefix = src.artifacts[2][..30_000].to_vec();
+    prefix[12_345] ^= 0x10;
+    let mut sink = PrefixSink {
+        inner: MemoryArtifacts::default(),
+        prefixes: HashMap::from([(2, prefix)]),
+    };
+    let mut fetcher = Fetcher::start(CLUSTER, 0, GROUP, vec![1], config(), 25, 0);
+    let outcome = net.run(&mut fetcher, &mut sink, 1_000);
+    assert!(matches!(outcome, Outcome::Complete { .. }), "{outcome:?}");
+    assert_same(&sink.inner, &src);
+    assert_eq!(fetcher.progress.refetches, 1);
+    assert_eq!(fetcher.progress.bytes_done, fetcher.progress.bytes_total);
+}
+
+#[test]
+fn a_held_prefix_as_long_as_the_artifact_is_not_taken_as_a_prefix() {
+    // A sink that claims the whole artifact through reuse_prefix gets it fetched: only
+    // `reuse` (checked against the manifest) may skip an artifact.
+    let src = source(7);
+    let mut net = Net::new(&[(1, src.clone())], 4096);
+    let mut sink = PrefixSink {
+        inner: MemoryArtifacts::default(),
+        prefixes: HashMap::from([(2, src.artifacts[2].clone())]),
+    };
+    let mut fetcher = Fetcher::start(CLUSTER, 0, GROUP, vec![1], config(), 27, 0);
+    let outcome = net.run(&mut fetcher, &mut sink, 1_000);
+    assert!(matches!(outcome, Outcome::Complete { .. }), "{outcome:?}");
+    assert_same(&sink.inner, &src);
+    assert_eq!(net.first_offsets.get(&2), Some(&0));
+    assert_eq!(fetcher.progress.bytes_reused, 0);
 }
 
 /// Stages into files written back as they grow, and checks that the fetcher finishes

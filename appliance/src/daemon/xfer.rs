@@ -550,6 +550,45 @@ impl ArtifactSink for StagingSink {
             _ => false,
         }
     }
+
+    /// The segment this node holds shorter than the manifest's (the server's open
+    /// segment, of which an earlier round installed a part here): its bytes are staged
+    /// and only the rest is fetched. A later round of a rejoin under load then costs
+    /// what the cluster wrote since the last one, not a whole segment again. Bytes
+    /// that differ from the server's are caught by the whole-artifact check.
+    fn reuse_prefix(&mut self, index: u32, entry: &ManifestEntry) -> Option<(u64, Xxh3Default)> {
+        if self.arm != Arm::Partition || entry.kind != ArtifactKind::SegmentLog {
+            return None;
+        }
+        let path = self.live.join(segment_file_name(entry.frontier, "log"));
+        let mut source = open_without_readahead(&path).ok()?;
+        let held = source.metadata().ok()?.len();
+        if held == 0 || held >= entry.len {
+            return None;
+        }
+        let staged = (|| -> std::io::Result<Xxh3Default> {
+            self.begin(index)?;
+            let mut hasher = Xxh3Default::new();
+            let mut buffer = vec![0u8; COPY_BUFFER];
+            let mut left = held;
+            while left > 0 {
+                let n = (left as usize).min(buffer.len());
+                source.read_exact(&mut buffer[..n])?;
+                hasher.update(&buffer[..n]);
+                self.files.append(index, &buffer[..n])?;
+                left -= n as u64;
+            }
+            Ok(hasher)
+        })();
+        match staged {
+            Ok(hasher) => Some((held, hasher)),
+            Err(error) => {
+                tracing::debug!(path = %path.display(), %error,
+                    "state transfer: a held segment prefix cannot be staged; fetching it whole");
+                None
+            }
+        }
+    }
 }
 
 /// Incremental checksums of frozen file prefixes, by (device, inode): a segment that

@@ -474,16 +474,10 @@ impl StagingSink {
             return Ok(true);
         }
         let mut target = File::create(&staged)?;
-        let mut hasher = Xxh3Default::new();
-        let mut buffer = vec![0u8; COPY_BUFFER];
-        let mut left = entry.len;
-        while left > 0 {
-            let n = (left as usize).min(buffer.len());
-            source.read_exact(&mut buffer[..n])?;
-            hasher.update(&buffer[..n]);
-            target.write_all(&buffer[..n])?;
-            left -= n as u64;
-            let done = entry.len - left;
+        let mut done = 0u64;
+        let hasher = copy_hashing(&mut source, entry.len, |bytes| {
+            target.write_all(bytes)?;
+            done += bytes.len() as u64;
             if done.is_multiple_of(STAGING_WRITE_BACK_BYTES) {
                 write_back(
                     &target,
@@ -491,10 +485,31 @@ impl StagingSink {
                     STAGING_WRITE_BACK_BYTES,
                 )?;
             }
-        }
+            Ok(())
+        })?;
         target.sync_data()?;
         Ok(hasher.digest() == entry.checksum)
     }
+}
+
+/// Reads the first `len` bytes of `source` a COPY_BUFFER at a time, hashing them and
+/// handing each piece to `write`; returns the running checksum of the `len` bytes.
+fn copy_hashing(
+    source: &mut File,
+    len: u64,
+    mut write: impl FnMut(&[u8]) -> std::io::Result<()>,
+) -> std::io::Result<Xxh3Default> {
+    let mut hasher = Xxh3Default::new();
+    let mut buffer = vec![0u8; COPY_BUFFER];
+    let mut left = len;
+    while left > 0 {
+        let n = (left as usize).min(buffer.len());
+        source.read_exact(&mut buffer[..n])?;
+        hasher.update(&buffer[..n]);
+        write(&buffer[..n])?;
+        left -= n as u64;
+    }
+    Ok(hasher)
 }
 
 impl ArtifactSink for StagingSink {
@@ -566,20 +581,10 @@ impl ArtifactSink for StagingSink {
         if held == 0 || held >= entry.len {
             return None;
         }
-        let staged = (|| -> std::io::Result<Xxh3Default> {
-            self.begin(index)?;
-            let mut hasher = Xxh3Default::new();
-            let mut buffer = vec![0u8; COPY_BUFFER];
-            let mut left = held;
-            while left > 0 {
-                let n = (left as usize).min(buffer.len());
-                source.read_exact(&mut buffer[..n])?;
-                hasher.update(&buffer[..n]);
-                self.files.append(index, &buffer[..n])?;
-                left -= n as u64;
-            }
-            Ok(hasher)
-        })();
+        let staged = self.begin(index).and_then(|()| {
+            let files = &mut self.files;
+            copy_hashing(&mut source, held, |bytes| files.append(index, bytes))
+        });
         match staged {
             Ok(hasher) => Some((held, hasher)),
             Err(error) => {

@@ -4,7 +4,7 @@
 //! (journal/tests/crash.rs).
 //!
 //! Usage: `journal-crash-writer format DIR` | `journal-crash-writer run DIR GENERATION`
-//! | `journal-crash-writer segments DIR GENERATION`
+//! | `journal-crash-writer segments DIR GENERATION` | `journal-crash-writer planned DIR GENERATION`
 //!
 //! Journal output lines: `recovered HEAD CHECKPOINT FAULTY_COUNT`, `ack OP CHECKSUM_HEX`,
 //! `view VIEW`, `checkpoint OP`. Segment output lines: `recovered NEXT_OFFSET START`,
@@ -15,6 +15,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use journal::data_dir;
+use journal::segment::{PartitionConfig, PartitionLog};
 use journal::{JournalLayout, Superblock};
 use replication::wire::{Header, PrepareChain, PrepareHeader, METADATA_GROUP};
 
@@ -66,29 +67,20 @@ async fn format(dir: &Path) -> journal::Result<()> {
 
 async fn run(dir: &Path, generation: u64) -> journal::Result<()> {
     let mut data = data_dir::open(dir).await?;
-    let mut out = std::io::stdout().lock();
-    let line = |out: &mut std::io::StdoutLock<'_>, text: String| {
-        // The driver reading our stdout is the point; if it is gone, so are we.
-        let _ = writeln!(out, "{text}");
-        let _ = out.flush();
-    };
     let recovery = &data.recovery;
-    line(
-        &mut out,
-        format!(
-            "recovered {} {} {}",
-            recovery.op_head,
-            recovery.op_checkpoint,
-            recovery.faulty.len()
-        ),
-    );
+    say(format!(
+        "recovered {} {} {}",
+        recovery.op_head,
+        recovery.op_checkpoint,
+        recovery.faulty.len()
+    ));
     loop {
         let op = data.journal.op_head() + 1;
         if op > data.journal.op_append_max() {
             // Checkpoint half the ring (snapshot, superblock, journal) so appends wrap.
             let checkpoint = data.journal.op_head() - SLOT_COUNT / 2;
             data.checkpoint(checkpoint, &state_of(checkpoint)).await?;
-            line(&mut out, format!("checkpoint {checkpoint}"));
+            say(format!("checkpoint {checkpoint}"));
         }
         let journal = &mut data.journal;
         let superblock = &mut data.superblock;
@@ -97,10 +89,7 @@ async fn run(dir: &Path, generation: u64) -> journal::Result<()> {
         let frames: Vec<Vec<u8>> = (op..op + group).map(|o| prepare(o, generation)).collect();
         let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
         for durable in journal.append_batch(&frames).await? {
-            line(
-                &mut out,
-                format!("ack {} {:x}", durable.op, durable.checksum),
-            );
+            say(format!("ack {} {:x}", durable.op, durable.checksum));
         }
         let op = op + group - 1;
         if op / VIEW_EVERY_OPS != (op - group) / VIEW_EVERY_OPS {
@@ -112,7 +101,7 @@ async fn run(dir: &Path, generation: u64) -> journal::Result<()> {
                 ..current
             };
             superblock.write(next).await?;
-            line(&mut out, format!("view {}", next.view));
+            say(format!("view {}", next.view));
         }
     }
 }
@@ -145,39 +134,58 @@ fn batch(base_offset: u64, generation: u64) -> Vec<u8> {
     bytes
 }
 
-async fn run_segments(dir: &Path, generation: u64) -> journal::Result<()> {
-    use journal::segment::{PartitionConfig, PartitionLog};
+/// Prints one output line at once (the driver reads them as they come; if it is gone,
+/// so are we).
+fn say(text: String) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{text}");
+    let _ = out.flush();
+}
+
+/// The checksum field of a stamped batch.
+fn batch_checksum(bytes: &[u8]) -> u64 {
+    u64::from_le_bytes(bytes[40..48].try_into().unwrap_or([0; 8]))
+}
+
+/// Opens the crash test's partition log and prints what it recovered.
+async fn open_partition(dir: &Path) -> journal::Result<PartitionLog> {
     let config = PartitionConfig {
         segment_size_max: SEGMENT_SIZE,
         index_interval_bytes: 4096,
         durability: journal::Durability::EveryBatch,
     };
-    let (mut log, _) = PartitionLog::open(dir, PARTITION, config).await?;
-    let mut out = std::io::stdout().lock();
-    let mut line = |text: String| {
-        let _ = writeln!(out, "{text}");
-        let _ = out.flush();
-    };
-    line(format!(
+    let (log, _) = PartitionLog::open(dir, PARTITION, config).await?;
+    say(format!(
         "recovered {} {}",
         log.next_offset(),
         log.start_offset()
     ));
+    Ok(log)
+}
+
+/// Keeps the newest SEGMENTS_KEPT segments, printing the new start when it deletes.
+fn retain(log: &mut PartitionLog) -> journal::Result<()> {
+    let segments = log.segments();
+    if segments.len() > SEGMENTS_KEPT {
+        let keep_from = segments[segments.len() - SEGMENTS_KEPT].0;
+        log.delete_segments_before(keep_from)?;
+        say(format!("retained {}", log.start_offset()));
+    }
+    Ok(())
+}
+
+async fn run_segments(dir: &Path, generation: u64) -> journal::Result<()> {
+    let mut log = open_partition(dir).await?;
     loop {
         let bytes = batch(log.next_offset(), generation);
         let receipt = log.append(&bytes).await?;
         assert!(receipt.durable, "every-batch durability syncs each append");
-        let checksum = u64::from_le_bytes(bytes[40..48].try_into().unwrap_or([0; 8]));
-        line(format!(
-            "ack {} {} {checksum:x}",
-            receipt.base_offset, receipt.next_offset
-        ));
-        let segments = log.segments();
-        if segments.len() > SEGMENTS_KEPT {
-            let keep_from = segments[segments.len() - SEGMENTS_KEPT].0;
-            log.delete_segments_before(keep_from)?;
-            line(format!("retained {}", log.start_offset()));
-        }
+        ack(&[(
+            receipt.base_offset,
+            receipt.next_offset,
+            batch_checksum(&bytes),
+        )]);
+        retain(&mut log)?;
     }
 }
 
@@ -186,23 +194,8 @@ async fn run_segments(dir: &Path, generation: u64) -> journal::Result<()> {
 /// runs, a batch acknowledged only once a sync that started after its write completed
 /// has completed. Same output as `run_segments`.
 async fn run_planned(dir: &Path, generation: u64) -> journal::Result<()> {
-    use journal::segment::{PartitionConfig, PartitionLog, Plan};
-    let config = PartitionConfig {
-        segment_size_max: SEGMENT_SIZE,
-        index_interval_bytes: 4096,
-        durability: journal::Durability::EveryBatch,
-    };
-    let (mut log, _) = PartitionLog::open(dir, PARTITION, config).await?;
-    let mut out = std::io::stdout().lock();
-    let mut line = |text: String| {
-        let _ = writeln!(out, "{text}");
-        let _ = out.flush();
-    };
-    line(format!(
-        "recovered {} {}",
-        log.next_offset(),
-        log.start_offset()
-    ));
+    use journal::segment::Plan;
+    let mut log = open_partition(dir).await?;
     // Written, waiting for a sync; the sync in flight and what it covers.
     let mut written: Vec<Acked> = Vec::new();
     let mut syncing: Option<(journal::segment::Syncer, Vec<Acked>)> = None;
@@ -228,7 +221,7 @@ async fn run_planned(dir: &Path, generation: u64) -> journal::Result<()> {
                 if let Some((sync, ops)) = syncing.take() {
                     sync.run().await?;
                     log.note_synced();
-                    ack(&mut line, &ops);
+                    ack(&ops);
                 }
                 log.roll().await?;
                 continue;
@@ -243,8 +236,11 @@ async fn run_planned(dir: &Path, generation: u64) -> journal::Result<()> {
             .iter()
             .zip(&batches)
             .map(|(receipt, bytes)| {
-                let checksum = u64::from_le_bytes(bytes[40..48].try_into().unwrap_or([0; 8]));
-                (receipt.base_offset, receipt.next_offset, checksum)
+                (
+                    receipt.base_offset,
+                    receipt.next_offset,
+                    batch_checksum(bytes),
+                )
             })
             .collect();
         let write = planned.write.map(|w| w.run());
@@ -255,12 +251,12 @@ async fn run_planned(dir: &Path, generation: u64) -> journal::Result<()> {
                 w?;
                 s?;
                 log.note_synced();
-                ack(&mut line, &ops);
+                ack(&ops);
             }
             (Some(write), None) => write.await?,
             (None, Some((sync, ops))) => {
                 sync.run().await?;
-                ack(&mut line, &ops);
+                ack(&ops);
             }
             (None, None) => {}
         }
@@ -268,21 +264,16 @@ async fn run_planned(dir: &Path, generation: u64) -> journal::Result<()> {
         // A sync started now covers every write completed so far.
         syncing = Some((log.syncer(), std::mem::take(&mut written)));
         // Sealed segments only (a roll waited for every sync): all acknowledged.
-        let segments = log.segments();
-        if segments.len() > SEGMENTS_KEPT {
-            let keep_from = segments[segments.len() - SEGMENTS_KEPT].0;
-            log.delete_segments_before(keep_from)?;
-            line(format!("retained {}", log.start_offset()));
-        }
+        retain(&mut log)?;
     }
 }
 
 /// A batch to acknowledge: base offset, next offset, batch checksum.
 type Acked = (u64, u64, u64);
 
-fn ack(line: &mut impl FnMut(String), ops: &[Acked]) {
+fn ack(ops: &[Acked]) {
     for (base, next, checksum) in ops {
-        line(format!("ack {base} {next} {checksum:x}"));
+        say(format!("ack {base} {next} {checksum:x}"));
     }
 }
 

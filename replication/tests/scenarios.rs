@@ -286,3 +286,67 @@ fn retried_client_request_after_failover_is_not_applied_twice() {
     });
     converge(&mut cluster);
 }
+
+/// Runs the scenario of a lost disk: backup `s` is down while the quorum {p, w} commits;
+/// then `p` and `w` die, `wiped` (one of them) comes back with a new disk (formatted as
+/// new, as an unattended restart would) next to `s`. The two must not form a view: the
+/// wiped one remembers nothing and `s` never had the ops, so any view they formed would
+/// lose them. Once the other member of the quorum returns, the cluster serves again and
+/// every committed op survives (the checker holds every replica's commits to one
+/// history).
+fn lost_disk_costs_no_committed_op(seed: u64, p: u8, w: u8, s: u8, wiped: u8) {
+    use replication::sim::Wipe;
+    let other = if wiped == p { w } else { p };
+    let mut cluster = Cluster::scripted(3, seed, 2);
+    run_until(&mut cluster, 5_000, "load", |c| c.replies() >= 10);
+    if cluster.primary() != Some(p) {
+        panic!("scenario wants r{p} primary: {}", cluster.status_line());
+    }
+    cluster.crash(s);
+    let before = cluster.replies();
+    run_until(&mut cluster, 10_000, "load on {p, w}", |c| {
+        c.replies() >= before + 40
+    });
+    let committed = cluster.checker.commit_max();
+    cluster.crash(p);
+    cluster.crash(w);
+    cluster
+        .restart_wiped(wiped, Wipe::Formatted)
+        .expect("the wiped replica restarts");
+    cluster.restart(s).expect("s restarts");
+    cluster.run_ticks(6_000).expect("checkers hold");
+    let lost = cluster.replica(wiped).expect("up");
+    assert!(
+        !lost.is_voter(),
+        "r{wiped} votes with an empty disk: {}",
+        cluster.status_line()
+    );
+    assert_eq!(lost.status(), Status::Recovering);
+    assert_eq!(cluster.primary(), None, "a view formed without r{other}");
+    assert_eq!(
+        cluster.checker.commit_max(),
+        committed,
+        "ops committed without r{other}"
+    );
+    cluster
+        .restart(other)
+        .expect("the other member of the quorum restarts");
+    run_until(&mut cluster, 20_000, "the wiped replica votes again", |c| {
+        c.replica(wiped).is_some_and(|r| r.is_voter())
+    });
+    converge(&mut cluster);
+    for r in [p, w, s] {
+        let replica = cluster.replica(r).expect("up");
+        assert!(replica.commit() >= committed, "r{r} lacks committed ops");
+    }
+}
+
+#[test]
+fn wiped_backup_and_stale_backup_wait_for_the_primary_that_remembers() {
+    lost_disk_costs_no_committed_op(21, 0, 1, 2, 1);
+}
+
+#[test]
+fn wiped_old_primary_and_stale_backup_wait_for_the_backup_that_remembers() {
+    lost_disk_costs_no_committed_op(21, 0, 1, 2, 0);
+}

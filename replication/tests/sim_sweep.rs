@@ -16,15 +16,30 @@ fn partition_group() -> u64 {
 }
 
 fn check(seed: u64, replicas: u8, ticks: u64, partition: bool) {
+    run(SimOptions::from_seed(seed, replicas, ticks), partition);
+}
+
+/// A seed with the fault mix it had before lost disks were simulated (the seeds that
+/// found bugs then replay the same run).
+fn check_without_wipes(seed: u64, replicas: u8, ticks: u64, partition: bool) {
     let mut options = SimOptions::from_seed(seed, replicas, ticks);
+    options.wipe_percent = 0;
+    options.formation = false;
+    run(options, partition);
+}
+
+fn run(mut options: SimOptions, partition: bool) {
     if partition {
         options.group = partition_group();
     }
+    let (seed, replicas, ticks) = (options.seed, options.replica_count, options.ticks);
+    let wipes = options.wipe_percent > 0 || options.formation;
     if let Err(failure) = run_seed(options) {
         panic!(
             "{failure}\nreplay: cargo run -p replication --release --bin appliance-sim -- \
-             --seed {seed} --replicas {replicas} --ticks {ticks}{}",
-            if partition { " --partition" } else { "" }
+             --seed {seed} --replicas {replicas} --ticks {ticks}{}{}",
+            if partition { " --partition" } else { "" },
+            if wipes { "" } else { " --no-wipes" }
         );
     }
 }
@@ -55,66 +70,87 @@ fn sweep_300_seeds_partition_plane() {
 fn regression_seeds() {
     // 31: a restarted replica re-requested verified-looking ops forever instead of the op
     // blocking its hash-chain walk.
-    check(31, 3, 5_000, false);
+    check_without_wipes(31, 3, 5_000, false);
     // 115: a retried Register was prepared twice, minting a second session; the client's
     // requests were then evicted and re-applied under the new session.
-    check(115, 3, 5_000, false);
+    check_without_wipes(115, 3, 5_000, false);
     // 1 and 3 (partition plane): stamp positions were lost on re-commit after a restart,
     // so the primary refused every SendMessages as PipelineFull.
-    check(1, 3, 5_000, true);
-    check(3, 3, 5_000, true);
+    check_without_wipes(1, 3, 5_000, true);
+    check_without_wipes(3, 3, 5_000, true);
     // Checkpoint restarts and state transfer: 10 and 20 asked for state transfer once
     // peers had checkpointed past them (now installed), 150 found its source's anchor
     // corrupt, 55 (5 replicas) had two lagging replicas feeding each other partial ranges
     // forever; 3 (partition plane) re-applied a retried request after a checkpoint
     // restart lost the client table (checkpoints now carry it).
-    check(10, 3, 5_000, false);
-    check(20, 3, 5_000, false);
-    check(150, 3, 5_000, false);
-    check(55, 5, 5_000, false);
+    check_without_wipes(10, 3, 5_000, false);
+    check_without_wipes(20, 3, 5_000, false);
+    check_without_wipes(150, 3, 5_000, false);
+    check_without_wipes(55, 5, 5_000, false);
     // 2043: every replica held op 6 but none op 5 (a gap-jumped prepare, the primary's
     // copy lost in a crash): the merge could neither truncate nor repair op 5. A short DVC
     // suffix now nacks the op just below it.
-    check(2043, 3, 5_000, false);
+    check_without_wipes(2043, 3, 5_000, false);
     // 2890 (found once probes stopped backing off): an old primary in a view change got
     // the range evicted, installed a peer's checkpoint and restarted from it with its
     // own journal above, whose ops came from the truncated view-0 branch; the chain walk
     // displaced the committed anchor. Entries that do not chain from the anchor go.
-    check(2890, 3, 5_000, false);
+    check_without_wipes(2890, 3, 5_000, false);
     // 936: a restarted replica whose top journal entry was corrupt dropped it and later
     // nacked that (committed) op in a DVC: divergence. Unreadable entries above the log now
     // stay "maybe prepared" and raise the DVC op.
-    check(936, 3, 5_000, false);
+    check_without_wipes(936, 3, 5_000, false);
     // 157: replicas with unreadable top entries withheld their DVCs waiting for a
     // StartView nobody could send (deadlock).
-    check(157, 3, 5_000, false);
+    check_without_wipes(157, 3, 5_000, false);
     // 2711 (5 replicas): the same withheld-DVC deadlock.
-    check(2711, 5, 5_000, false);
+    check_without_wipes(2711, 5, 5_000, false);
     // 12093: an op only an unreadable journal entry claimed could be neither repaired nor
     // truncated (lower log_view replicas did not count as nacks although their logs ended
     // below it).
-    check(12093, 3, 5_000, false);
+    check_without_wipes(12093, 3, 5_000, false);
     // 993 (5 replicas, once DVCs were broadcast as the spec says): every replica held op
     // 126 but not 124 or 125; a contiguous suffix could only nack 125, leaving 124 headless
     // and the view change stuck. DVCs now vouch for a whole window above their commit.
-    check(993, 5, 5_000, false);
+    check_without_wipes(993, 5, 5_000, false);
     // 244 (5 replicas) and 186: with headers only above the commit, a forming primary kept
     // its own stale header for a committed op: divergence. DVC bodies carry the committed
     // headers below the window too, and the merged head must be a canonical header.
-    check(244, 5, 5_000, false);
-    check(186, 3, 5_000, false);
-    check(186, 3, 5_000, true);
+    check_without_wipes(244, 5, 5_000, false);
+    check_without_wipes(186, 3, 5_000, false);
+    check_without_wipes(186, 3, 5_000, true);
     // 296 (5 replicas, 30000 ticks): a replica far behind repaired one op per repair tick
     // (it asked for the ops above the walk's blocker instead of below it) and did not
     // converge in the bound. Repair now fetches below the blocker and continues on
     // RepairDone.
-    check(296, 5, 30_000, false);
+    check_without_wipes(296, 5, 30_000, false);
     // 58012 (found by a 40,000-seed sweep): the old primary of the canonical view lost
     // (unreadable) an op it prepared in that view; no replica knew its header, and a
     // replica of an older log_view holding another header at that op was not counted
     // as a nack. An op without a canonical header was prepared in the canonical view,
     // which only replicas normal in it acknowledge.
-    check(58012, 3, 5_000, false);
+    check_without_wipes(58012, 3, 5_000, false);
+    // 870844 (50,000 ticks, both planes) and 810098 (partition plane, 20,000 ticks): a
+    // backup acknowledged an op of a later view above stale entries of an older one,
+    // then restarted from a checkpoint (its own, or one installed by state transfer);
+    // every journal entry above the first that did not chain from the checkpoint was
+    // dropped, the acknowledged one with them, and its DVC nacked it: a committed op
+    // truncated. Only entries provably off the committed chain are dropped now.
+    check_without_wipes(870844, 3, 50_000, false);
+    check_without_wipes(870844, 3, 50_000, true);
+    check_without_wipes(810098, 3, 20_000, true);
+}
+
+/// Long fault phases (the default alone missed a divergence), with lost disks.
+#[test]
+fn sweep_long_fault_phases() {
+    for seed in 3_000..3_004 {
+        check(seed, 3, 50_000, false);
+    }
+    for seed in 3_100..3_102 {
+        check(seed, 3, 50_000, true);
+    }
+    check(3_200, 5, 50_000, false);
 }
 
 #[test]

@@ -30,6 +30,9 @@ struct Args {
     /// Run a partition plane group (stamped SendMessages batches) instead of metadata.
     #[arg(long)]
     partition: bool,
+    /// No restarts that lose the disk (the fault mix of seeds before wipes existed).
+    #[arg(long)]
+    no_wipes: bool,
     /// Print a trace for passing runs too.
     #[arg(long)]
     trace: bool,
@@ -51,6 +54,10 @@ fn parse_range(text: &str) -> Option<(u64, u64)> {
 fn options(args: &Args, seed: u64) -> SimOptions {
     let mut options = SimOptions::from_seed(seed, args.replicas, args.ticks);
     options.liveness_ticks = args.liveness_ticks;
+    if args.no_wipes {
+        options.wipe_percent = 0;
+        options.formation = false;
+    }
     if args.partition {
         let key = PartitionKey {
             stream: 1,
@@ -92,6 +99,7 @@ fn main() -> ExitCode {
     let mut crashes = 0u64;
     let mut checkpoint_restarts = 0u64;
     let mut state_transfers = 0u64;
+    let mut wipes = 0u64;
     for seed in from..to {
         match run_seed(options(&args, seed)) {
             Ok(summary) => {
@@ -101,6 +109,7 @@ fn main() -> ExitCode {
                 crashes += summary.crashes;
                 checkpoint_restarts += summary.checkpoint_restarts;
                 state_transfers += summary.state_transfers;
+                wipes += summary.wipes;
                 if to - from == 1 || args.trace {
                     println!("seed {seed}: ok {summary:?}");
                 }
@@ -118,10 +127,11 @@ fn main() -> ExitCode {
                 }
                 eprintln!(
                     "appliance-sim: FAILED seed {seed} (replay: appliance-sim --seed {seed} \
-                     --replicas {} --ticks {}{})",
+                     --replicas {} --ticks {}{}{})",
                     args.replicas,
                     args.ticks,
-                    if args.partition { " --partition" } else { "" }
+                    if args.partition { " --partition" } else { "" },
+                    if args.no_wipes { " --no-wipes" } else { "" }
                 );
                 if args.json {
                     println!(
@@ -139,7 +149,7 @@ fn main() -> ExitCode {
              \"replicas\": {}, \"ticks\": {}, \"partition\": {}, \"ops_committed\": {commits}, \
              \"view_changes\": {view_changes}, \"crashes\": {crashes}, \
              \"checkpoint_restarts\": {checkpoint_restarts}, \"state_transfers\": \
-             {state_transfers}, \"seconds\": {:.1}}}",
+             {state_transfers}, \"wipes\": {wipes}, \"seconds\": {:.1}}}",
             args.replicas,
             args.ticks,
             args.partition,
@@ -150,7 +160,8 @@ fn main() -> ExitCode {
     println!(
         "appliance-sim: {passed} seeds passed ({}..{}, {} replicas, {} ticks): {commits} ops \
          committed, {view_changes} view changes, {crashes} crashes ({checkpoint_restarts} \
-         restarts from a checkpoint, {state_transfers} state transfers), {:.1}s",
+         restarts from a checkpoint, {state_transfers} state transfers, {wipes} lost disks), \
+         {:.1}s",
         from,
         to,
         args.replicas,

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use zerocopy::FromBytes;
 
-use crate::vsr::{Action, Config, Prng, Replica, RequestOutcome, Status};
+use crate::vsr::{Action, Config, Prng, Replica, RequestOutcome, Status, Superblock};
 use crate::wire::batch::{BatchBuilder, NewMessage};
 use crate::wire::{
     cluster_id, decode, Frame, FrameBuf, Header, Limits, Message, Operation, PrepareHeader,
@@ -42,7 +42,26 @@ pub struct SimOptions {
     /// prepare carries, as the appliance's partition groups do) instead of replaying
     /// their journal from op 1.
     pub checkpoint_restarts: bool,
+    /// Restarts that lose the replica's disk, out of 100 (0 = none).
+    pub wipe_percent: u64,
+    /// The cluster starts from formatted replicas that form it (`Replica::unformed`).
+    pub formation: bool,
 }
+
+/// How a restart lost a replica's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wipe {
+    /// The disk is new and the replica formatted itself (it must find out that its
+    /// group formed).
+    Formatted,
+    /// The disk is new and the operator said it replaces a member (`appliance recover`).
+    Replacement,
+    /// Every superblock copy is unreadable; the journal and checkpoint are intact.
+    SuperblockLost,
+}
+
+/// Wipes per run at most, on top of `replica_count`.
+pub const WIPES_OVER_REPLICAS_MAX: u64 = 2;
 
 /// The fault mix of a run (rates per tick are out of 10_000).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +119,10 @@ impl SimOptions {
             trace: false,
             trace_lines: TRACE_LINES_MAX,
             checkpoint_restarts: prng.chance(1, 2),
+            // Drawn from a stream of their own, so the other faults of a seed stay as
+            // they were without wipes.
+            wipe_percent: Prng::new(seed ^ 0x0031_71e5).below(31),
+            formation: Prng::new(seed ^ 0xf04d).chance(1, 4),
         }
     }
 }
@@ -116,6 +139,8 @@ pub struct Summary {
     /// Restarts that resumed from a checkpoint, and state transfers installed.
     pub checkpoint_restarts: u64,
     pub state_transfers: u64,
+    /// Restarts that lost the disk or the superblock.
+    pub wipes: u64,
 }
 
 /// A failed run: the seed, what broke, and the last lines of trace (when traced).
@@ -179,6 +204,9 @@ pub struct Cluster {
     view_changes_retired: u64,
     /// Scenario control: drop every Reply on its way to a client.
     pub drop_replies: bool,
+    /// Restarts that lost the disk (or the superblock), and the stream that decides them.
+    pub wipes: u64,
+    wipe_prng: Prng,
 }
 
 impl Cluster {
@@ -194,7 +222,13 @@ impl Cluster {
             .collect();
         let replicas = configs
             .iter()
-            .map(|c| Some(Replica::new(c.clone())))
+            .map(|c| {
+                Some(if options.formation {
+                    Replica::unformed(c.clone())
+                } else {
+                    Replica::new(c.clone())
+                })
+            })
             .collect();
         let clients = (0..options.clients)
             .map(|c| Client {
@@ -230,6 +264,8 @@ impl Cluster {
             crashes: 0,
             view_changes_retired: 0,
             drop_replies: false,
+            wipes: 0,
+            wipe_prng: Prng::new(options.seed ^ 0x0007_7195),
             configs,
             options,
         }
@@ -291,6 +327,7 @@ impl Cluster {
                     ticks_to_converge: self.now - start,
                     checkpoint_restarts: self.checkpoint_restarts,
                     state_transfers: self.state_transfers,
+                    wipes: self.wipes,
                 });
             }
         }
@@ -348,7 +385,10 @@ impl Cluster {
             let Some(replica) = replica else {
                 return false;
             };
-            if replica.status() != Status::Normal || replica.commit() != replica.op() {
+            if replica.status() != Status::Normal
+                || !replica.is_voter()
+                || replica.commit() != replica.op()
+            {
                 return false;
             }
             if *commit.get_or_insert(replica.commit()) != replica.commit()
@@ -425,7 +465,11 @@ impl Cluster {
         let Some(replica) = self.replicas[usize::from(r)].as_mut() else {
             return Ok(());
         };
+        let voter = replica.is_voter();
         let actions = replica.drain_actions();
+        if !voter {
+            check_non_voter(r, &actions)?;
+        }
         let n = self.options.replica_count;
         for action in actions {
             match action {
@@ -554,6 +598,14 @@ impl Cluster {
     /// Restarts replica `r` from its storage.
     pub fn restart(&mut self, r: u8) -> Result<(), String> {
         let i = usize::from(r);
+        if self.faults_on && self.wipe_allowed(r) {
+            let wipe = match self.wipe_prng.below(3) {
+                0 => Wipe::Formatted,
+                1 => Wipe::Replacement,
+                _ => Wipe::SuperblockLost,
+            };
+            return self.restart_wiped(r, wipe);
+        }
         self.incarnations[i] += 1;
         let mut config = self.configs[i].clone();
         config.seed = config
@@ -591,6 +643,75 @@ impl Cluster {
         self.restart_at[i] = 0;
         self.checker.restarted(r, from);
         self.log(|| format!("r{r} restarted (checkpoint {from})"));
+        self.sync_links();
+        self.drain(r)
+    }
+
+    /// Whether the restart of `r` may lose its disk: at the seed's rate, at most
+    /// replica_count + 2 times a run, and only while every other replica is a voter that
+    /// kept its state and holds no unreadable journal entry (a lost disk is the one fault
+    /// a cluster of 3 survives: with a torn or corrupted entry elsewhere, an op whose only
+    /// copy was on the lost disk could be neither repaired nor proven never committed).
+    fn wipe_allowed(&mut self, r: u8) -> bool {
+        let cap = u64::from(self.options.replica_count) + WIPES_OVER_REPLICAS_MAX;
+        if self.options.wipe_percent == 0 || self.wipes >= cap || !self.corrupted_ops.is_empty() {
+            return false;
+        }
+        let others_remember = (0..self.options.replica_count)
+            .filter(|x| *x != r)
+            .all(|x| match &self.replicas[usize::from(x)] {
+                Some(replica) => replica.is_voter(),
+                None => !self.storages[usize::from(x)].superblock.replacement,
+            })
+            && (0..self.options.replica_count)
+                .filter(|x| *x != r)
+                .all(|x| !self.storages[usize::from(x)].holds_faulty());
+        others_remember && self.wipe_prng.chance(self.options.wipe_percent, 100)
+    }
+
+    /// Restarts `r` (down) having lost its disk or its superblock.
+    pub fn restart_wiped(&mut self, r: u8, wipe: Wipe) -> Result<(), String> {
+        assert!(self.replicas[usize::from(r)].is_none(), "r{r} is up");
+        let i = usize::from(r);
+        self.incarnations[i] += 1;
+        self.wipes += 1;
+        let mut config = self.configs[i].clone();
+        config.seed = config
+            .seed
+            .wrapping_add(self.incarnations[i].wrapping_mul(0x9e37));
+        let (replica, what) = match wipe {
+            Wipe::Formatted => {
+                self.storages[i] = Storage::default();
+                (Replica::unformed(config), "formatted again")
+            }
+            Wipe::Replacement => {
+                self.storages[i] = Storage::default();
+                (Replica::replacement(config), "as a replacement")
+            }
+            Wipe::SuperblockLost => {
+                // Every superblock copy unreadable: the journal and checkpoint are there,
+                // the promises the superblock held are not.
+                let superblock = Superblock {
+                    replacement: true,
+                    ..Superblock::default()
+                };
+                self.storages[i].superblock = superblock.clone();
+                let journal = self.storages[i].read_journal();
+                let replica = match self.storages[i].checkpoint.clone() {
+                    Some(checkpoint) if self.options.checkpoint_restarts => {
+                        Replica::restart_from_checkpoint(config, &superblock, checkpoint, &journal)
+                            .ok_or_else(|| format!("r{r}: checkpoint with an invalid anchor"))?
+                    }
+                    _ => Replica::restart(config, &superblock, &journal),
+                };
+                (replica, "with its superblock unreadable")
+            }
+        };
+        let from = replica.commit();
+        self.replicas[i] = Some(replica);
+        self.restart_at[i] = 0;
+        self.checker.restarted(r, from);
+        self.log(|| format!("r{r} lost its disk, restarted {what} (commit {from})"));
         self.sync_links();
         self.drain(r)
     }
@@ -762,6 +883,37 @@ impl Cluster {
 }
 
 /// A short description of a frame for the trace.
+/// A replica that may not vote sends no vote: no PrepareOk, StartViewChange,
+/// DoViewChange or StartView, and no client reply (it is never primary).
+fn check_non_voter(r: u8, actions: &[Action]) -> Result<(), String> {
+    use crate::wire::Command;
+    for action in actions {
+        let frame = match action {
+            Action::Send { frame, .. } | Action::Broadcast { frame } => frame,
+            Action::Reply { .. } => {
+                return Err(format!("r{r} replied to a client while it may not vote"))
+            }
+            _ => continue,
+        };
+        let command = frame.header().command;
+        let vote = [
+            Command::PrepareOk,
+            Command::StartViewChange,
+            Command::DoViewChange,
+            Command::StartView,
+        ]
+        .iter()
+        .any(|c| *c as u8 == command);
+        if vote {
+            return Err(format!(
+                "r{r} sent {} while it may not vote",
+                describe(frame)
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn describe(frame: &Frame) -> String {
     let limits = Limits::default();
     match decode(frame.as_bytes(), &limits) {

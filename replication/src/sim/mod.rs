@@ -11,6 +11,6 @@ mod scenario;
 pub mod storage;
 
 pub use checker::Checker;
-pub use cluster::{run_seed, Cluster, Failure, Faults, SimOptions, Summary};
+pub use cluster::{run_seed, Cluster, Failure, Faults, SimOptions, Summary, Wipe};
 pub use network::{Network, NetworkFaults, Node, Packet};
 pub use storage::Storage;

@@ -20,6 +20,8 @@ impl Cluster {
             trace: false,
             trace_lines: TRACE_LINES_MAX,
             checkpoint_restarts: false,
+            wipe_percent: 0,
+            formation: false,
         };
         let mut cluster = Cluster::new(options);
         cluster.faults_on = false;

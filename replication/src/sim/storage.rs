@@ -100,6 +100,15 @@ impl Storage {
         self.durable.get(&op)
     }
 
+    /// Whether some durable entry does not read back as a valid prepare (torn or
+    /// corrupted): the replica cannot tell whether it acknowledged that op.
+    pub fn holds_faulty(&self) -> bool {
+        let limits = crate::wire::Limits::default();
+        self.durable
+            .values()
+            .any(|bytes| crate::wire::decode(bytes.as_bytes(), &limits).is_err())
+    }
+
     /// Whether a durable entry exists at `op`.
     pub fn holds(&self, op: u64) -> bool {
         self.durable.contains_key(&op)

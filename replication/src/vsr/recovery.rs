@@ -19,6 +19,8 @@ pub struct Superblock {
     pub view: u32,
     pub log_view: u32,
     pub headers: Vec<PrepareHeader>,
+    /// This replica lost its state and has not caught up since: it may not vote.
+    pub replacement: bool,
 }
 
 /// The consensus state that goes with a driver's checkpoint of its state machine.
@@ -43,9 +45,52 @@ pub struct JournalEntry {
     pub bytes: Option<FrameBuf>,
 }
 
+/// The ops above a committed `anchor` at `op` whose journal entry provably lies off the
+/// committed chain, given the canonical headers above it that chain from the anchor
+/// (`canonical`, from the superblock suffix).
+///
+/// An entry is off the chain when the canonical header of its op differs, when the
+/// canonical op below it is known and is not its parent, or when it extends an entry
+/// already found off the chain. Any other entry stays: a prepare of a later view past a
+/// stale one, an entry above a gap or an unreadable one may be a promise (an
+/// acknowledged prepare), and forgetting a promise is what loses committed writes.
+fn off_chain(
+    op: u64,
+    anchor: u128,
+    canonical: &std::collections::BTreeMap<u64, u128>,
+    entries: impl Iterator<Item = (u64, Option<PrepareHeader>)>,
+) -> std::collections::BTreeSet<u64> {
+    let mut dropped = std::collections::BTreeSet::new();
+    let mut below: Option<(u64, u128, bool)> = None;
+    for (at, header) in entries {
+        let Some(header) = header else {
+            below = None;
+            continue;
+        };
+        let identity = header.frame.checksum;
+        let canonical_below = if at == op + 1 {
+            Some(anchor)
+        } else {
+            canonical.get(&(at - 1)).copied()
+        };
+        let off = match (canonical.get(&at), canonical_below) {
+            (Some(known), _) => *known != identity,
+            (None, Some(parent)) => header.parent != parent,
+            (None, None) => below.is_some_and(|(prev_op, prev_identity, prev_off)| {
+                prev_off && prev_op + 1 == at && header.parent == prev_identity
+            }),
+        };
+        if off {
+            dropped.insert(at);
+        }
+        below = Some((at, identity, off));
+    }
+    dropped
+}
+
 /// Walking up from a committed `anchor` at `op`: the first op whose header provably
-/// does not chain from it (contiguous ops, parent links). Stops at a gap or an
-/// unreadable entry, which cannot be checked.
+/// does not chain from it (contiguous ops, parent links). Stops at a gap, which cannot
+/// be checked.
 fn first_conflict(
     op: u64,
     anchor: u128,
@@ -99,19 +144,14 @@ impl Replica {
         above.sort_by_key(|e| e.op);
         // The anchor is committed, so whatever does not chain from it (a branch that a
         // later view truncated, e.g. when the checkpoint came by state transfer) was never
-        // committed: drop it, in the journal and in the superblock suffix, from the first
-        // op that provably conflicts. Entries past a gap or an unreadable one cannot be
-        // checked and stay (they may be promises).
+        // committed: the superblock suffix is cut from the first op that conflicts, and
+        // each journal entry that provably lies off the committed chain is dropped. Only
+        // those: an entry of a later view above a stale one is a promise and stays.
         let header_of =
             |e: &JournalEntry| match e.bytes.as_ref().map(|b| decode(b.as_bytes(), &limits)) {
                 Some(Ok(Message::Prepare(h, _))) if h.op == e.op => Some(*h),
                 _ => None,
             };
-        let journal_conflict = first_conflict(
-            checkpoint.op,
-            anchor,
-            above.iter().map(|e| (e.op, header_of(e))),
-        );
         let mut suffix: Vec<&PrepareHeader> = superblock
             .headers
             .iter()
@@ -127,6 +167,25 @@ impl Replica {
         if let Some(op) = suffix_conflict {
             superblock.headers.retain(|h| h.op < op);
         }
+        // The suffix headers that chain from the anchor without a gap are canonical.
+        let mut canonical = std::collections::BTreeMap::new();
+        let mut parent = (checkpoint.op, anchor);
+        for header in suffix
+            .iter()
+            .filter(|h| suffix_conflict.is_none_or(|op| h.op < op))
+        {
+            if header.op != parent.0 + 1 || header.parent != parent.1 {
+                break;
+            }
+            canonical.insert(header.op, header.frame.checksum);
+            parent = (header.op, header.frame.checksum);
+        }
+        let dropped = off_chain(
+            checkpoint.op,
+            anchor,
+            &canonical,
+            above.iter().map(|e| (e.op, header_of(e))),
+        );
         let mut entries = vec![JournalEntry {
             op: checkpoint.op,
             bytes: Some(FrameBuf::from_bytes(checkpoint.anchor.as_bytes())),
@@ -134,7 +193,7 @@ impl Replica {
         entries.extend(
             above
                 .into_iter()
-                .filter(|e| journal_conflict.is_none_or(|op| e.op < op))
+                .filter(|e| !dropped.contains(&e.op))
                 .cloned(),
         );
         let mut replica = Replica::restart_inner(
@@ -264,6 +323,13 @@ impl Replica {
         replica.commit_max = commit_known.min(replica.log.op).max(replica.commit);
         replica.rebuild_positions();
         replica.incarnation = replica.prng.next_u128();
+        if superblock.replacement && replica.config.replica_count > 1 {
+            // Still a replacement: what it holds helps it catch up, but it votes only
+            // once a view vouched for it again. (One replica is the whole group: there
+            // is nobody to catch up from.)
+            replica.start_census(false);
+            return replica;
+        }
         if replica.config.replica_count == 1 {
             // A one-replica cluster has nobody to probe: its superblock and durable
             // journal are the whole cluster's state, so it elects itself at once rather

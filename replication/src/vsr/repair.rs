@@ -241,6 +241,7 @@ impl Replica {
             Status::Normal => {
                 self.rebuild_positions();
                 self.commit_backup();
+                self.try_become_voter();
                 if self.is_primary() {
                     self.commit_pipeline();
                 }
@@ -261,7 +262,10 @@ impl Replica {
 
     /// A peer no longer holds the front of what we asked for.
     pub(crate) fn on_range_evicted(&mut self, header: &RepairResultHeader) {
-        if header.op <= self.commit + 1 || self.state_transfer_requested {
+        if header.op <= self.commit + 1
+            || self.state_transfer_requested
+            || self.status == Status::Recovering
+        {
             return;
         }
         // Another peer may still hold the range (peers checkpoint independently): repair

@@ -123,6 +123,15 @@ pub struct Replica {
     pub(crate) timeout_view_change: Timeout,
     pub(crate) timeout_repair: Timeout,
     pub(crate) timeout_probe: Timeout,
+    /// Whether this replica votes (acks, view changes, primary); false for a replica
+    /// that lost its state until it caught up (`replacement.rs`).
+    pub(crate) voter: bool,
+    /// A non-voter's census of the other replicas, while it runs.
+    pub(crate) census: Option<super::replacement::Census>,
+    /// A non-voter installs only StartViews of this view or later (the census bound).
+    pub(crate) view_min: u32,
+    /// A non-voter in a view: the (op, commit) of the StartView it installed first.
+    pub(crate) recover: Option<(u64, u64)>,
 }
 
 impl Replica {
@@ -197,6 +206,10 @@ impl Replica {
             timeout_view_change: Timeout::new("view_change", config.view_change_timeout_ticks),
             timeout_repair: Timeout::new("repair", config.repair_interval_ticks),
             timeout_probe: Timeout::new("probe", config.view_change_retransmit_interval_ticks),
+            voter: true,
+            census: None,
+            view_min: 0,
+            recover: None,
             config,
         }
     }
@@ -383,6 +396,10 @@ impl Replica {
             self.counters.frames_rejected += 1;
             return;
         }
+        if !self.voter && self.on_decoded_non_voter(&message) {
+            self.check_invariants();
+            return;
+        }
         match message {
             Message::Prepare(h, body) => self.on_prepare(h, body, received),
             Message::RepairPrepare(h, body) => self.on_repair_prepare(h, body),
@@ -428,6 +445,7 @@ impl Replica {
                     self.send_prepare_ok(op);
                 }
                 self.commit_backup();
+                self.try_become_voter();
             }
             Status::ViewChange => self.forming_try_start_view(),
             Status::Recovering => {}
@@ -530,6 +548,9 @@ impl Replica {
     }
 
     pub(crate) fn send_prepare_ok(&mut self, op: u64) {
+        if !self.voter {
+            return;
+        }
         let Some(slot) = self.log.slot(op) else {
             return;
         };
@@ -599,6 +620,7 @@ impl Replica {
             self.commit_op(op);
         }
         self.prune_positions();
+        self.try_become_voter();
     }
 
     /// Commits op `commit + 1`: the only place commit advances.
@@ -752,6 +774,12 @@ impl Replica {
     }
 
     fn on_heartbeat_timeout(&mut self) {
+        if !self.voter {
+            if self.status == Status::Normal && self.census.is_none() {
+                self.probe_as_non_voter();
+            }
+            return;
+        }
         if self.status == Status::Normal && !self.is_primary() {
             self.start_view_change(self.view + 1);
         }
@@ -764,6 +792,15 @@ impl Replica {
         assert!(self.commit <= self.log.op || self.commit <= self.log.op_checkpoint);
         if self.status == Status::Normal {
             assert_eq!(self.log_view, self.view, "normal status is in log_view");
+        }
+        if !self.voter {
+            assert!(
+                self.status != Status::ViewChange,
+                "a non-voter never changes views"
+            );
+            assert!(self.pipeline.is_empty(), "a non-voter is never primary");
+            assert!(self.status != Status::Normal || !self.is_primary());
+            assert!(self.census.is_none() || self.status == Status::Recovering);
         }
         if let (Some(first), Some(last)) =
             (self.pipeline.keys().next(), self.pipeline.keys().last())

@@ -406,6 +406,9 @@ impl Replica {
         if header.incarnation != 0 && header.incarnation != self.incarnation {
             return;
         }
+        if !self.voter && !self.non_voter_accepts_start_view(view, header.incarnation) {
+            return;
+        }
         if !suffix_well_formed(headers, header.op, true) || (headers.is_empty() && header.op != 0) {
             self.counters.frames_rejected += 1;
             return;
@@ -444,6 +447,10 @@ impl Replica {
             self.send_prepare_ok(op);
         }
         self.commit_backup();
+        if !self.voter && self.recover.is_none() {
+            self.recover = Some((header.op, header.commit));
+        }
+        self.try_become_voter();
         self.on_repair_timeout();
     }
 
@@ -503,6 +510,14 @@ impl Replica {
     }
 
     pub(crate) fn on_probe_timeout(&mut self) {
+        if !self.voter {
+            if self.status == Status::Recovering {
+                self.on_probe_timeout_non_voter();
+            } else {
+                self.timeout_probe.stop();
+            }
+            return;
+        }
         match self.status {
             Status::Recovering => {
                 self.probe_attempts += 1;

@@ -584,7 +584,11 @@ impl Cluster {
         if let Some(replica) = self.replicas[usize::from(r)].take() {
             self.view_changes_retired += replica.counters().view_changes;
         }
-        self.storages[usize::from(r)].crash(&mut self.prng);
+        // While a replica may not vote, the cluster has no fault to spare: a torn entry
+        // would be a prepare that one voter may hold and the other never had, which
+        // only the non-voter's vote could settle.
+        let tear = self.every_replica_votes();
+        self.storages[usize::from(r)].crash(&mut self.prng, tear);
         self.crashes += 1;
         // Under random faults a crashed replica restarts by itself; scenarios restart it.
         if self.faults_on && self.options.faults.crash_per_10k > 0 {
@@ -647,6 +651,19 @@ impl Cluster {
         self.drain(r)
     }
 
+    /// Whether every replica is a voter (a down one: kept its state).
+    pub(super) fn every_replica_votes(&self) -> bool {
+        (0..self.options.replica_count).all(|x| self.remembers(x))
+    }
+
+    /// Whether replica `x` votes (up) or will when it restarts (down, state kept).
+    pub(super) fn remembers(&self, x: u8) -> bool {
+        match &self.replicas[usize::from(x)] {
+            Some(replica) => replica.is_voter(),
+            None => !self.storages[usize::from(x)].superblock.replacement,
+        }
+    }
+
     /// Whether the restart of `r` may lose its disk: at the seed's rate, at most
     /// replica_count + 2 times a run, and only while every other replica is a voter that
     /// kept its state and holds no unreadable journal entry (a lost disk is the one fault
@@ -659,10 +676,7 @@ impl Cluster {
         }
         let others_remember = (0..self.options.replica_count)
             .filter(|x| *x != r)
-            .all(|x| match &self.replicas[usize::from(x)] {
-                Some(replica) => replica.is_voter(),
-                None => !self.storages[usize::from(x)].superblock.replacement,
-            })
+            .all(|x| self.remembers(x))
             && (0..self.options.replica_count)
                 .filter(|x| *x != r)
                 .all(|x| !self.storages[usize::from(x)].holds_faulty());

@@ -80,8 +80,9 @@ impl Cluster {
         }
         let n = self.options.replica_count;
         let r = self.prng.below(u64::from(n)) as u8;
+        // Copies on a replica that may not vote do not count: it serves no repair.
         let holders = (0..n)
-            .filter(|x| *x != r && self.storages[usize::from(*x)].holds(op))
+            .filter(|x| *x != r && self.remembers(*x) && self.storages[usize::from(*x)].holds(op))
             .count();
         if holders == 0 {
             return;

@@ -62,10 +62,11 @@ impl Storage {
         done
     }
 
-    /// A crash: unsynced writes are lost; the last one may be torn into its slot.
-    pub fn crash(&mut self, prng: &mut Prng) {
+    /// A crash: unsynced writes are lost; the last one may be torn into its slot (when
+    /// `tear`).
+    pub fn crash(&mut self, prng: &mut Prng, tear: bool) {
         if let Some(last) = self.pending.last() {
-            if prng.chance(1, 2) {
+            if prng.chance(1, 2) && tear {
                 let mut bytes = last.bytes.clone();
                 let len = bytes.len();
                 let cut = 1 + prng.below(len as u64 - 1) as usize;

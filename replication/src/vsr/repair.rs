@@ -35,6 +35,7 @@ impl Replica {
         }
         if self.status == Status::Normal {
             self.journal_again();
+            self.ask_formation_peers();
         }
         self.walk_chain();
         let top = if blocked {
@@ -188,6 +189,12 @@ impl Replica {
             self.counters.repairs_served += 1;
             self.actions.push_back(Action::Send { to, frame });
             served = op;
+        }
+        if served < header.from_op && self.log.op >= header.from_op {
+            // The range is in our log but nothing of it is durable yet: an empty
+            // RepairDone would say we hold nothing there (a formatted replica's census
+            // reads it so). Silence: the requester asks again.
+            return;
         }
         result.op = served;
         let frame = Frame::build(&result, &[]);

@@ -188,6 +188,45 @@ impl Replica {
         }
     }
 
+    /// A member of a new group asks the peers it has not seen voting yet.
+    pub(crate) fn ask_formation_peers(&mut self) {
+        let (waiting, nonce) = self.formation_wait;
+        for to in (0..self.config.replica_count).filter(|r| waiting & (1 << r) != 0) {
+            self.send_census_request(to, nonce);
+        }
+    }
+
+    /// The census question: RequestPrepares of op 1 under the census nonce.
+    fn send_census_request(&mut self, to: u8, nonce: u128) {
+        let mut header = RequestPreparesHeader::new();
+        header.frame.cluster = self.config.cluster;
+        header.frame.view = self.view;
+        header.frame.replica = self.config.replica;
+        header.nonce = nonce;
+        header.from_op = 1;
+        header.to_op = 1;
+        header.group = self.config.group;
+        let frame = Frame::build(&header, &[]);
+        self.actions.push_back(Action::Send { to, frame });
+    }
+
+    /// An answer to `ask_formation_peers`: a RepairDone (or a RangeEvicted naming an op)
+    /// comes from a peer that votes. Returns whether the frame was one.
+    pub(crate) fn on_formation_answer(&mut self, message: &Message<'_>) -> bool {
+        let (header, evicted) = match message {
+            Message::RepairDone(h) => (h, false),
+            Message::RangeEvicted(h) => (h, true),
+            _ => return false,
+        };
+        if header.nonce != self.formation_wait.1 {
+            return false;
+        }
+        if !evicted || header.op > 0 {
+            self.formation_wait.0 &= !(1u32 << header.frame.replica);
+        }
+        true
+    }
+
     /// Asks each peer that has not answered yet.
     fn send_census_requests(&mut self) {
         let Some(census) = &self.census else {
@@ -201,16 +240,7 @@ impl Replica {
             })
             .collect();
         for to in missing {
-            let mut header = RequestPreparesHeader::new();
-            header.frame.cluster = self.config.cluster;
-            header.frame.view = self.view;
-            header.frame.replica = self.config.replica;
-            header.nonce = nonce;
-            header.from_op = 1;
-            header.to_op = 1;
-            header.group = self.config.group;
-            let frame = Frame::build(&header, &[]);
-            self.actions.push_back(Action::Send { to, frame });
+            self.send_census_request(to, nonce);
         }
     }
 
@@ -272,9 +302,20 @@ impl Replica {
                     .push_back(Action::PersistSuperblock(self.superblock.clone()));
             } else if answered == peers {
                 // Every other replica answered and none remembers anything: a new group.
+                // It prepares nothing until every member formed it as well: a member
+                // still deciding that saw an op would take itself for a replacement.
+                let nonce = census.nonce;
+                let all = self.all_replicas() & !(1u32 << self.config.replica);
+                let voting = census
+                    .views
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, v)| v.is_some())
+                    .fold(0u32, |bits, (r, _)| bits | 1 << r);
                 self.census = None;
                 self.voter = true;
                 self.status = Status::Normal;
+                self.formation_wait = (all & !voting, nonce);
                 self.start_normal_timeouts();
                 return;
             } else {

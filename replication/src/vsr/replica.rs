@@ -132,6 +132,9 @@ pub struct Replica {
     pub(crate) view_min: u32,
     /// A non-voter in a view: the (op, commit) of the StartView it installed first.
     pub(crate) recover: Option<(u64, u64)>,
+    /// A member of a new group: the peers not yet seen voting (bitmask) and the nonce it
+    /// asks them with. It prepares nothing until every one of them formed the group too.
+    pub(crate) formation_wait: (u32, u128),
 }
 
 impl Replica {
@@ -210,6 +213,7 @@ impl Replica {
             census: None,
             view_min: 0,
             recover: None,
+            formation_wait: (0, 0),
             config,
         }
     }
@@ -398,6 +402,9 @@ impl Replica {
         }
         if !self.voter && self.on_decoded_non_voter(&message) {
             self.check_invariants();
+            return;
+        }
+        if self.formation_wait.0 != 0 && self.on_formation_answer(&message) {
             return;
         }
         match message {

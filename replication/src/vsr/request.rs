@@ -84,6 +84,10 @@ impl Replica {
                 primary: self.config.primary_of(self.view),
             };
         }
+        if self.formation_wait.0 != 0 {
+            // A new group prepares once every member formed it (replacement.rs).
+            return RequestOutcome::PipelineFull;
+        }
         if operation == Operation::Register {
             if self.in_pipeline(request.client, 0) {
                 return RequestOutcome::InProgress;

@@ -156,15 +156,25 @@ pub fn read_checkpoint(dir: &Path) -> Result<Option<StoredCheckpoint>, FileError
     }))
 }
 
-/// Persists the VSR superblock (view, log_view, suffix headers) durably.
+/// Flag bits after the suffix headers of the VSR superblock file.
+const VSR_FLAG_REPLACEMENT: u32 = 1;
+
+/// Persists the VSR superblock (view, log_view, suffix headers, then a flags word whose
+/// bit 0 marks a replacement that may not vote yet) durably.
 pub fn write_vsr_superblock(dir: &Path, superblock: &VsrSuperblock) -> Result<(), FileError> {
-    let mut payload = Vec::with_capacity(12 + superblock.headers.len() * 256);
+    let mut payload = Vec::with_capacity(16 + superblock.headers.len() * 256);
     payload.extend_from_slice(&superblock.view.to_le_bytes());
     payload.extend_from_slice(&superblock.log_view.to_le_bytes());
     payload.extend_from_slice(&(superblock.headers.len() as u32).to_le_bytes());
     for header in &superblock.headers {
         payload.extend_from_slice(header.as_bytes());
     }
+    let flags = if superblock.replacement {
+        VSR_FLAG_REPLACEMENT
+    } else {
+        0
+    };
+    payload.extend_from_slice(&flags.to_le_bytes());
     write_durable(&dir.join(VSR_SUPERBLOCK_FILE), MAGIC_VSR, &payload)
 }
 
@@ -186,11 +196,18 @@ pub fn read_vsr_superblock(dir: &Path) -> Result<VsrSuperblock, FileError> {
         return Err(corrupt("truncated"));
     };
     let count = count as usize;
-    if count > SUFFIX_HEADERS_MAX || payload.len() != 12 + count * 256 {
-        return Err(corrupt("header count does not match the length"));
+    let headers_end = 12 + count * 256;
+    // The flags word is absent in files written before it existed.
+    let flags = match payload.len().checked_sub(headers_end) {
+        Some(0) => 0,
+        Some(4) => u32_at(headers_end).unwrap_or(0),
+        _ => return Err(corrupt("header count does not match the length")),
+    };
+    if count > SUFFIX_HEADERS_MAX || flags & !VSR_FLAG_REPLACEMENT != 0 {
+        return Err(corrupt("header count or flags out of range"));
     }
     let mut headers = Vec::with_capacity(count);
-    for chunk in payload[12..].chunks_exact(256) {
+    for chunk in payload[12..headers_end].chunks_exact(256) {
         let header = PrepareHeader::read_from_bytes(chunk).map_err(|_| corrupt("bad header"))?;
         headers.push(header);
     }
@@ -198,6 +215,7 @@ pub fn read_vsr_superblock(dir: &Path) -> Result<VsrSuperblock, FileError> {
         view,
         log_view,
         headers,
+        replacement: flags & VSR_FLAG_REPLACEMENT != 0,
     })
 }
 
@@ -339,11 +357,15 @@ mod tests {
         );
         let mut header = PrepareHeader::new();
         header.op = 3;
-        let superblock = VsrSuperblock {
+        let mut superblock = VsrSuperblock {
             view: 4,
             log_view: 4,
             headers: vec![header],
+            replacement: false,
         };
+        write_vsr_superblock(dir.path(), &superblock).expect("write");
+        assert_eq!(read_vsr_superblock(dir.path()).expect("read"), superblock);
+        superblock.replacement = true;
         write_vsr_superblock(dir.path(), &superblock).expect("write");
         assert_eq!(read_vsr_superblock(dir.path()).expect("read"), superblock);
         let path = dir.path().join(VSR_SUPERBLOCK_FILE);

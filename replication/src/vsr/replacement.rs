@@ -21,9 +21,9 @@
 //!    own incarnation, of a view at least that high. That StartView's op covers every
 //!    prepare this replica acknowledged before the loss (its primary prepared them
 //!    before answering) and every committed op (they are in that view's log).
-//! 4. It repairs (or transfers state) until it has applied that StartView's commit and
-//!    holds durably every op of the view's log up to that StartView's op. Then it
-//!    persists that it votes again and acknowledges what it holds.
+//! 4. It repairs (or transfers state) until it has applied every op of the view's log up
+//!    to that StartView's op. Then it persists that it votes again and acknowledges what
+//!    it holds.
 //!
 //! A formatted replica first decides whether it forms a new group or replaces a member:
 //! any evidence of a formed group (a frame naming an op, a peer that checkpointed) makes
@@ -391,8 +391,11 @@ impl Replica {
         self.actions.push_back(Action::Send { to, frame });
     }
 
-    /// A non-voter in the view it installed becomes a voter once it applied the
-    /// StartView's commit and holds durably every op of the log up to its op.
+    /// A non-voter in a view becomes a voter once it applied every op up to the first
+    /// StartView's op that the log still holds (ops truncated since were never
+    /// committed). Applied, not only held: a driver that creates state from committed ops
+    /// (the metadata plane creating partition groups) then knows that whatever it creates
+    /// afterwards is newer than anything the lost state held.
     pub(crate) fn try_become_voter(&mut self) {
         if self.voter || self.status != Status::Normal {
             return;
@@ -400,17 +403,7 @@ impl Replica {
         let Some((op, commit)) = self.recover else {
             return;
         };
-        if self.commit < commit {
-            return;
-        }
-        let held = (self.commit + 1..=op.min(self.log.op)).all(|o| {
-            self.log.slot(o).is_some_and(|slot| {
-                slot.durable
-                    && slot.identity.is_some()
-                    && slot.frame.as_ref().map(Frame::checksum) == slot.identity
-            })
-        });
-        if !held {
+        if self.commit < commit.max(op.min(self.log.op)) {
             return;
         }
         self.voter = true;

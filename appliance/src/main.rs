@@ -27,6 +27,9 @@ enum Command {
     /// Create an empty data directory (refuses a non-empty one) with the root user:
     /// password from $APPLIANCE_ROOT_PASSWORD, else generated and printed once.
     Format,
+    /// Create the data directory of a member whose data was lost (a replaced disk): it
+    /// rejoins the cluster without voting until it caught up (refuses a non-empty one).
+    Recover,
 }
 
 fn fail(error: DaemonError) -> ExitCode {
@@ -50,17 +53,24 @@ fn main() -> ExitCode {
     daemon::system::init_logging(&config.log.level);
     let replica_id = cli.replica_id.or(config.replica_id);
     let result = match cli.command {
-        Some(Command::Format) => {
-            if cli.config.is_none() || replica_id.is_none() {
-                return fail(DaemonError::Config(
-                    "usage: appliance format --config FILE --replica-id N".into(),
-                ));
+        Some(command @ (Command::Format | Command::Recover)) => {
+            let name = match command {
+                Command::Format => "format",
+                Command::Recover => "recover",
+            };
+            let (Some(_), Some(replica_id)) = (&cli.config, replica_id) else {
+                return fail(DaemonError::Config(format!(
+                    "usage: appliance {name} --config FILE --replica-id N"
+                )));
+            };
+            match command {
+                Command::Format => {
+                    daemon::format(&config, replica_id, RootPassword::EnvOrGenerated)
+                }
+                Command::Recover => {
+                    daemon::recover(&config, replica_id, RootPassword::EnvOrGenerated)
+                }
             }
-            daemon::format(
-                &config,
-                replica_id.unwrap_or(0),
-                RootPassword::EnvOrGenerated,
-            )
         }
         None => {
             let (replica_id, policy) = match (&cli.config, replica_id) {

@@ -787,25 +787,31 @@ impl TestPki {
 fn replica_plane_tls_encrypts_replication_and_keeps_out_a_foreign_certificate() {
     let files = ClusterFiles::new(NODES);
     let capture = capture_replica_plane(&files);
-    // Nodes 0 and 1 share a CA; node 2's certificate comes from another one.
+    // The cluster forms with one CA (a new cluster forms once every member started);
+    // then node 2 comes back with a certificate from another CA.
     let cluster_ca = TestPki::new("cluster ca");
     let foreign_ca = TestPki::new("foreign ca");
-    for replica in 0..NODES {
-        let pki = if replica == 2 {
-            &foreign_ca
-        } else {
-            &cluster_ca
-        };
+    let configs: Vec<String> = (0..NODES)
+        .map(|replica| std::fs::read_to_string(files.config(replica)).expect("config"))
+        .collect();
+    let with_tls = |replica: usize, pki: &TestPki| {
         let table = pki.tls_table(files.dir.path(), &format!("node{replica}"));
-        let path = files.config(replica);
-        let mut text = std::fs::read_to_string(&path).expect("config");
-        text.push_str(&table);
-        std::fs::write(&path, text).expect("config");
+        std::fs::write(
+            files.config(replica),
+            format!("{}{table}", configs[replica]),
+        )
+        .expect("config");
+    };
+    for replica in 0..NODES {
+        with_tls(replica, &cluster_ca);
     }
     let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
-    for daemon in daemons.iter_mut().take(2) {
+    for daemon in daemons.iter_mut() {
         wait_healthy(&files, daemon, Duration::from_secs(60));
     }
+    daemons[2].kill();
+    with_tls(2, &foreign_ca);
+    daemons[2] = Daemon::start(&files, 2);
     let secret_name = "tls-only-stream-name";
     let write = writer(&files, 0x715);
     let session = u64_at(&write(0, Operation::Register, &[], 0).body, 0);

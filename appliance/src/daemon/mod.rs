@@ -175,6 +175,33 @@ pub fn format(config: &Config, replica_id: u8, policy: RootPassword) -> Result<(
     Ok(())
 }
 
+/// Formats `dir` for a member that replaces one whose data was lost (a new disk): as
+/// `format`, then marks the node a replacement, so every group it holds rejoins as a
+/// non-voter and votes only once it caught up with the cluster (`vsr::Replica`'s
+/// replacement rules). Refuses a single-node cluster: it has nobody to recover from.
+pub fn recover(config: &Config, replica_id: u8, policy: RootPassword) -> Result<(), DaemonError> {
+    if replica_count(config)? == 1 {
+        return Err(DaemonError::Config(
+            "recover: a single-node cluster has no other member to recover from; use \
+             `appliance format`"
+                .into(),
+        ));
+    }
+    format(config, replica_id, policy)?;
+    let superblock = vsr::Superblock {
+        replacement: true,
+        ..vsr::Superblock::default()
+    };
+    files::write_vsr_superblock(&config.storage.data_dir, &superblock)
+        .map_err(DaemonError::runtime)?;
+    tracing::info!(
+        dir = %config.storage.data_dir.display(),
+        replica_id,
+        "data directory formatted as a replacement: it rejoins once the cluster vouches for it"
+    );
+    Ok(())
+}
+
 fn ticks(duration: Duration) -> u64 {
     (duration.as_millis() / TICK.as_millis()).max(1) as u64
 }

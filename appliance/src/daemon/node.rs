@@ -268,8 +268,23 @@ impl Node {
         events: Rc<LocalSender<Event>>,
         xfer: Option<Rc<ConnectedSender<super::xfer::ToXfer>>>,
     ) -> Result<Node, DaemonError> {
-        let superblock =
-            files::read_vsr_superblock(&settings.data_dir).map_err(DaemonError::runtime)?;
+        let superblock = match files::read_vsr_superblock(&settings.data_dir) {
+            Ok(superblock) => superblock,
+            Err(error) if settings.replica_count > 1 => {
+                // The promises the superblock held (views, the suffix it installed) are
+                // unknown: rejoin as a replacement that votes once it caught up.
+                tracing::error!(
+                    %error,
+                    "VSR superblock unreadable: the metadata group rejoins as a replacement"
+                );
+                bus.stats().reject("vsr_superblock_unreadable");
+                vsr::Superblock {
+                    replacement: true,
+                    ..vsr::Superblock::default()
+                }
+            }
+            Err(error) => return Err(DaemonError::runtime(error)),
+        };
         let journal = &data.journal;
         let mut entries = Vec::new();
         for op in journal.op_min().max(1)..=journal.op_head() {
@@ -321,7 +336,9 @@ impl Node {
                 let state = MetadataState::restore(&genesis)
                     .map_err(|e| DaemonError::Runtime(format!("metadata genesis: {e}")))?;
                 let replica = if fresh {
-                    Replica::new(settings.vsr.clone())
+                    // A formatted member: it forms a new cluster with the others only if
+                    // none of them remembers anything, else it rejoins as a replacement.
+                    Replica::unformed(settings.vsr.clone())
                 } else {
                     Replica::restart(settings.vsr.clone(), &superblock, &entries)
                 };
@@ -993,6 +1010,16 @@ impl Node {
                 &entries,
             )
             .ok_or_else(|| fail(format!("checkpoint op {} anchor is invalid", stored.op)));
+        }
+        let metadata_votes = self
+            .groups
+            .get(METADATA_GROUP)
+            .is_none_or(|replica| replica.is_voter());
+        if entries.is_empty() && opened.superblock == vsr::Superblock::default() && !metadata_votes
+        {
+            // Created while this node's metadata group catches up after losing its
+            // state: the lost state may have held this group and made promises in it.
+            return Ok(Replica::replacement(config));
         }
         if !entries.is_empty()
             || opened.superblock != vsr::Superblock::default()

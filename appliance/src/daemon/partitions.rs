@@ -137,7 +137,15 @@ pub async fn open(
         }
     }
     let checkpoint = files::read_checkpoint(&dir).map_err(|e| e.to_string())?;
-    let superblock = files::read_vsr_superblock(&dir).map_err(|e| e.to_string())?;
+    let superblock = files::read_vsr_superblock(&dir).unwrap_or_else(|error| {
+        // Its promises are unknown: the group rejoins as a replacement that votes once
+        // it caught up (a group of one replica has nobody to catch up from and goes on).
+        tracing::error!(?key, %error, "partition VSR superblock unreadable");
+        replication::vsr::Superblock {
+            replacement: true,
+            ..replication::vsr::Superblock::default()
+        }
+    });
     let (committed_op, committed_end) = match (&checkpoint, records.first()) {
         (Some(checkpoint), _) => (checkpoint.op, checkpoint.position.next_offset),
         (None, Some(first)) if first.op() == 1 => (0, first.base_offset),

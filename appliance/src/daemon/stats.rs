@@ -74,6 +74,7 @@ pub fn snapshot(node: &Node) -> Snapshot {
         repair.ranges_evicted += counters.ranges_evicted;
         let status = match replica.status() {
             _ if node.transferring.contains_key(&group) => GroupStatus::StateTransfer,
+            _ if !replica.is_voter() => GroupStatus::Recovering,
             VsrStatus::Normal => GroupStatus::Normal,
             VsrStatus::ViewChange => GroupStatus::ViewChange,
             VsrStatus::Recovering => GroupStatus::Recovering,
@@ -98,6 +99,8 @@ pub fn snapshot(node: &Node) -> Snapshot {
             op: replica.op(),
             commit: replica.commit(),
             quorum: connected >= replica.config().quorum_replication(),
+            voter: replica.is_voter(),
+            recovery: replica.recovery_wait().map(describe_recovery),
         });
     }
     let peers = bus
@@ -152,10 +155,13 @@ pub fn snapshot(node: &Node) -> Snapshot {
     }
 }
 
+/// What the logs say of a group: status, view, primary, quorum, what it recovers for.
+type GroupLook = (GroupStatus, u32, u8, bool, Option<String>);
+
 /// What each group looked like at the last publish, to log changes once.
 #[derive(Default)]
 pub struct Transitions {
-    seen: RefCell<BTreeMap<String, (GroupStatus, u32, u8, bool)>>,
+    seen: RefCell<BTreeMap<String, GroupLook>>,
 }
 
 impl Transitions {
@@ -165,13 +171,18 @@ impl Transitions {
     fn log_changes(&self, snapshot: &Snapshot) {
         let mut seen = self.seen.borrow_mut();
         for g in &snapshot.groups {
-            let now = (g.status, g.view, g.primary, g.quorum);
-            let before = seen.insert(g.group.clone(), now);
+            let now = (g.status, g.view, g.primary, g.quorum, g.recovery.clone());
+            let before = seen.insert(g.group.clone(), now.clone());
             if before == Some(now) {
                 continue;
             }
             let role = if g.is_primary { "primary" } else { "backup" };
-            if g.quorum {
+            if let Some(recovery) = &g.recovery {
+                tracing::warn!(
+                    group = %g.name, view = g.view, op = g.op, commit = g.commit,
+                    "group may not vote: {recovery}"
+                );
+            } else if g.quorum {
                 tracing::info!(
                     group = %g.name, view = g.view, op = g.op, commit = g.commit,
                     status = %g.status.name(), primary = g.primary, role = %role,
@@ -204,5 +215,26 @@ pub fn publish(
     match shared.lock() {
         Ok(mut guard) => *guard = next,
         Err(poisoned) => *poisoned.into_inner() = next,
+    }
+}
+
+/// What a replica that may not vote waits for, as /stats and the logs say it.
+pub fn describe_recovery(wait: replication::vsr::RecoveryWait) -> String {
+    use replication::vsr::RecoveryWait;
+    match wait {
+        RecoveryWait::Formation { answered, peers } => format!(
+            "formatted: waiting for every member to answer whether the cluster formed \
+             ({answered} of {peers} answered)"
+        ),
+        RecoveryWait::Census { heard, needed } => {
+            format!("lost its state: waiting for {needed} members that remember ({heard} answered)")
+        }
+        RecoveryWait::StartView { view_min } => {
+            format!("lost its state: waiting for the primary of view {view_min} or later")
+        }
+        RecoveryWait::CatchUp { commit, op } => format!(
+            "lost its state: catching up to op {} before it votes (committed {commit})",
+            op.max(commit)
+        ),
     }
 }

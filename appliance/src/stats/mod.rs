@@ -47,6 +47,12 @@ pub struct GroupStats {
     pub commit: u64,
     /// Whether a replication quorum is reachable (for /health).
     pub quorum: bool,
+    /// Whether this replica votes; false while it recovers lost state (status
+    /// `recovering`, with `recovery` saying what it waits for).
+    pub voter: bool,
+    /// What a replica that may not vote yet waits for, in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<String>,
 }
 
 /// One replica-plane peer.
@@ -241,6 +247,8 @@ pub(crate) mod tests {
                     op: 120,
                     commit: 118,
                     quorum: true,
+                    voter: true,
+                    recovery: None,
                 },
                 GroupStats {
                     group: (1u64 << 32 | 1 << 20).to_string(),
@@ -253,6 +261,8 @@ pub(crate) mod tests {
                     op: 5000,
                     commit: 4999,
                     quorum: true,
+                    voter: true,
+                    recovery: None,
                 },
             ],
             peers: vec![

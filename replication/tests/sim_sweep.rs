@@ -139,6 +139,10 @@ fn regression_seeds() {
     check_without_wipes(870844, 3, 50_000, false);
     check_without_wipes(870844, 3, 50_000, true);
     check_without_wipes(810098, 3, 20_000, true);
+    // 103798 (50,000 ticks, a cluster formed from formatted replicas): a stale superblock
+    // suffix named another prepare at the checkpoint's own op, which displaced the
+    // committed anchor at a restart from that checkpoint.
+    check(103798, 3, 50_000, false);
 }
 
 /// Long fault phases (the default alone missed a divergence), with lost disks.

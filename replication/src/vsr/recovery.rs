@@ -283,8 +283,14 @@ impl Replica {
                 slot.frame = Some(frame);
             }
         }
-        // Ops at or below a checkpoint are applied: only the headers above it matter.
-        let floor = replica.log.op_checkpoint;
+        // Ops at or below a checkpoint are applied: only the headers above it matter. The
+        // checkpoint op's own header is its anchor, never a suffix header (a stale suffix
+        // may name another prepare there, and would displace the committed one).
+        let floor = if checkpoint.is_some() {
+            replica.commit
+        } else {
+            replica.log.op_checkpoint
+        };
         let top = superblock.headers.first().map(|h| h.op).unwrap_or(0);
         for header in superblock.headers.iter().rev().filter(|h| h.op > floor) {
             replica.log.set_canonical(header);

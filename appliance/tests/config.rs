@@ -177,6 +177,27 @@ fn replica_ids_must_be_unique_and_dense() {
 }
 
 #[test]
+fn quic_and_websocket_ports_may_be_left_out() {
+    let text = THREE_NODES
+        .replace("quic = 8080, ", "")
+        .replace(", websocket = 8092", "")
+        .replace("quic = 8081, ", "")
+        .replace(", websocket = 8093", "");
+    assert!(!text.contains("quic = 8080") && !text.contains("websocket = 8093"));
+    let config = load(&text, no_env()).expect("a config without quic and websocket ports");
+    let node = config.node(0).expect("node 0");
+    assert_eq!((node.ports.quic, node.ports.websocket), (None, None));
+    assert_eq!(
+        (node.ports.tcp, node.ports.http, node.ports.tcp_replica),
+        (8090, 3000, 9090)
+    );
+    assert_eq!(config.node(2).expect("node 2").ports.quic, Some(8082));
+    // Given, they are still checked: distinct from the other ports of the address.
+    let e = error_of(&THREE_NODES.replace("quic = 8080", "quic = 8090"), no_env());
+    assert_eq!(e.key.as_str(), "cluster.nodes[0].ports.quic");
+}
+
+#[test]
 fn ports_must_be_distinct_on_one_address() {
     let e = error_of(&THREE_NODES.replace("http = 3001", "http = 3000"), no_env());
     assert_eq!(

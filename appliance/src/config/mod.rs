@@ -126,18 +126,21 @@ pub struct NodeConfig {
     pub advertised_address: Option<String>,
 }
 
-/// `ports = { tcp, quic, http, websocket, tcp_replica }`.
+/// `ports = { tcp, quic, http, websocket, tcp_replica }`; `quic` and `websocket` may be
+/// left out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Ports {
     /// The client plane.
     pub tcp: u16,
-    /// Accepted and reported as not served.
-    pub quic: u16,
+    /// Optional; accepted and reported as not served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quic: Option<u16>,
     /// The stats endpoint.
     pub http: u16,
-    /// Accepted and reported as not served.
-    pub websocket: u16,
+    /// Optional; accepted and reported as not served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub websocket: Option<u16>,
     /// The replica plane.
     pub tcp_replica: u16,
 }
@@ -268,9 +271,9 @@ impl NodeConfig {
             replica_id: 0,
             ports: Ports {
                 tcp: 8090,
-                quic: 8080,
+                quic: Some(8080),
                 http: 3000,
-                websocket: 8092,
+                websocket: Some(8092),
                 tcp_replica: 9090,
             },
             advertised_address: None,

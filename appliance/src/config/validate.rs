@@ -75,13 +75,17 @@ fn validate_cluster(config: &Config) -> Result<(), ConfigError> {
             );
         }
         let p = node.ports;
-        for (field, port) in [
-            ("tcp", p.tcp),
+        let configured = [
+            ("tcp", Some(p.tcp)),
             ("quic", p.quic),
-            ("http", p.http),
+            ("http", Some(p.http)),
             ("websocket", p.websocket),
-            ("tcp_replica", p.tcp_replica),
-        ] {
+            ("tcp_replica", Some(p.tcp_replica)),
+        ];
+        for (field, port) in configured
+            .into_iter()
+            .filter_map(|(field, port)| Some((field, port?)))
+        {
             if port == 0 {
                 return err(
                     key(&format!("ports.{field}")),

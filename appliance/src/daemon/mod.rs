@@ -375,7 +375,10 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
     for (name, port) in [
         ("quic", node_config.ports.quic),
         ("websocket", node_config.ports.websocket),
-    ] {
+    ]
+    .into_iter()
+    .filter_map(|(name, port)| Some((name, port?)))
+    {
         tracing::info!(port, "{name} is configured but not served by this build");
     }
     let io_memory = system::io_memory_bytes(config.runtime.io_memory.0);

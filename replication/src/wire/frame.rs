@@ -174,6 +174,16 @@ pub fn seal_of(bytes: &[u8]) -> u128 {
     u128::from(xxh3_64(bytes))
 }
 
+/// The body seal of a control frame (DoViewChange, StartView): XxHash3-64 of the body,
+/// and zero for an empty body, as the reference implementation seals an empty suffix.
+pub fn control_body_seal(body: &[u8]) -> u128 {
+    if body.is_empty() {
+        0
+    } else {
+        seal_of(body)
+    }
+}
+
 /// Frame seal: XxHash3-64 over header bytes 16..256.
 pub fn frame_seal(header: &[u8; HEADER_SIZE]) -> u128 {
     seal_of(&header[16..])
@@ -293,7 +303,7 @@ pub fn seal_in_place(bytes: &mut [u8]) {
         }
         SealKind::Frame => {
             let checksum_body = if command.has_body_seal() {
-                seal_of(body)
+                control_body_seal(body)
             } else {
                 0
             };

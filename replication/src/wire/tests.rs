@@ -637,6 +637,54 @@ fn do_view_change_and_start_view_with_a_bad_body_seal_are_rejected() {
 }
 
 #[test]
+fn an_empty_suffix_is_sealed_zero_and_the_hash_of_no_bytes_is_still_accepted() {
+    for command in [Command::DoViewChange, Command::StartView] {
+        let frame = sample(command).unwrap();
+        let empty = resealed(&frame, |b| {
+            b.truncate(HEADER_SIZE);
+            // No suffix entries: no nack or present bits either.
+            if command == Command::DoViewChange {
+                b[224..256].fill(0);
+            }
+        });
+        let checksum_body = u128::from_le_bytes(empty.as_bytes()[16..32].try_into().unwrap());
+        assert_eq!(
+            checksum_body,
+            0,
+            "{} seals an empty body as zero",
+            command.name()
+        );
+        assert!(
+            decode(empty.as_bytes(), &limits()).is_ok(),
+            "{}",
+            command.name()
+        );
+        // The XxHash3 of zero bytes, as older builds sealed an empty suffix.
+        let mut legacy = FrameBuf::from_bytes(empty.as_bytes());
+        legacy.as_bytes_mut()[16..32].copy_from_slice(&frame::seal_of(&[]).to_le_bytes());
+        let head: &mut [u8; HEADER_SIZE] = (&mut legacy.as_bytes_mut()[..HEADER_SIZE])
+            .try_into()
+            .unwrap();
+        let seal = frame::frame_seal(head);
+        head[..16].copy_from_slice(&seal.to_le_bytes());
+        assert!(
+            decode(legacy.as_bytes(), &limits()).is_ok(),
+            "{}",
+            command.name()
+        );
+        // Any other value is a mismatch.
+        let mut wrong = FrameBuf::from_bytes(empty.as_bytes());
+        wrong.as_bytes_mut()[16] = 7;
+        let head: &mut [u8; HEADER_SIZE] = (&mut wrong.as_bytes_mut()[..HEADER_SIZE])
+            .try_into()
+            .unwrap();
+        let seal = frame::frame_seal(head);
+        head[..16].copy_from_slice(&seal.to_le_bytes());
+        assert_eq!(decode_err(&wrong), FrameError::BodySealMismatch { command });
+    }
+}
+
+#[test]
 fn sealed_frames_other_than_suffixes_must_leave_checksum_body_zero() {
     let frame = sample(Command::StateChunk).unwrap();
     let mut buf = FrameBuf::from_bytes(frame.as_bytes());

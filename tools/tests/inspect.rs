@@ -212,3 +212,61 @@ fn a_garbage_segment_file_is_not_reported_ok() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+fn partition_prepare(body: &[u8]) -> Frame {
+    use replication::wire::{Operation, PartitionKey, PrepareHeader};
+    let mut h = PrepareHeader::new();
+    h.op = 5;
+    h.operation = Operation::SendMessages as u8;
+    h.group = PartitionKey {
+        stream: 1,
+        topic: 1,
+        partition: 0,
+    }
+    .pack()
+    .expect("key");
+    Frame::build(&h, body)
+}
+
+#[test]
+fn a_partition_prepare_gets_a_frame_verdict_and_a_batch_verdict_apart() {
+    let (code, stdout, _) = inspect(&[
+        "frame",
+        "--json",
+        "--hex",
+        &hex(partition_prepare(&[7; 64]).as_bytes()),
+    ]);
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(report["command"], "Prepare");
+    assert_eq!(report["valid"], true, "{report}");
+    assert_eq!(report["batch"]["valid"], false, "{report}");
+    assert!(report["batch"]["reason"].as_str().is_some());
+    assert_eq!(
+        code, 1,
+        "a prepare whose batch replicas refuse is not a good frame"
+    );
+    // A frame without a batch has none to report.
+    let (_, stdout, _) = inspect(&["frame", "--json", "--hex", &hex(commit_frame().as_bytes())]);
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert!(report["batch"].is_null());
+}
+
+#[test]
+fn a_routed_request_shows_its_target_group() {
+    use replication::wire::{Operation, RequestHeader};
+    let mut h = RequestHeader::new();
+    h.client = 9;
+    h.operation = Operation::NonReplicated as u8;
+    let frame = Frame::build(&h, &[]);
+    let mut bytes = frame.as_bytes().to_vec();
+    let (_, stdout, _) = inspect(&["frame", "--json", "--hex", &hex(&bytes)]);
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert!(report["fields"].get("group").is_none(), "{report}");
+    let group = 42u64 << 32 | 7;
+    bytes[248..256].copy_from_slice(&group.to_le_bytes());
+    let (code, stdout, _) = inspect(&["frame", "--json", "--hex", &hex(&bytes)]);
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(report["valid"], true, "{report}");
+    assert_eq!(report["fields"]["group"], group.to_string());
+    assert_eq!(code, 0);
+}

@@ -219,6 +219,9 @@ impl Replica {
         if self.status != Status::ViewChange || !self.is_primary() || self.merged {
             return;
         }
+        let (headers, nack, present) =
+            without_placeholders(headers, header.nack_bitset, header.present_bitset);
+        let headers = &headers[..];
         if !suffix_well_formed(headers, header.op, false)
             || header.op - header.commit > DVC_SPAN_MAX
         {
@@ -233,8 +236,8 @@ impl Replica {
                 op: header.op,
                 commit: header.commit,
                 headers: headers.to_vec(),
-                nack: header.nack_bitset,
-                present: header.present_bitset,
+                nack,
+                present,
             },
         );
         self.maybe_send_do_view_change();
@@ -536,6 +539,33 @@ impl Replica {
     }
 }
 
+/// A DVC suffix without its blank placeholders (`wire::decode::is_suffix_placeholder`),
+/// the nack and present bits moved along with the entries that stay. A placeholder names
+/// no prepare; its op, inside the DVC's window and out of its body, still counts as
+/// nacked by the window rule (`nacks_op`), and at the top of the body as unknown.
+pub(crate) fn without_placeholders(
+    headers: &[PrepareHeader],
+    nack: u128,
+    present: u128,
+) -> (Vec<PrepareHeader>, u128, u128) {
+    let mut kept = Vec::with_capacity(headers.len());
+    let (mut kept_nack, mut kept_present) = (0u128, 0u128);
+    for (i, header) in headers.iter().enumerate().take(SUFFIX_MAX) {
+        if crate::wire::decode::is_suffix_placeholder(header) {
+            continue;
+        }
+        let j = kept.len();
+        if nack & (1 << i) != 0 {
+            kept_nack |= 1 << j;
+        }
+        if present & (1 << i) != 0 {
+            kept_present |= 1 << j;
+        }
+        kept.push(*header);
+    }
+    (kept, kept_nack, kept_present)
+}
+
 /// StartView suffixes: descending contiguous ops from `op`, chained by parent. DVC
 /// bodies (`start_view == false`) may skip ops (never prepared) and start below `op`
 /// (unreadable top entries); adjacent ops must still chain.
@@ -598,4 +628,50 @@ fn presents_op(dvc: &Dvc, header: &PrepareHeader) -> bool {
         .iter()
         .position(|h| h.op == header.op && h.frame.checksum == header.frame.checksum)
         .is_some_and(|i| dvc.present & (1 << i) != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zerocopy::FromZeros;
+
+    fn placeholder(op: u64) -> PrepareHeader {
+        let mut header = PrepareHeader::new_zeroed();
+        header.frame.command = crate::wire::Command::Prepare as u8;
+        header.op = op;
+        header
+    }
+
+    fn prepared(op: u64) -> PrepareHeader {
+        let mut header = PrepareHeader::new();
+        header.op = op;
+        header.operation = crate::wire::Operation::SendMessages as u8;
+        header.frame.checksum = crate::wire::frame::prepare_identity(&header);
+        header
+    }
+
+    #[test]
+    fn a_placeholder_is_never_taken_for_a_prepared_op() {
+        // Ops 9 (prepared, present), 8 (placeholder, nacked), 7 (prepared, nacked).
+        let headers = [prepared(9), placeholder(8), prepared(7)];
+        let (kept, nack, present) = without_placeholders(&headers, 0b110, 0b001);
+        assert_eq!(kept.iter().map(|h| h.op).collect::<Vec<_>>(), vec![9, 7]);
+        assert_eq!(
+            (nack, present),
+            (0b10, 0b01),
+            "bits follow the entries that stay"
+        );
+        // Op 8 is out of the body inside the window: the DVC nacks it.
+        let dvc = Dvc {
+            log_view: 1,
+            op: 9,
+            commit: 6,
+            headers: kept,
+            nack,
+            present,
+        };
+        assert!(nacks_op(&dvc, 8, Some(&prepared(8)), 1));
+        assert!(!presents_op(&dvc, &prepared(8)));
+        assert!(!nacks_op(&dvc, 9, Some(&prepared(9)), 1));
+    }
 }

@@ -4,7 +4,7 @@
 //! do before reading a body); `decode` runs all of them and hands back a typed, verified
 //! `Message` that borrows the buffer. Nothing here panics on any input.
 
-use zerocopy::FromBytes;
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use super::batch;
 use super::cluster::{group_kind, GroupKind};
@@ -187,6 +187,12 @@ pub fn check_header(bytes: &[u8], limits: &Limits) -> Result<HeaderInfo, FrameEr
 /// Fully validates one frame (`bytes` is exactly the frame, 16-byte aligned) and returns
 /// it typed. Seals are verified before any field rule.
 pub fn decode<'a>(bytes: &'a [u8], limits: &Limits) -> Result<Message<'a>, FrameError> {
+    let command = check_seals(bytes, limits)?;
+    decode_typed(command, bytes, &bytes[HEADER_SIZE..], Bodies::Verify)
+}
+
+/// The header-only rules and the seals (frame seal, body seal, unsealed-zero rule).
+fn check_seals(bytes: &[u8], limits: &Limits) -> Result<Command, FrameError> {
     let command = check_whole(bytes, limits)?;
     let (head, body) = bytes.split_at(HEADER_SIZE);
     let head: &[u8; HEADER_SIZE] = head.try_into().map_err(|_| FrameError::Misaligned)?;
@@ -219,7 +225,7 @@ pub fn decode<'a>(bytes: &'a [u8], limits: &Limits) -> Result<Message<'a>, Frame
             });
         }
     }
-    decode_typed(command, bytes, body, Bodies::Verify)
+    Ok(command)
 }
 
 /// Whether decoding re-checks what covers a body (a batch's message checksums).
@@ -227,6 +233,16 @@ pub fn decode<'a>(bytes: &'a [u8], limits: &Limits) -> Result<Message<'a>, Frame
 enum Bodies {
     Verify,
     Trusted,
+    /// Seals checked, a partition prepare's batch not (it is checked where it is used).
+    FrameOnly,
+}
+
+/// The frame-level verdict alone: as `decode`, but a partition-plane prepare's body is
+/// not checked as a message batch (`batch::verify` gives that verdict apart). Replicas
+/// use `decode`, which refuses a bad batch before it can be journaled.
+pub fn decode_frame<'a>(bytes: &'a [u8], limits: &Limits) -> Result<Message<'a>, FrameError> {
+    let command = check_seals(bytes, limits)?;
+    decode_typed(command, bytes, &bytes[HEADER_SIZE..], Bodies::FrameOnly)
 }
 
 /// Types a frame that already passed `decode` (the bus's `VerifiedFrame`, a `Frame` this
@@ -280,7 +296,20 @@ fn check_group(command: Command, group: u64) -> Result<(), FrameError> {
     }
 }
 
-fn suffix(body: &[u8]) -> Result<&[PrepareHeader], FrameError> {
+/// Whether a DoViewChange suffix entry is a blank placeholder for an op its sender never
+/// prepared: command Prepare, operation Reserved (0), `op` set and every other byte zero.
+/// The reference implementation sends them at the indexes whose nack bit is set; they
+/// name no prepare and are never taken for one.
+pub fn is_suffix_placeholder(header: &PrepareHeader) -> bool {
+    let mut blank = PrepareHeader::new_zeroed();
+    blank.frame.command = Command::Prepare as u8;
+    blank.op = header.op;
+    header.op != 0 && header.as_bytes() == blank.as_bytes()
+}
+
+/// The suffix headers of a DoViewChange or StartView body. Entries whose bit is set in
+/// `placeholders` may be blank placeholders (`is_suffix_placeholder`).
+fn suffix(body: &[u8], placeholders: u128) -> Result<&[PrepareHeader], FrameError> {
     if !body.len().is_multiple_of(HEADER_SIZE) {
         return Err(FrameError::SuffixNotWhole { len: body.len() });
     }
@@ -290,6 +319,10 @@ fn suffix(body: &[u8]) -> Result<&[PrepareHeader], FrameError> {
     }
     let headers = <[PrepareHeader]>::ref_from_bytes(body).map_err(|_| FrameError::Misaligned)?;
     for (index, header) in headers.iter().enumerate() {
+        let placeholder_allowed = index < 128 && placeholders & (1 << index) != 0;
+        if placeholder_allowed && is_suffix_placeholder(header) {
+            continue;
+        }
         if header.frame.command != Command::Prepare as u8
             || header.frame.checksum != prepare_identity(header)
         {
@@ -317,7 +350,7 @@ fn decode_prepare<'a>(
     }
     check_group(command, header.group)?;
     if prepare_body_sealed(header) {
-        if bodies == Bodies::Verify && header.frame.checksum_body != seal_of(body) {
+        if bodies != Bodies::Trusted && header.frame.checksum_body != seal_of(body) {
             return Err(FrameError::BodySealMismatch { command });
         }
     } else if header.frame.checksum_body != 0 {
@@ -410,7 +443,7 @@ fn decode_typed<'a>(
         C::DoViewChange => {
             let h: &DoViewChangeHeader = cast(bytes)?;
             check_group(command, h.group)?;
-            let entries = suffix(body)?;
+            let entries = suffix(body, h.nack_bitset)?;
             if h.commit > h.op {
                 return Err(FrameError::CommitAheadOfOp {
                     commit: h.commit,
@@ -435,7 +468,7 @@ fn decode_typed<'a>(
         C::StartView => {
             let h: &StartViewHeader = cast(bytes)?;
             check_group(command, h.group)?;
-            let entries = suffix(body)?;
+            let entries = suffix(body, 0)?;
             if h.commit > h.op {
                 return Err(FrameError::CommitAheadOfOp {
                     commit: h.commit,

@@ -685,6 +685,77 @@ fn an_empty_suffix_is_sealed_zero_and_the_hash_of_no_bytes_is_still_accepted() {
 }
 
 #[test]
+fn a_do_view_change_may_carry_blank_placeholders_where_its_nack_bit_is_set() {
+    use zerocopy::{FromZeros, IntoBytes};
+    let frame = sample(Command::DoViewChange).unwrap();
+    // Entry 2 (op 998) is nacked in the sample: a blank placeholder may stand there.
+    let mut blank = PrepareHeader::new_zeroed();
+    blank.frame.command = Command::Prepare as u8;
+    blank.op = 998;
+    let at = HEADER_SIZE + 2 * HEADER_SIZE;
+    let with_placeholder = resealed(&frame, |b| {
+        b[at..at + HEADER_SIZE].copy_from_slice(blank.as_bytes())
+    });
+    match decode(with_placeholder.as_bytes(), &limits()) {
+        Ok(Message::DoViewChange(_, entries)) => {
+            assert!(decode::is_suffix_placeholder(&entries[2]));
+            assert!(!decode::is_suffix_placeholder(&entries[0]));
+        }
+        other => panic!("placeholder at a nacked index refused: {other:?}"),
+    }
+    // Entry 1 is not nacked: a placeholder there is not a valid entry.
+    let at = HEADER_SIZE + HEADER_SIZE;
+    blank.op = 999;
+    let wrong = resealed(&frame, |b| {
+        b[at..at + HEADER_SIZE].copy_from_slice(blank.as_bytes())
+    });
+    assert_eq!(
+        decode_err(&wrong),
+        FrameError::SuffixEntryInvalid { index: 1 }
+    );
+    // A placeholder with any other byte set is no placeholder.
+    let mut dirty = blank;
+    dirty.op = 998;
+    dirty.operation = Operation::CreateStream as u8;
+    let at = HEADER_SIZE + 2 * HEADER_SIZE;
+    let wrong = resealed(&frame, |b| {
+        b[at..at + HEADER_SIZE].copy_from_slice(dirty.as_bytes())
+    });
+    assert_eq!(
+        decode_err(&wrong),
+        FrameError::SuffixEntryInvalid { index: 2 }
+    );
+    // StartView suffixes take no placeholders.
+    let sv = sample(Command::StartView).unwrap();
+    blank.op = 999;
+    let at = HEADER_SIZE + HEADER_SIZE;
+    let wrong = resealed(&sv, |b| {
+        b[at..at + HEADER_SIZE].copy_from_slice(blank.as_bytes())
+    });
+    assert!(decode(wrong.as_bytes(), &limits()).is_err());
+}
+
+#[test]
+fn a_partition_prepare_is_valid_at_the_frame_level_whatever_its_body() {
+    let frame = partition_prepare();
+    let not_a_batch = resealed(&frame, |b| {
+        b.truncate(HEADER_SIZE);
+        b.extend_from_slice(&[0x42; 64]);
+    });
+    assert!(matches!(
+        decode::decode_frame(not_a_batch.as_bytes(), &limits()),
+        Ok(Message::Prepare(..))
+    ));
+    assert!(batch::verify(&not_a_batch.as_bytes()[HEADER_SIZE..]).is_err());
+    // Replicas decode with the batch checked: refused before it can be journaled.
+    assert!(matches!(decode_err(&not_a_batch), FrameError::Batch(..)));
+    // Seals are still the frame's: a broken identity is refused at the frame level.
+    let mut broken = FrameBuf::from_bytes(not_a_batch.as_bytes());
+    broken.as_bytes_mut()[176] ^= 1;
+    assert!(decode::decode_frame(broken.as_bytes(), &limits()).is_err());
+}
+
+#[test]
 fn sealed_frames_other_than_suffixes_must_leave_checksum_body_zero() {
     let frame = sample(Command::StateChunk).unwrap();
     let mut buf = FrameBuf::from_bytes(frame.as_bytes());

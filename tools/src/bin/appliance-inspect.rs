@@ -109,7 +109,8 @@ fn print(
     } else {
         println!("{}", text(report));
     }
-    report["valid"] == true
+    // A frame is good when it is valid and any batch it carries is too.
+    report["valid"] == true && report["batch"]["valid"] != false
 }
 
 fn run(cli: Cli) -> Result<bool, InspectError> {

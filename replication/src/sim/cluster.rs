@@ -643,10 +643,24 @@ impl Cluster {
             }
             None => (Replica::restart(config, superblock, &journal), 0),
         };
+        self.install_restarted(r, replica, from, || {
+            format!("r{r} restarted (checkpoint {from})")
+        })
+    }
+
+    /// Puts the restarted `replica` in place of `r`, which replays from `from`.
+    fn install_restarted(
+        &mut self,
+        r: u8,
+        replica: Replica,
+        from: u64,
+        line: impl FnOnce() -> String,
+    ) -> Result<(), String> {
+        let i = usize::from(r);
         self.replicas[i] = Some(replica);
         self.restart_at[i] = 0;
         self.checker.restarted(r, from);
-        self.log(|| format!("r{r} restarted (checkpoint {from})"));
+        self.log(line);
         self.sync_links();
         self.drain(r)
     }
@@ -722,12 +736,9 @@ impl Cluster {
             }
         };
         let from = replica.commit();
-        self.replicas[i] = Some(replica);
-        self.restart_at[i] = 0;
-        self.checker.restarted(r, from);
-        self.log(|| format!("r{r} lost its disk, restarted {what} (commit {from})"));
-        self.sync_links();
-        self.drain(r)
+        self.install_restarted(r, replica, from, || {
+            format!("r{r} lost its disk, restarted {what} (commit {from})")
+        })
     }
 
     /// A simulated state transfer: `r` installs the committed state of `from` at its

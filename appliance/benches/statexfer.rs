@@ -1,4 +1,4 @@
-//! State-transfer benchmark (issue 7). In one run, on the disk that holds the data
+//! State-transfer benchmark. In one run, on the disk that holds the data
 //! directories ($TMPDIR):
 //!
 //! - limits: sequential O_DIRECT read rate of a file as large as the data, and the

@@ -1,4 +1,4 @@
-//! `appliance`: the daemon. See INTERFACES.md ("appliance") and README.md.
+//! `appliance`: the daemon. See README.md.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,4 +1,4 @@
-//! The `appliance` command line (INTERFACES.md, "appliance"): exit codes, `format`, the
+//! The `appliance` command line (README.md): exit codes, `format`, the
 //! generated root password, and systemd readiness (READY=1, STOPPING=1).
 
 mod common;

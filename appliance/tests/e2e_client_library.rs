@@ -1,6 +1,6 @@
 //! The real client library against a real single-node daemon: 100,000 messages across a
 //! topic of 3 partitions, read back in order with contents verified, then again after
-//! the node restarts (issue 6, first end-to-end check).
+//! the node restarts.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! Every client-plane limit against a real daemon (issue 11): the newcomer past a limit
+//! Every client-plane limit against a real daemon: the newcomer past a limit
 //! is refused with a clear error (a LimitReached reply naming the key, or a close counted
 //! under its reason in /stats), and a session admitted before keeps being served. The
 //! limits are set through `APPLIANCE_LIMITS__*` overrides, so the environment path of

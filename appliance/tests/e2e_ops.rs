@@ -1,4 +1,4 @@
-//! Operations against three real `appliance` processes on 127.0.0.1 (issue 8): every
+//! Operations against three real `appliance` processes on 127.0.0.1: every
 //! documented `/stats` field is present with sane values on every node, op and commit
 //! rise with writes, `/metrics` parses with the Prometheus Python client and agrees with
 //! `/stats`, `appliance-cli status --json` sees the whole cluster from one node, a killed
@@ -77,7 +77,7 @@ fn u(value: &Value) -> u64 {
         .unwrap_or_else(|| panic!("not an unsigned integer: {value}"))
 }
 
-/// Every field INTERFACES.md lists, with sane values, on one node's stats.
+/// Every field docs/operations.md lists, with sane values, on one node's stats.
 fn check_documented_fields(files: &ClusterFiles, replica: usize, s: &Value) {
     assert_eq!(s["replica_id"], replica, "{s}");
     assert_eq!(s["cluster"], "e2e");

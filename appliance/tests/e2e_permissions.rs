@@ -1,4 +1,4 @@
-//! Authorisation against a real daemon (issue 11): per-stream rights are checked on
+//! Authorisation against a real daemon: per-stream rights are checked on
 //! every operation, a deleted user's session ends on its next request, and a failed
 //! login never reveals whether the user exists (identical reply, delayed, counted).
 

@@ -1,4 +1,4 @@
-//! State transfer between real daemons (issue 7): a backup whose data directory is wiped
+//! State transfer between real daemons: a backup whose data directory is wiped
 //! while the cluster holds far more partition data than the repair window rejoins by
 //! state transfer while a producer keeps writing, and afterwards serves committed data
 //! identical to the primary's; a fetcher killed mid-transfer completes after its

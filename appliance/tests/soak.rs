@@ -1,4 +1,4 @@
-//! Hostile-load soak (issue 11): a 3-node cluster on 127.0.0.1, one producer at a steady
+//! Hostile-load soak: a 3-node cluster on 127.0.0.1, one producer at a steady
 //! rate through the client library, first alone, then while other threads hold 2,000
 //! client connections and keep sending garbage, oversize frames and replica-only commands
 //! to the client ports and bad handshakes to the replica ports.

@@ -114,9 +114,9 @@ impl std::fmt::Debug for PrepareBuffer {
     }
 }
 
-/// What a journal can serve for a peer's RequestPrepares (replica-plane.md "Journal
-/// repair"): verified prepares in op order straight from the mmap, or the honest
-/// RangeEvicted answer when the front of the range is gone.
+/// What a journal can serve for a peer's RequestPrepares (docs/protocol.md,
+/// "Journal repair"): verified prepares in op order straight from the mmap, or the
+/// honest RangeEvicted answer when the front of the range is gone.
 #[derive(Debug, PartialEq, Eq)]
 pub enum RepairServe<'a> {
     /// Prepares from `from_op`, contiguous, ending at `last_op` (RepairDone.op).

@@ -2,8 +2,8 @@
 //! redundant copy of its header. Pure functions over byte slices, so tests and fuzzers
 //! drive them with any bytes; nothing here panics on input.
 //!
-//! An entry is trusted only if its header's prepare identity (replica-plane.md "Frame
-//! integrity") matches and its body matches `checksum_body`. The journal stores
+//! An entry is trusted only if its header's prepare identity (docs/protocol.md,
+//! "Frame integrity") matches and its body matches `checksum_body`. The journal stores
 //! metadata-plane prepares, whose bodies are always sealed.
 
 use replication::wire::frame::{prepare_identity, seal_of};

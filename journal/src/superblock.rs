@@ -34,7 +34,7 @@ const _: () = assert!(SUPERBLOCK_COPIES >= 2 && SUPERBLOCK_RECORD_SIZE as u64 <=
 pub struct Superblock {
     /// Bumped by every write; the newest valid copy wins.
     pub sequence: u64,
-    /// blake3-derived cluster id (replica-plane.md "cluster header field").
+    /// blake3-derived cluster id (docs/protocol.md, "Header layouts").
     #[serde(serialize_with = "crate::inspect::u128_string")]
     pub cluster: u128,
     pub replica: u8,

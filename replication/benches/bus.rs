@@ -1,4 +1,4 @@
-//! Bus throughput and latency on loopback (issue 5): 64 KiB frames between two nodes,
+//! Bus throughput and latency on loopback: 64 KiB frames between two nodes,
 //! plaintext and TLS, next to raw loopback TCP copying in the same run; and 256-byte
 //! frame round-trip latency p50/p99. Each node runs on its own glommio executor thread.
 //!

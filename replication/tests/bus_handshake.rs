@@ -1,4 +1,4 @@
-//! Handshake behaviour on loopback with real sockets (replica-plane.md, "Handshake").
+//! Handshake behaviour on loopback with real sockets (docs/protocol.md, "Handshake").
 
 mod common;
 

@@ -109,7 +109,7 @@ fn regression_seeds() {
     // truncated (lower log_view replicas did not count as nacks although their logs ended
     // below it).
     check_without_wipes(12093, 3, 5_000, false);
-    // 993 (5 replicas, once DVCs were broadcast as the spec says): every replica held op
+    // 993 (5 replicas, once DVCs were broadcast as documented): every replica held op
     // 126 but not 124 or 125; a contiguous suffix could only nack 125, leaving 124 headless
     // and the view change stuck. DVCs now vouch for a whole window above their commit.
     check_without_wipes(993, 5, 5_000, false);

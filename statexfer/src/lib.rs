@@ -1,4 +1,4 @@
-//! State transfer (replica-plane.md, "State transfer"): bulk catch-up for a replica too
+//! State transfer (docs/protocol.md, "State transfer"): bulk catch-up for a replica too
 //! far behind for journal repair. The ISM1 manifest codec, artifact sources and sinks,
 //! the lockstep chunk server and fetcher (sans-IO), and atomic install of a staged
 //! state. The daemon runs server and fetcher on its "statexfer" executor.

@@ -1,5 +1,5 @@
-//! The ISM1 state manifest (replica-plane.md, "State transfer"; artifact kinds in
-//! wire-tables.md). Little-endian:
+//! The ISM1 state manifest and the artifact kinds (docs/protocol.md, "State transfer").
+//! Little-endian:
 //!
 //! `[magic "ISM1"][count u32][entry_len u8] count x {kind u8, frontier u64, len u64,
 //! checksum u64} [trailer: XxHash3-64 over everything above]`
@@ -20,7 +20,7 @@ const PREFIX_LEN: usize = 4 + 4 + 1;
 /// The XxHash3-64 trailer.
 const TRAILER_LEN: usize = 8;
 
-/// The artifact kinds (wire-tables.md, "State-transfer artifact kinds").
+/// The artifact kinds (docs/protocol.md, "State transfer").
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ArtifactKind {

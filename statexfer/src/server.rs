@@ -1,4 +1,4 @@
-//! The state-transfer server (replica-plane.md, "State transfer", steps 1-4): answers
+//! The state-transfer server (docs/protocol.md, "State transfer", steps 1-4): answers
 //! RequestStateTransfer with StateTransferTarget and RequestStateChunk with StateChunk,
 //! clamping each chunk to its maximum and the frame limit. Sans-IO: frames in, frames
 //! out; it runs on the "statexfer" executor so bulk reads never stall consensus.

@@ -1,6 +1,7 @@
-//! The appliance's configuration (INTERFACES.md, "Config"): TOML with the spec's keys,
-//! an environment override for every key, and validation at start that names the key,
-//! the value and the rule it broke. With no file, a single node on loopback.
+//! The appliance's configuration (README.md, "Configuration essentials"): TOML with the
+//! protocol's keys, an environment override for every key, and validation at start that
+//! names the key, the value and the rule it broke. With no file, a single node on
+//! loopback.
 
 mod env;
 pub mod units;

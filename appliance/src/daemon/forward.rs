@@ -1,4 +1,4 @@
-//! Session forwarding (replica-plane.md, "Session forwarding"): a client may register or
+//! Session forwarding (docs/protocol.md, "Session forwarding"): a client may register or
 //! log out through a backup. The backup has authenticated the connection; only the
 //! verified user id (Register) or the session and request number (Logout) travel to the
 //! metadata primary, which prepares the operation as that client and answers with the

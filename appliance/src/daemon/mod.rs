@@ -1,4 +1,4 @@
-//! The `appliance` daemon (DESIGN.md, "Runtime"): the replica executor runs the bus,
+//! The `appliance` daemon (docs/architecture.md): the replica executor runs the bus,
 //! every VSR group, the metadata journal, the partition stores and the client plane on
 //! one glommio executor; a second thread serves the stats endpoint.
 //!

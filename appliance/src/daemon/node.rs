@@ -1220,7 +1220,7 @@ fn apply_offset_op(
     })
 }
 
-/// The client-facing operation of a prepared one (replica-plane.md, "Prepare": the
+/// The client-facing operation of a prepared one (docs/protocol.md, "Replication": the
 /// primary replaces some requests with internal operations).
 fn client_operation(operation: u8) -> u8 {
     match Operation::from_u8(operation) {

@@ -1,4 +1,4 @@
-//! The "statexfer" executor (DESIGN.md, "Runtime"; replica-plane.md, "State transfer"):
+//! The "statexfer" executor (docs/architecture.md; docs/protocol.md, "State transfer"):
 //! its own thread, so reading, hashing and writing bulk state never stalls consensus.
 //!
 //! - Server: a RequestStateTransfer asks the replica executor to freeze the group at its
@@ -70,7 +70,7 @@ pub const CORRUPT_CHUNKS_ENV: &str = "STATEXFER_TEST_CORRUPT_CHUNKS";
 /// Bytes read per step when hashing or copying local files. Small: a journal write or
 /// fdatasync of the cluster that reaches the shared disk behind one of these reads
 /// waits for all of it (1 MiB steps gave producer p99 of 6.2-11.6 ms during a transfer,
-/// 64 KiB steps 3.0-9.4 ms, at the same 88-90 MB/s; README, State transfer).
+/// 64 KiB steps 3.0-9.4 ms, at the same 88-90 MB/s; docs/benchmarks.md, "State transfer").
 const COPY_BUFFER: usize = 64 << 10;
 /// Staged bytes of an artifact written between write-backs (no writeback burst at
 /// install, and each write-back as short on the disk as a chunk).

@@ -1,5 +1,5 @@
-//! Client request bodies (docs/client-protocol.md): one variant per operation of
-//! wire-tables.md that a client may send, and the NonReplicated reads.
+//! Client request bodies (docs/client-protocol.md): one variant per operation that a
+//! client may send (docs/protocol.md, "Command registry"), and the NonReplicated reads.
 
 use replication::wire::{Operation, PartitionKey};
 

@@ -1,5 +1,5 @@
 //! Prepared metadata operations: the bodies the primary puts in metadata-plane prepares.
-//! They may differ from the client's request (replica-plane.md, "Prepare"): topic and
+//! They may differ from the client's request (docs/protocol.md, "Replication"): topic and
 //! partition creation travel as the internal *WithAssignments operations, segment
 //! deletion as TruncatePartition, and passwords only as salted hashes.
 

@@ -1,4 +1,4 @@
-//! What a node reports about itself (INTERFACES.md, "Stats endpoint"): one snapshot
+//! What a node reports about itself (docs/operations.md): one snapshot
 //! type, rendered as JSON for `GET /stats` and as Prometheus text for `GET /metrics`,
 //! and the health verdict for `GET /health`. The replica executor publishes snapshots;
 //! the HTTP server only reads the latest, so a slow client never touches consensus.
@@ -156,7 +156,7 @@ impl Latency {
     }
 }
 
-/// The three latency figures of INTERFACES.md.
+/// The three latency figures of docs/operations.md.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Latencies {
     /// Client request received to reply sent.

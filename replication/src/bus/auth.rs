@@ -1,4 +1,4 @@
-//! Handshake authentication (wire-tables.md, "Handshake frames"): the MAC key derived
+//! Handshake authentication (docs/protocol.md, "Handshake"): the MAC key derived
 //! from cluster.auth.shared_secret, the transcript every MAC covers, and verification
 //! against the current and the previous secret (the rotation window).
 //!
@@ -12,7 +12,7 @@ use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// A secret shorter than this is refused at start (replica-plane.md, "Handshake": 32+ bytes).
+/// A secret shorter than this is refused at start (docs/protocol.md, "Handshake": 32+ bytes).
 pub const SECRET_LEN_MIN: usize = 32;
 /// Bytes of a MAC, a nonce, a derived key and the TLS exporter value.
 pub const MAC_LEN: usize = 32;
@@ -62,7 +62,7 @@ impl ChannelBinding {
     }
 }
 
-/// Everything both MACs of one handshake cover, in wire-tables.md order.
+/// Everything both MACs of one handshake cover, in order (docs/protocol.md, "Handshake").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Transcript {
     /// The cluster id (`wire::cluster_id`).

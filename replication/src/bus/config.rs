@@ -1,4 +1,4 @@
-//! `BusConfig`: the bus's part of the node configuration, with the spec's key names
+//! `BusConfig`: the bus's part of the node configuration, with the documented key names
 //! (message_bus.*, cluster.auth.*, cluster.tls.*), and its checks at start.
 
 use std::net::SocketAddr;
@@ -10,7 +10,7 @@ use crate::wire::decode::MAX_MESSAGE_SIZE_DEFAULT;
 use crate::wire::HEADER_SIZE;
 
 /// At most this many handshakes (TLS included) run at once on the replica listener; more
-/// connections are closed at once and counted (issue 5: hardened replica port). The
+/// connections are closed at once and counted (a hardened replica port). The
 /// default and the ceiling of message_bus.handshakes_max.
 pub const HANDSHAKES_IN_FLIGHT_MAX: usize = 256;
 /// Default bound of the bytes of client frames held at once (being read, or delivered
@@ -120,7 +120,7 @@ pub struct BusConfig {
 }
 
 impl BusConfig {
-    /// A configuration with the spec's defaults for one node of `nodes`.
+    /// A configuration with the documented defaults for one node of `nodes`.
     pub fn new(cluster_name: &str, replica_id: u8, nodes: Vec<NodeAddress>) -> BusConfig {
         let replica_listen = nodes
             .iter()

@@ -1,6 +1,6 @@
-//! The replica-plane handshake as a sans-IO state machine (replica-plane.md, "Handshake";
-//! wire-tables.md, "Handshake frames"): frames in, frames out and a verdict. The bus
-//! drives it over TCP or TLS; tests and fuzzers drive it directly.
+//! The replica-plane handshake as a sans-IO state machine (docs/protocol.md,
+//! "Handshake"): frames in, frames out and a verdict. The bus drives it over TCP or TLS;
+//! tests and fuzzers drive it directly.
 //!
 //! Acceptor check order: command is ReplicaHello (else UnknownCommand); cluster matches
 //! (else ClusterMismatch); dialer id < replica_count and < own id (else DirectionalRule);

@@ -241,7 +241,7 @@ pub(crate) async fn run_replica_link(
             break;
         }
         if let Err(error) = decode(buf.as_bytes(), &inner.limits) {
-            // Framing is intact: drop this frame, keep the link (replica-plane.md,
+            // Framing is intact: drop this frame, keep the link (docs/protocol.md,
             // "Frame integrity": a mismatch drops the frame).
             inner.refuse(error.reason(), None, Some(peer));
             continue;

@@ -1,6 +1,6 @@
 //! The two listeners. The replica listener runs at most handshakes_max (256) handshakes at once, each
 //! bounded by handshake_grace from accept (TLS included); the client listener admits only
-//! Request frames (replica-plane.md, "Transport").
+//! Request frames (docs/protocol.md, "Framing").
 
 use std::cell::RefCell;
 use std::rc::Rc;

@@ -1,4 +1,4 @@
-//! The replica-plane message bus on glommio TCP (replica-plane.md, "Transport" and
+//! The replica-plane message bus on glommio TCP (docs/protocol.md, "Framing" and
 //! "Handshake"): a client listener that admits only Request frames, a replica listener
 //! whose connections start with the handshake, directional dialing with backoff, one
 //! connection per replica pair, bounded per-peer send queues batched into writev, optional
@@ -280,7 +280,7 @@ pub(crate) struct Inner {
 
 impl Inner {
     /// Counts a refused connection or frame and logs it (rate-limited). Statuses 4 and 5
-    /// are never sent (replica-plane.md, "Handshake"), so this is where they show.
+    /// are never sent (docs/protocol.md, "Handshake"), so this is where they show.
     pub(crate) fn refuse(
         &self,
         reason: &'static str,

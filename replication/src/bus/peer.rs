@@ -1,4 +1,4 @@
-//! Directional dialing (replica-plane.md, "Transport"): a replica dials only peers with a
+//! Directional dialing (docs/protocol.md, "Framing"): a replica dials only peers with a
 //! greater replica_id, one link per pair, and redials with backoff after a failure.
 
 use std::cell::RefCell;

@@ -1,4 +1,4 @@
-//! TLS for the replica plane (replica-plane.md, "Handshake"): rustls configs from PEM
+//! TLS for the replica plane (docs/protocol.md, "Handshake"): rustls configs from PEM
 //! files, TLS 1.3 only, ALPN "iggy-replica", both sides' certificates verified against
 //! ca_file, and the exporter value that binds the handshake MACs to this TLS session.
 
@@ -148,7 +148,7 @@ pub fn server_name(name: Option<&str>, ip: std::net::IpAddr) -> Option<ServerNam
     }
 }
 
-/// The channel binding value: the TLS 1.3 exporter with the spec's label, no context.
+/// The channel binding value: the TLS 1.3 exporter with `EXPORTER_LABEL`, no context.
 pub fn exporter<D>(connection: &rustls::ConnectionCommon<D>) -> Option<Bytes32> {
     connection
         .export_keying_material([0u8; 32], EXPORTER_LABEL, None)

@@ -1,7 +1,7 @@
-//! Deterministic simulator (DESIGN.md "The consensus core is sans-IO"): 3 or 5 replicas
-//! of the real `vsr` code, clients, a lossy reordering network with partitions, storage
-//! that loses unsynced writes, tears and corrupts, crashes and restarts; one seed replays
-//! a run exactly. Checkers run after every step and at the end.
+//! Deterministic simulator (docs/architecture.md): 3 or 5 replicas of the real `vsr`
+//! code, clients, a lossy reordering network with partitions, storage that loses
+//! unsynced writes, tears and corrupts, crashes and restarts; one seed replays a run
+//! exactly. Checkers run after every step and at the end.
 
 pub mod checker;
 pub mod cluster;

@@ -1,4 +1,4 @@
-//! One VSR group per consensus plane (spec/replica-plane.md, "Consensus planes"): the
+//! One VSR group per consensus plane (docs/protocol.md, "Consensus planes"): the
 //! metadata plane (group 1 << 63) and one group per partition, routed by the group field
 //! every consensus header carries.
 

@@ -1,6 +1,5 @@
-//! Viewstamped Replication for one consensus group, sans-IO (spec/replica-plane.md,
-//! "Replication", "View changes", "Journal repair"; DESIGN.md "The consensus core is
-//! sans-IO").
+//! Viewstamped Replication for one consensus group, sans-IO (docs/protocol.md,
+//! "Replication", "View changes", "Journal repair"; docs/architecture.md).
 //!
 //! A [`Replica`] is a plain value. The driver (the glommio bus and journal in the
 //! appliance, the simulator in tests) feeds it received frames (`on_message`), client

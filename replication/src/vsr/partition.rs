@@ -1,4 +1,4 @@
-//! Partition planes (spec/replica-plane.md, "Prepare"): the primary stamps SendMessages
+//! Partition planes (docs/protocol.md, "Message batch"): the primary stamps SendMessages
 //! batches at journal append; each backup re-derives the stamp from its own position and
 //! refuses a mismatch. Positions are kept per op from the commit point up.
 

@@ -1,7 +1,7 @@
-//! Restart (spec/replica-plane.md, "RequestStartView"; DESIGN.md "Durability and
-//! recovery"): a restarted replica rebuilds its log from the superblock and the durable
-//! journal, marks unreadable entries faulty (repaired, never trusted), and probes with
-//! RequestStartView under a fresh incarnation instead of acting on its old view.
+//! Restart (docs/protocol.md, "View changes"; docs/architecture.md): a restarted replica
+//! rebuilds its log from the superblock and the durable journal, marks unreadable
+//! entries faulty (repaired, never trusted), and probes with RequestStartView under a
+//! fresh incarnation instead of acting on its old view.
 
 use zerocopy::FromBytes;
 

@@ -1,4 +1,4 @@
-//! Journal repair (spec/replica-plane.md, "Journal repair"): RequestPrepares for ops
+//! Journal repair (docs/protocol.md, "Journal repair"): RequestPrepares for ops
 //! whose body is missing or faulty, RepairPrepare streamed in op order and accepted only
 //! when its identity is the canonical one (or, above the log, when the view's primary
 //! stamped it and it extends the chain), RepairDone / RangeEvicted, and the hand-off to

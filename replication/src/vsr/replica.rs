@@ -1,6 +1,6 @@
 //! The replica value, message dispatch and normal operation: prepares along the chain,
 //! PrepareOk after a durable append, commit on a replication quorum, the Commit heartbeat
-//! and prepare retransmission (spec/replica-plane.md, "Replication").
+//! and prepare retransmission (docs/protocol.md, "Replication").
 
 use std::collections::{BTreeMap, VecDeque};
 

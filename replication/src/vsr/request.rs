@@ -1,5 +1,5 @@
-//! Client requests on the primary (spec/replica-plane.md, "Sessions" in the issue): the
-//! client table answers retries, new requests become prepares, replies are built from the
+//! Client requests on the primary (docs/client-protocol.md, "Sessions"): the client
+//! table answers retries, new requests become prepares, replies are built from the
 //! committed prepare.
 
 use crate::wire::batch;
@@ -43,7 +43,7 @@ impl Replica {
     }
 
     /// A client request whose operation and body the driver's state machine already
-    /// prepared (replica-plane.md, "Prepare": metadata bodies hold the server-prepared
+    /// prepared (docs/protocol.md, "Replication": metadata bodies hold the server-prepared
     /// payload, e.g. CreateTopic travels as CreateTopicWithAssignments). Session and
     /// retry handling use the request header; the prepare carries `operation` and `body`.
     pub fn on_request_prepared(

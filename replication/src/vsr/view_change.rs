@@ -1,4 +1,4 @@
-//! View change (spec/replica-plane.md, "View changes"): StartViewChange on heartbeat
+//! View change (docs/protocol.md, "View changes"): StartViewChange on heartbeat
 //! timeout, DoViewChange to the new primary once a quorum suspects the old one, the
 //! merge of a DVC quorum (highest log_view canonical, truncation by nack quorum, repair
 //! of suffix bodies from peers that hold them) and StartView.
@@ -193,8 +193,8 @@ impl Replica {
         header.nack_bitset = dvc.nack;
         header.present_bitset = dvc.present;
         let frame = Frame::build(&header, &headers_body(&dvc.headers));
-        // Broadcast (spec "View changes"): the new primary merges it, the others learn
-        // that a quorum suspects the old primary and join the view.
+        // Broadcast (docs/protocol.md, "View changes"): the new primary merges it, the
+        // others learn that a quorum suspects the old primary and join the view.
         self.actions.push_back(Action::Broadcast { frame });
     }
 

@@ -1,5 +1,5 @@
-//! The message batch of wire-tables.md: the SendMessages body, the partition-plane
-//! prepare body, the segment record and the poll reply.
+//! The message batch (docs/protocol.md, "Message batch"): the SendMessages body, the
+//! partition-plane prepare body, the segment record and the poll reply.
 //!
 //! `[batch header: 256 bytes][message frames]`, each frame
 //! `[48-byte message header][payload][user headers]`. Message frames are packed, so

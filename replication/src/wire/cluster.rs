@@ -1,4 +1,4 @@
-//! Cluster identity and consensus group keys (wire-tables.md, "Groups").
+//! Cluster identity and consensus group keys (docs/protocol.md, "Consensus planes").
 
 use super::registry::METADATA_GROUP;
 

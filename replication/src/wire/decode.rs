@@ -197,8 +197,8 @@ fn check_seals(bytes: &[u8], limits: &Limits) -> Result<Command, FrameError> {
     let (head, body) = bytes.split_at(HEADER_SIZE);
     let head: &[u8; HEADER_SIZE] = head.try_into().map_err(|_| FrameError::Misaligned)?;
     let frame = &generic(bytes)?.frame;
-    // Client and handshake frames leave both checksum fields zero (wire-tables.md,
-    // "Handshake frames"; replica-plane.md, "Frame integrity"). Checking it means a bit
+    // Client and handshake frames leave both checksum fields zero (docs/protocol.md,
+    // "Handshake" and "Frame integrity"). Checking it means a bit
     // flip in a sealed frame's command byte cannot turn it into an unsealed one.
     if command.seal_kind() == SealKind::Unsealed
         && (frame.checksum != 0 || frame.checksum_body != 0)

@@ -12,8 +12,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 use super::header::{FrameHeader, Header, PrepareHeader, HEADER_SIZE};
 use super::registry::{Command, SealKind, METADATA_GROUP};
 
-/// Alignment unit of frame buffers (headers are 16-byte aligned, see replica-plane.md
-/// "Transport").
+/// Alignment unit of frame buffers (headers are 16-byte aligned, see docs/protocol.md,
+/// "Framing").
 #[repr(C, align(16))]
 #[derive(Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable)]
 struct Block([u8; 16]);

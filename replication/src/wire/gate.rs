@@ -1,4 +1,4 @@
-//! Plane gates: which commands each listener admits (replica-plane.md, "Transport").
+//! Plane gates: which commands each listener admits (docs/protocol.md, "Framing").
 //! The separation is structural, not marked inside frames, so it lives here once.
 
 use super::registry::Command;

@@ -1,4 +1,4 @@
-//! The 256-byte headers of wire-tables.md as `#[repr(C)]` zerocopy types.
+//! The 256-byte headers (docs/protocol.md, "Header layouts") as `#[repr(C)]` zerocopy types.
 //!
 //! Every header is the 128-byte common frame followed by a per-command area. Sizes,
 //! alignment and every field offset are asserted at compile time, so a cast from an
@@ -18,7 +18,7 @@ pub const HEADER_SIZE: usize = 256;
 /// Headers require this alignment to be cast in place.
 pub const HEADER_ALIGN: usize = 16;
 
-/// A header field's value as tools print it (wire-tables names, integers in decimal).
+/// A header field's value as tools print it (docs/protocol.md names, integers in decimal).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FieldValue {
     Int(u128),
@@ -76,7 +76,7 @@ const _: () = {
 };
 
 impl FrameHeader {
-    /// Visits the common fields by their wire-tables names.
+    /// Visits the common fields by their names in docs/protocol.md.
     pub fn visit_fields(&self, visit: &mut dyn FnMut(&'static str, FieldValue)) {
         visit("checksum", self.checksum.to_field_value());
         visit("checksum_body", self.checksum_body.to_field_value());
@@ -93,7 +93,7 @@ impl FrameHeader {
 pub trait HeaderFields {
     /// The common frame.
     fn frame(&self) -> &FrameHeader;
-    /// Visits the per-command fields (reserved regions excluded) by wire-tables name.
+    /// Visits the per-command fields (reserved regions excluded) by docs/protocol.md name.
     fn visit_fields(&self, visit: &mut dyn FnMut(&'static str, FieldValue));
     /// Absolute offset of the first non-zero byte in a per-command reserved region.
     fn reserved_nonzero_at(&self) -> Option<usize>;

@@ -1,6 +1,6 @@
-//! The replica-plane wire format of protocol 0.11.0 (spec/replica-plane.md and
-//! spec/wire-tables.md): 256-byte headers, the command and operation registries, the
-//! three seals, frame validation, plane gates, group keys and the message batch.
+//! The replica-plane wire format of protocol 0.11.0 (docs/protocol.md): 256-byte
+//! headers, the command and operation registries, the three seals, frame validation,
+//! plane gates, group keys and the message batch.
 //!
 //! Decoding is a cast of a 16-byte-aligned buffer followed by validation; nothing here
 //! allocates per frame on the receive path, and no input panics.

@@ -1,7 +1,7 @@
-//! The byte registries of wire-tables.md: command discriminants, operations, eviction
-//! reasons and the planes they belong to.
+//! The byte registries (docs/protocol.md, "Command registry"): command discriminants,
+//! operations, eviction reasons and the planes they belong to.
 
-/// Command byte at offset 60 of every header (wire-tables.md, "Command registry").
+/// Command byte at offset 60 of every header (docs/protocol.md, "Command registry").
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Command {
@@ -36,10 +36,10 @@ pub enum Command {
     ForwardLogoutResult = 29,
 }
 
-/// Values above this are rejected (replica-plane.md, "Command discriminants").
+/// Values above this are rejected (docs/protocol.md, "Command registry").
 pub const COMMAND_MAX: u8 = 29;
 
-/// How a command's header checksum field is used (replica-plane.md, "Frame integrity").
+/// How a command's header checksum field is used (docs/protocol.md, "Frame integrity").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SealKind {
     /// Client frames and handshake frames: checksum fields are not a seal.
@@ -172,7 +172,7 @@ impl Command {
     }
 }
 
-/// The metadata plane's group (wire-tables.md, "Groups").
+/// The metadata plane's group (docs/protocol.md, "Consensus planes").
 pub const METADATA_GROUP: u64 = 1 << 63;
 
 /// Which consensus plane an operation is replicated on.
@@ -186,7 +186,7 @@ pub enum Plane {
 
 macro_rules! operations {
     ($($name:ident = $value:literal, $plane:ident, $internal:literal;)*) => {
-        /// Operation byte of Request and Prepare (wire-tables.md, "Operations").
+        /// Operation byte of Request and Prepare (docs/protocol.md, "Command registry").
         #[repr(u8)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum Operation {
@@ -268,7 +268,7 @@ operations! {
 
 macro_rules! eviction_reasons {
     ($($name:ident = $value:literal,)*) => {
-        /// Eviction byte 255 (wire-tables.md, "Eviction reasons").
+        /// Eviction byte 255 (docs/protocol.md, "Command registry").
         #[repr(u8)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         pub enum EvictionReason {

@@ -1,5 +1,5 @@
 //! appliance-cli: arguments, connecting and logging in, name resolution, and the
-//! create/produce/consume commands (INTERFACES.md, "appliance-cli").
+//! create/produce/consume commands (README.md).
 
 pub mod bench;
 pub mod consume;

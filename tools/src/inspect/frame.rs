@@ -1,5 +1,5 @@
 //! `appliance-inspect frame`: decode every frame in a byte stream and report each one
-//! with its validity and every header field by its wire-tables name.
+//! with its validity and every header field by its name in docs/protocol.md.
 
 use replication::wire::decode::{decode_frame, split_frames};
 use replication::wire::header::{with_fields_of, FieldValue, HEADER_SIZE};

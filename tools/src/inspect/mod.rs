@@ -11,7 +11,7 @@ pub enum InspectError {
 }
 
 impl InspectError {
-    /// The process exit code of INTERFACES.md for this failure.
+    /// The process exit code (README.md: 0 ok, 1 runtime failure, 2 bad usage).
     pub fn exit_code(&self) -> i32 {
         match self {
             InspectError::Usage(_) => 2,

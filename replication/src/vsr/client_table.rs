@@ -17,7 +17,7 @@ pub const CLIENTS_MAX_DEFAULT: usize = 64;
 pub struct Session {
     /// The session epoch: the op that committed the client's Register.
     pub session: u64,
-    /// The highest request number committed for this session.
+    /// The highest request number committed for the session.
     pub request: u64,
     /// The op that committed `request` (for eviction order).
     pub op: u64,

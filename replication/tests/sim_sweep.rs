@@ -143,6 +143,12 @@ fn regression_seeds() {
     // suffix named another prepare at the checkpoint's own op, which displaced the
     // committed anchor at a restart from that checkpoint.
     check(103798, 3, 50_000, false);
+    // 307092 (20,000 ticks): a replica that lost only its superblock held the one intact
+    // copy of a committed op; as a non-voter it served no repair, and the forming
+    // primary kept asking a peer that had committed past the op without its body. A
+    // non-voter serves the prepares it holds (then answers RangeEvicted op 0), and the
+    // forming primary also asks peers other than those that committed past the op.
+    check(307092, 3, 20_000, false);
 }
 
 /// Long fault phases (the default alone missed a divergence), with lost disks.

@@ -84,6 +84,15 @@ impl Log {
     }
 
     /// The frame of `op` if it is canonical and durable (what repair may serve).
+    /// A prepare the journal holds durably and that read back valid, its identity known
+    /// or not (a receiver accepts it only by identity).
+    pub fn held_frame(&self, op: u64) -> Option<&Frame> {
+        self.slots
+            .get(&op)
+            .filter(|slot| slot.durable)
+            .and_then(|slot| slot.frame.as_ref())
+    }
+
     pub fn durable_frame(&self, op: u64) -> Option<&Frame> {
         self.slots
             .get(&op)

@@ -117,28 +117,37 @@ impl Replica {
         let n = self.config.replica_count;
         let own = self.config.replica;
         if self.status == Status::ViewChange {
-            // Forming primary: a DVC sender that holds the body or committed past it.
+            // Forming primary: a DVC sender that presents the body; else one that committed
+            // past it, every other round (it may not hold the body: the others, a
+            // non-voter among them, get their turn in the rotation below).
             let header = self.log.header(op).copied();
-            let holders: Vec<u8> = self
+            let presents = |d: &super::replica::Dvc| {
+                header.is_some_and(|h| {
+                    d.headers
+                        .iter()
+                        .position(|x| x.op == op && x.frame.checksum == h.frame.checksum)
+                        .is_some_and(|i| d.present & (1 << i) != 0)
+                })
+            };
+            let presenters: Vec<u8> = self
                 .dvcs
                 .iter()
-                .filter(|(r, d)| {
-                    **r != own
-                        && (d.commit >= op
-                            || header.is_some_and(|h| {
-                                d.headers
-                                    .iter()
-                                    .position(|x| {
-                                        x.op == op && x.frame.checksum == h.frame.checksum
-                                    })
-                                    .is_some_and(|i| d.present & (1 << i) != 0)
-                            }))
-                })
+                .filter(|(r, d)| **r != own && presents(d))
                 .map(|(r, _)| *r)
                 .collect();
-            if !holders.is_empty() {
-                self.repair_peer_next = self.repair_peer_next.wrapping_add(1);
-                return Some(holders[usize::from(self.repair_peer_next) % holders.len()]);
+            let committed: Vec<u8> = self
+                .dvcs
+                .iter()
+                .filter(|(r, d)| **r != own && d.commit >= op)
+                .map(|(r, _)| *r)
+                .collect();
+            self.repair_peer_next = self.repair_peer_next.wrapping_add(1);
+            let turn = usize::from(self.repair_peer_next);
+            if !presenters.is_empty() {
+                return Some(presenters[turn % presenters.len()]);
+            }
+            if !committed.is_empty() && turn % 2 == 0 {
+                return Some(committed[(turn / 2) % committed.len()]);
             }
         } else if op > self.log.op && !self.is_primary() {
             // Above our log only the view's primary stamps what we may append.

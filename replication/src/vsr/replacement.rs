@@ -373,11 +373,26 @@ impl Replica {
         }
     }
 
-    /// Answers a RequestPrepares as a non-voter: it vouches for nothing it holds.
+    /// Answers a RequestPrepares as a non-voter: it serves the prepares its journal holds
+    /// (a receiver takes each only by its identity: serving is no vote), then says it
+    /// vouches for nothing (RangeEvicted op 0), so no census counts it. A replica that
+    /// lost only its superblock may hold the one intact copy of a committed op.
     pub(crate) fn answer_as_non_voter(&mut self, header: &RequestPreparesHeader) {
         let to = header.frame.replica;
         if to == self.config.replica || to >= self.config.replica_count {
             return;
+        }
+        if header.from_op >= 1 && header.from_op <= header.to_op {
+            let to_op = header
+                .to_op
+                .min(header.from_op + self.config.repair_chunk_max - 1);
+            for op in header.from_op..=to_op {
+                if let Some(frame) = self.log.held_frame(op) {
+                    let frame = Frame::repair_of(frame.as_bytes());
+                    self.counters.repairs_served += 1;
+                    self.actions.push_back(Action::Send { to, frame });
+                }
+            }
         }
         let mut result = RepairResultHeader::new();
         result.frame.cluster = self.config.cluster;

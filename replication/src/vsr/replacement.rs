@@ -223,8 +223,21 @@ impl Replica {
         }
         if !evicted || header.op > 0 {
             self.formation_wait.0 &= !(1u32 << header.frame.replica);
+            self.formation_settle();
         }
         true
+    }
+
+    /// A new group is formed once a replication quorum of its members (this one
+    /// included) votes: the members still deciding then find a group that can take them
+    /// in as replacements. Waiting for every member would leave a new group unusable if
+    /// one of them died right after deciding.
+    fn formation_settle(&mut self) {
+        let peers = u32::from(self.config.replica_count) - 1;
+        let voting = peers - self.formation_wait.0.count_ones() + 1;
+        if voting as usize >= self.config.quorum_replication() {
+            self.formation_wait = (0, 0);
+        }
     }
 
     /// Asks each peer that has not answered yet.
@@ -302,8 +315,9 @@ impl Replica {
                     .push_back(Action::PersistSuperblock(self.superblock.clone()));
             } else if answered == peers {
                 // Every other replica answered and none remembers anything: a new group.
-                // It prepares nothing until every member formed it as well: a member
-                // still deciding that saw an op would take itself for a replacement.
+                // It prepares nothing until a quorum of members formed it as well: with
+                // fewer, the members still deciding would see its ops, take themselves
+                // for replacements, and no quorum would vote.
                 let nonce = census.nonce;
                 let all = self.all_replicas() & !(1u32 << self.config.replica);
                 let voting = census
@@ -316,6 +330,7 @@ impl Replica {
                 self.voter = true;
                 self.status = Status::Normal;
                 self.formation_wait = (all & !voting, nonce);
+                self.formation_settle();
                 self.start_normal_timeouts();
                 return;
             } else {

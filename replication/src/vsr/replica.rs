@@ -133,7 +133,7 @@ pub struct Replica {
     /// A non-voter in a view: the (op, commit) of the StartView it installed first.
     pub(crate) recover: Option<(u64, u64)>,
     /// A member of a new group: the peers not yet seen voting (bitmask) and the nonce it
-    /// asks them with. It prepares nothing until every one of them formed the group too.
+    /// asks them with. It prepares nothing until a quorum of members formed the group.
     pub(crate) formation_wait: (u32, u128),
 }
 

@@ -85,7 +85,7 @@ impl Replica {
             };
         }
         if self.formation_wait.0 != 0 {
-            // A new group prepares once every member formed it (replacement.rs).
+            // A new group prepares once a quorum of its members formed it (replacement.rs).
             return RequestOutcome::PipelineFull;
         }
         if operation == Operation::Register {

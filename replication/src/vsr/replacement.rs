@@ -58,7 +58,7 @@ pub enum RecoveryWait {
     Census { heard: u32, needed: u32 },
     /// A StartView of view `view_min` or later from that view's primary.
     StartView { view_min: u32 },
-    /// Applying up to `commit` and holding every op up to `op`.
+    /// Applying every op up to `op` (the first StartView's; `commit` was its commit).
     CatchUp { commit: u64, op: u64 },
 }
 
@@ -73,9 +73,7 @@ impl Replica {
         );
         let mut replica = Replica::empty(config);
         replica.superblock.replacement = true;
-        replica
-            .actions
-            .push_back(Action::PersistSuperblock(replica.superblock.clone()));
+        replica.persist_superblock();
         replica.start_census(false);
         replica
     }
@@ -311,8 +309,7 @@ impl Replica {
                     census.formation = false;
                 }
                 self.superblock.replacement = true;
-                self.actions
-                    .push_back(Action::PersistSuperblock(self.superblock.clone()));
+                self.persist_superblock();
             } else if answered == peers {
                 // Every other replica answered and none remembers anything: a new group.
                 // It prepares nothing until a quorum of members formed it as well: with
@@ -440,8 +437,7 @@ impl Replica {
         self.recover = None;
         self.superblock.replacement = false;
         // Durable before the first vote: a restart now recovers as a voter.
-        self.actions
-            .push_back(Action::PersistSuperblock(self.superblock.clone()));
+        self.persist_superblock();
         for o in self.commit + 1..=self.log.op {
             self.send_prepare_ok(o);
         }

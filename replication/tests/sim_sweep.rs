@@ -149,6 +149,11 @@ fn regression_seeds() {
     // non-voter serves the prepares it holds (then answers RangeEvicted op 0), and the
     // forming primary also asks peers other than those that committed past the op.
     check(307092, 3, 20_000, false);
+    // 1015327: the simulator corrupted the one voter's copy of a committed op while the
+    // other copy was on a wiped disk, counting a third replica's uncommitted prepare at
+    // that op as a copy (a fault beyond what 3 replicas survive). Only copies of the
+    // committed prepare count now.
+    check(1015327, 3, 5_000, false);
 }
 
 /// Long fault phases (the default alone missed a divergence), with lost disks.

@@ -80,9 +80,17 @@ impl Cluster {
         }
         let n = self.options.replica_count;
         let r = self.prng.below(u64::from(n)) as u8;
-        // Copies on a replica that may not vote do not count: it serves no repair.
+        let Some(identity) = self.checker.get(op).map(|c| c.identity) else {
+            return;
+        };
+        // Copies on a replica that may not vote do not count: it serves no repair. Nor
+        // does another prepare at that op (one its primary never committed).
         let holders = (0..n)
-            .filter(|x| *x != r && self.remembers(*x) && self.storages[usize::from(*x)].holds(op))
+            .filter(|x| {
+                *x != r
+                    && self.remembers(*x)
+                    && self.storages[usize::from(*x)].holds_identity(op, identity)
+            })
             .count();
         if holders == 0 {
             return;

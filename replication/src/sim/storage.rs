@@ -110,9 +110,16 @@ impl Storage {
             .any(|bytes| crate::wire::decode(bytes.as_bytes(), &limits).is_err())
     }
 
-    /// Whether a durable entry exists at `op`.
-    pub fn holds(&self, op: u64) -> bool {
-        self.durable.contains_key(&op)
+    /// Whether the durable entry at `op` reads back as the prepare `identity` (another
+    /// prepare at that op, uncommitted and discarded later, is not a copy of it).
+    pub fn holds_identity(&self, op: u64, identity: u128) -> bool {
+        let limits = crate::wire::Limits::default();
+        self.durable.get(&op).is_some_and(|bytes| {
+            matches!(
+                crate::wire::decode(bytes.as_bytes(), &limits),
+                Ok(crate::wire::Message::Prepare(h, _)) if h.frame.checksum == identity
+            )
+        })
     }
 
     /// The journal as a restarting replica reads it.

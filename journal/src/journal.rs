@@ -312,6 +312,11 @@ impl Journal {
         Ok((journal, recovery))
     }
 
+    /// Bytes of the (preallocated) journal file.
+    pub fn file_bytes(&self) -> u64 {
+        self.map.len() as u64
+    }
+
     /// The journal's geometry.
     pub fn layout(&self) -> JournalLayout {
         self.layout

@@ -65,6 +65,7 @@ pub fn step_for(status: Status) -> Step {
         | Status::PermissionDenied
         | Status::InvalidCredentials
         | Status::LimitReached
+        | Status::StorageFull
         | Status::StaleRequest => Step::Done,
     }
 }
@@ -78,6 +79,7 @@ pub fn proves_not_applied(status: Status) -> bool {
             | Status::Unavailable
             | Status::NoSession
             | Status::Unauthenticated
+            | Status::StorageFull
     )
 }
 

@@ -63,6 +63,7 @@ pub struct Config {
     pub cluster: ClusterConfig,
     pub message_bus: MessageBusConfig,
     pub storage: StorageConfig,
+    pub retention: RetentionConfig,
     pub limits: LimitsConfig,
     pub runtime: RuntimeConfig,
     pub log: LogConfig,
@@ -205,6 +206,29 @@ pub struct StorageConfig {
     pub message_durability: Durability,
     #[serde(with = "durability_text")]
     pub offset_durability: Durability,
+    /// Free space the node keeps on the data directory's file system: below it, new
+    /// writes are refused (StorageFull) until retention or an operator frees space.
+    pub min_free_bytes: ByteSize,
+    /// The most the node's data may take (0: no limit besides `min_free_bytes`).
+    pub max_used_bytes: ByteSize,
+    /// Space held in `data_dir/storage-reserve` and given back when a write meets a
+    /// full disk, so superblocks, checkpoints and view changes still find room.
+    pub reserve_bytes: ByteSize,
+}
+
+/// `[retention]`: the defaults of topics created without their own (a topic's own
+/// values are set at create time and changed with UpdateTopic).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionConfig {
+    /// Sealed segments whose newest message is older than this are deleted ("0s":
+    /// never).
+    pub message_expiry: ConfigDuration,
+    /// Oldest sealed segments are deleted while a topic holds more than this (0: no
+    /// limit).
+    pub max_topic_size: ByteSize,
+    /// How often the metadata primary looks for segments to delete.
+    pub check_interval: ConfigDuration,
 }
 
 /// `[limits]`: every bound on what clients and peers may make the node hold.
@@ -303,6 +327,19 @@ impl Default for StorageConfig {
             segment_size: ByteSize(1 << 30),
             message_durability: Durability::EveryBatch,
             offset_durability: Durability::EveryBatch,
+            min_free_bytes: ByteSize(1 << 30),
+            max_used_bytes: ByteSize(0),
+            reserve_bytes: ByteSize(64 << 20),
+        }
+    }
+}
+
+impl Default for RetentionConfig {
+    fn default() -> RetentionConfig {
+        RetentionConfig {
+            message_expiry: ConfigDuration(Duration::from_secs(7 * 86_400)),
+            max_topic_size: ByteSize(0),
+            check_interval: ms(1000),
         }
     }
 }

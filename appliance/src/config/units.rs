@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// A duration written as a number and a unit: us, ms, s, m, h.
+/// A duration written as a number and a unit: us, ms, s, m, h, d.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ConfigDuration(pub Duration);
 
@@ -21,7 +21,7 @@ fn split_number(text: &str) -> Option<(u64, &str)> {
     Some((number, text[digits..].trim()))
 }
 
-/// Parses "250ms", "5s", "2m", "1h", "100us".
+/// Parses "250ms", "5s", "2m", "1h", "7d", "100us".
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let (n, unit) = split_number(text)
         .ok_or_else(|| format!("\"{text}\" is not a duration like \"250ms\" or \"5s\""))?;
@@ -31,10 +31,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "s" => Duration::from_secs(n),
         "m" => Duration::from_secs(n.saturating_mul(60)),
         "h" => Duration::from_secs(n.saturating_mul(3600)),
-        "" => return Err(format!("\"{text}\" needs a unit (us, ms, s, m, h)")),
+        "d" => Duration::from_secs(n.saturating_mul(86_400)),
+        "" => return Err(format!("\"{text}\" needs a unit (us, ms, s, m, h, d)")),
         other => {
             return Err(format!(
-                "\"{text}\" has an unknown unit \"{other}\" (us, ms, s, m, h)"
+                "\"{text}\" has an unknown unit \"{other}\" (us, ms, s, m, h, d)"
             ))
         }
     };
@@ -67,7 +68,10 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 /// Formats a duration the way config files write it.
 pub fn format_duration(duration: Duration) -> String {
     let ms = duration.as_millis();
-    if !duration.subsec_micros().is_multiple_of(1000) {
+    let s = duration.as_secs();
+    if duration.subsec_nanos() == 0 && s > 0 && s.is_multiple_of(86_400) {
+        format!("{}d", s / 86_400)
+    } else if !duration.subsec_micros().is_multiple_of(1000) {
         format!("{}us", duration.as_micros())
     } else if ms.is_multiple_of(1000) && ms > 0 {
         format!("{}s", ms / 1000)
@@ -146,6 +150,8 @@ mod tests {
         assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
         assert_eq!(parse_duration(" 2 m "), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("100us"), Ok(Duration::from_micros(100)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(format_duration(Duration::from_secs(7 * 86_400)), "7d");
         assert!(parse_duration("250").is_err());
         assert!(parse_duration("fast").is_err());
         assert!(parse_duration("5 fortnights").is_err());

@@ -281,6 +281,33 @@ fn validate_bus_and_storage(config: &Config) -> Result<(), ConfigError> {
             ),
         );
     }
+    if storage.reserve_bytes.0 > 1 << 30 {
+        return err(
+            "storage.reserve_bytes",
+            storage.reserve_bytes,
+            "must be at most 1 GiB",
+        );
+    }
+    if storage.max_used_bytes.0 != 0 && storage.max_used_bytes.0 < storage.journal_size.0 {
+        return err(
+            "storage.max_used_bytes",
+            storage.max_used_bytes,
+            format!(
+                "must be 0 (no limit) or at least storage.journal_size ({})",
+                storage.journal_size
+            ),
+        );
+    }
+    let retention = &config.retention;
+    if retention.check_interval.0 < std::time::Duration::from_millis(100)
+        || retention.check_interval.0 > std::time::Duration::from_secs(3600)
+    {
+        return err(
+            "retention.check_interval",
+            retention.check_interval,
+            "must be 100ms to 1h",
+        );
+    }
     if !["error", "warn", "info", "debug", "trace"].contains(&config.log.level.as_str()) {
         return err(
             "log.level",

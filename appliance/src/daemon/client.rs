@@ -350,6 +350,21 @@ impl Node {
         if body.len() as u64 > super::METADATA_BODY_MAX {
             return self.invalid(connection, header, "metadata_body_too_large");
         }
+        // Below the storage budget the primary creates nothing new (deletions, which
+        // free space, and sessions go on).
+        let creation = matches!(
+            operation,
+            Operation::CreateStream
+                | Operation::CreateTopicWithAssignments
+                | Operation::CreatePartitionsWithAssignments
+                | Operation::CreateUser
+                | Operation::CreateConsumerGroup
+        );
+        if creation && self.metadata().is_some_and(|r| r.is_primary()) {
+            if let Some(reason) = self.storage_refusal() {
+                return self.answer(connection, header, Status::StorageFull, reason.as_bytes());
+            }
+        }
         if !self.admit_in_flight(connection, header, false) {
             return;
         }
@@ -411,12 +426,22 @@ impl Node {
             self.reject("permission_denied");
             return self.answer(connection, header, Status::PermissionDenied, &[]);
         }
-        if !self.admit_in_flight(connection, header, false) {
-            return;
-        }
         let Ok(group) = key.pack() else {
             return self.invalid(connection, header, "partition_key_invalid");
         };
+        // Below the storage budget the primary takes no new messages (offsets are not
+        // refused: they take no room). A group a full disk stopped takes none either.
+        let primary_here = self.groups.get(group).is_some_and(|r| r.is_primary());
+        if header.operation == Operation::SendMessages as u8
+            && (primary_here || self.paused.contains_key(&group))
+        {
+            if let Some(reason) = self.storage_refusal() {
+                return self.answer(connection, header, Status::StorageFull, reason.as_bytes());
+            }
+        }
+        if !self.admit_in_flight(connection, header, false) {
+            return;
+        }
         // Partition prepares carry no session: the core deduplicates by client and
         // request number, so the request number it sees puts the session (an increasing
         // op number) above the client's: a new session's request 1 is newer than any

@@ -65,6 +65,9 @@ pub(super) struct Lane {
     written_since: Option<Instant>,
     /// The ops the sync in flight covers, and when the oldest of their writes started.
     syncing: Option<(Vec<(u64, u128)>, Instant)>,
+    /// A write or sync met a full disk: the files no longer match what was planned, so
+    /// nothing more is written and the group stops (storage.rs).
+    failed: bool,
 }
 
 impl Lane {
@@ -161,6 +164,9 @@ impl Node {
     /// serve committed offsets), though not necessarily synced here (a quorum has it).
     pub(super) async fn wait_written(&mut self, group: u64, op: u64) -> Result<(), DaemonError> {
         loop {
+            if self.lane_failed(group) {
+                return Err(self.no_space(group));
+            }
             if !self
                 .lanes
                 .get(&group)
@@ -176,6 +182,9 @@ impl Node {
     /// Waits until the lane of `group` has nothing staged, in flight or unreported.
     pub(super) async fn drain_lane(&mut self, group: u64) -> Result<(), DaemonError> {
         loop {
+            if self.lane_failed(group) {
+                return Err(self.no_space(group));
+            }
             self.start_lane_io(group).await?;
             if self.lanes.get(&group).is_none_or(Lane::idle) {
                 self.lanes.remove(&group);
@@ -191,6 +200,42 @@ impl Node {
         for group in groups {
             self.drain_lane(group).await?;
         }
+        Ok(())
+    }
+
+    /// Whether the lane of `group` met a full disk.
+    pub(super) fn lane_failed(&self, group: u64) -> bool {
+        self.lanes.get(&group).is_some_and(|lane| lane.failed)
+    }
+
+    fn no_space(&self, group: u64) -> DaemonError {
+        DaemonError::NoSpace {
+            group,
+            what: "a journal write met a full disk".into(),
+        }
+    }
+
+    /// A lane's IO met a full disk: the lane fails, the node learns its disk is full.
+    fn fail_lane(&mut self, group: u64, error: &str) {
+        if let Some(lane) = self.lanes.get_mut(&group) {
+            lane.failed = true;
+        }
+        self.storage
+            .on_no_space(&format!("partition group {group}: {error}"));
+        self.stopping.insert(group);
+    }
+
+    /// Waits for the IO a failed lane still has in flight (its tasks hold the files), so
+    /// the partition can be closed and reopened.
+    pub(super) async fn settle_lane(&mut self, group: u64) -> Result<(), DaemonError> {
+        while self
+            .lanes
+            .get(&group)
+            .is_some_and(|lane| lane.writing.is_some() || lane.syncing.is_some())
+        {
+            self.await_io(group).await?;
+        }
+        self.lanes.remove(&group);
         Ok(())
     }
 
@@ -256,6 +301,9 @@ impl Node {
             self.lanes.remove(&group);
             return Ok(());
         };
+        if lane.failed {
+            return Ok(());
+        }
         if lane.syncing.is_none() && !lane.written.is_empty() {
             let ops = std::mem::take(&mut lane.written);
             let since = lane.written_since.take().unwrap_or_else(Instant::now);
@@ -278,11 +326,16 @@ impl Node {
                 if lane.syncing.is_some() {
                     return Ok(());
                 }
-                partition
-                    .log
-                    .roll()
-                    .await
-                    .map_err(|e| DaemonError::Runtime(format!("partition group {group}: {e}")))?;
+                if let Err(error) = partition.log.roll().await {
+                    let error = error.to_string();
+                    if super::storage::is_no_space(&error) {
+                        self.fail_lane(group, &error);
+                        return Ok(());
+                    }
+                    return Err(DaemonError::Runtime(format!(
+                        "partition group {group}: {error}"
+                    )));
+                }
                 plan_lane(partition, group, &lane.staged)?.ok_or_else(|| {
                     DaemonError::Runtime(format!("partition group {group}: roll did not make room"))
                 })?
@@ -308,6 +361,29 @@ impl Node {
     /// sync covers (or, without syncs per batch, those written) are reported durable.
     pub(super) fn on_io_done(&mut self, done: IoDone) -> Result<(), DaemonError> {
         let group = done.group;
+        if self.lane_failed(group) {
+            // What the failed lane still had in flight: nothing is reported durable.
+            if let Some(lane) = self.lanes.get_mut(&group) {
+                match done.kind {
+                    IoKind::Write => lane.writing = None,
+                    IoKind::Sync => lane.syncing = None,
+                }
+            }
+            return Ok(());
+        }
+        if let Err(error) = &done.result {
+            if super::storage::is_no_space(error) && self.lanes.contains_key(&group) {
+                if let Some(lane) = self.lanes.get_mut(&group) {
+                    match done.kind {
+                        IoKind::Write => lane.writing = None,
+                        IoKind::Sync => lane.syncing = None,
+                    }
+                }
+                let error = error.clone();
+                self.fail_lane(group, &error);
+                return Ok(());
+            }
+        }
         done.result
             .map_err(|e| DaemonError::Runtime(format!("partition group {group}: {e}")))?;
         let (Some(lane), Some(partition)) = (

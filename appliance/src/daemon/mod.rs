@@ -20,6 +20,8 @@ pub mod xfer;
 mod client;
 mod forward;
 mod group_commit;
+mod retention;
+mod storage;
 mod xfer_node;
 
 use std::collections::BTreeMap;
@@ -59,6 +61,9 @@ pub enum DaemonError {
     Config(String),
     /// A runtime failure (IO, bind, corrupt data): exit 1.
     Runtime(String),
+    /// A partition group's journal write met a full disk: the group stops (as a crashed
+    /// replica) until space returns; the node goes on (storage.rs).
+    NoSpace { group: u64, what: String },
 }
 
 impl DaemonError {
@@ -69,7 +74,7 @@ impl DaemonError {
     pub fn exit_code(&self) -> u8 {
         match self {
             DaemonError::Config(_) => 2,
-            DaemonError::Runtime(_) => 1,
+            DaemonError::Runtime(_) | DaemonError::NoSpace { .. } => 1,
         }
     }
 }
@@ -78,6 +83,9 @@ impl core::fmt::Display for DaemonError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             DaemonError::Config(m) | DaemonError::Runtime(m) => f.write_str(m),
+            DaemonError::NoSpace { group, what } => {
+                write!(f, "partition group {group}: the disk is full: {what}")
+            }
         }
     }
 }
@@ -274,6 +282,18 @@ fn settings(config: &Config, replica_id: u8) -> Result<Settings, DaemonError> {
         client_limits: client::ClientLimits {
             requests_in_flight_per_session: config.limits.requests_in_flight_per_session,
             sessions_max: config.limits.sessions_max,
+        },
+        budget: storage::Budget {
+            min_free_bytes: config.storage.min_free_bytes.0,
+            max_used_bytes: config.storage.max_used_bytes.0,
+            reserve_bytes: config.storage.reserve_bytes.0,
+        },
+        retention: retention::RetentionSettings {
+            message_expiry: config.retention.message_expiry.0,
+            max_topic_size: config.retention.max_topic_size.0,
+            check_ticks: (config.retention.check_interval.0.as_millis() as u64
+                / TICK.as_millis() as u64)
+                .max(1),
         },
     })
 }

@@ -59,6 +59,10 @@ pub struct Settings {
     pub tick: Duration,
     /// The client plane's own limits ([limits]).
     pub client_limits: super::client::ClientLimits,
+    /// The storage budget ([storage]).
+    pub budget: super::storage::Budget,
+    /// The retention defaults and cadence ([retention]).
+    pub retention: super::retention::RetentionSettings,
 }
 
 /// Input to the node task.
@@ -225,6 +229,12 @@ pub struct Node {
     pub(super) repair_windows: HashMap<u64, RepairWindow>,
     /// Partition groups the current checkpoint sweep has yet to visit.
     pub(super) checkpoint_due: std::collections::BTreeSet<u64>,
+    /// Free space, the storage budget and the write refusal (storage.rs).
+    pub(super) storage: super::storage::StorageState,
+    /// Partition groups whose write met a full disk, to be stopped; and those stopped
+    /// until space returns.
+    pub(super) stopping: std::collections::BTreeSet<u64>,
+    pub(super) paused: BTreeMap<u64, PartitionKey>,
 }
 
 /// The committed ops (and their sizes) a partition group keeps for repair, oldest first.
@@ -354,6 +364,7 @@ impl Node {
         let mut groups = Groups::new();
         groups.insert(replica);
         let (io_done_tx, io_done) = glommio::channels::local_channel::new_unbounded();
+        let storage = super::storage::StorageState::open(&settings.data_dir, settings.budget);
         let mut node = Node {
             settings,
             bus,
@@ -386,6 +397,9 @@ impl Node {
             metadata_applied,
             repair_windows: HashMap::new(),
             checkpoint_due: std::collections::BTreeSet::new(),
+            storage,
+            stopping: std::collections::BTreeSet::new(),
+            paused: BTreeMap::new(),
         };
         node.sync_partitions().await?;
         node.pump().await?;
@@ -440,8 +454,10 @@ impl Node {
                 let events_done = Instant::now();
                 self.pump().await?;
                 let pumped = Instant::now();
-                self.xfer_round().await?;
+                let xfer = self.xfer_round().await;
+                self.absorb_no_space(xfer)?;
                 self.pump().await?;
+                self.stop_full_groups().await?;
                 if round.elapsed() >= SLOW_STEP {
                     tracing::debug!(
                         events_ms = (events_done - round).as_secs_f64() * 1e3,
@@ -457,8 +473,10 @@ impl Node {
                     next_tick = Instant::now() + tick;
                 }
                 let started = Instant::now();
-                self.on_tick().await?;
+                let ticked = self.on_tick().await;
+                self.absorb_no_space(ticked)?;
                 self.pump().await?;
+                self.stop_full_groups().await?;
                 self.release_forwards();
                 slow_step("tick", started);
                 if self.ticks.is_multiple_of(10) {
@@ -557,6 +575,9 @@ impl Node {
 
     async fn on_tick(&mut self) -> Result<(), DaemonError> {
         self.ticks += 1;
+        if self.ticks.is_multiple_of(super::storage::REFRESH_TICKS) {
+            self.refresh_storage().await?;
+        }
         // Before the tick's own actions: every Commit so far has been applied.
         if self.ticks.is_multiple_of(CHECKPOINT_TICKS) && self.checkpoint_due.is_empty() {
             self.checkpoint_due = self.partitions.by_group.keys().copied().collect();
@@ -584,20 +605,36 @@ impl Node {
             .tick()
             .await
             .map_err(|e| DaemonError::Runtime(format!("journal header sync: {e}")))?;
-        for partition in self.partitions.by_group.values_mut() {
+        let mut full = Vec::new();
+        for (group, partition) in self.partitions.by_group.iter_mut() {
+            if self.paused.contains_key(group) {
+                continue;
+            }
             // Under "every" the group's lane syncs each write (group_commit.rs); a tick's
             // sync would only wait on the disk beside it.
             if !partition.log.syncs_every_batch() {
-                partition
-                    .log
-                    .tick()
-                    .await
-                    .map_err(|e| DaemonError::Runtime(format!("partition sync: {e}")))?;
+                if let Err(error) = partition.log.tick().await {
+                    match super::storage::no_space_or_runtime(
+                        *group,
+                        format!("partition sync: {error}"),
+                    ) {
+                        DaemonError::NoSpace { what, .. } => full.push((*group, what)),
+                        other => return Err(other),
+                    }
+                }
             }
-            partition
-                .offsets
-                .tick()
-                .map_err(|e| DaemonError::Runtime(format!("consumer offsets sync: {e}")))?;
+            if let Err(error) = partition.offsets.tick() {
+                match super::storage::no_space_or_runtime(
+                    *group,
+                    format!("consumer offsets sync: {error}"),
+                ) {
+                    DaemonError::NoSpace { what, .. } => full.push((*group, what)),
+                    other => return Err(other),
+                }
+            }
+        }
+        for (group, what) in full {
+            self.absorb_no_space(Err(DaemonError::NoSpace { group, what }))?;
         }
         Ok(())
     }
@@ -611,7 +648,16 @@ impl Node {
                 return self.start_journal_io().await;
             }
             for (group, action) in actions {
-                self.order_before(group, &action).await?;
+                // A group a full disk stops loses its pending actions with its replica,
+                // as in a crash.
+                if self.stopping.contains(&group) || self.paused.contains_key(&group) {
+                    continue;
+                }
+                let ordered = self.order_before(group, &action).await;
+                if ordered.is_err() {
+                    self.absorb_no_space(ordered)?;
+                    continue;
+                }
                 let kind = match &action {
                     Action::Send { .. } => "action send",
                     Action::Broadcast { .. } => "action broadcast",
@@ -624,7 +670,8 @@ impl Node {
                     Action::StateTransfer { .. } => "action state transfer",
                 };
                 let started = Instant::now();
-                self.execute(group, action).await?;
+                let executed = self.execute(group, action).await;
+                self.absorb_no_space(executed)?;
                 slow_step(kind, started);
             }
         }
@@ -669,8 +716,11 @@ impl Node {
                 if group == METADATA_GROUP {
                     self.persist_superblock(&superblock).await?;
                 } else if let Some(partition) = self.partitions.by_group.get(&group) {
-                    files::write_vsr_superblock(&partition.dir, &superblock)
-                        .map_err(DaemonError::runtime)?;
+                    let dir = partition.dir.clone();
+                    self.with_room("partition VSR superblock", || {
+                        files::write_vsr_superblock(&dir, &superblock).map_err(|e| e.to_string())
+                    })
+                    .map_err(|error| super::storage::no_space_or_runtime(group, error))?;
                 }
             }
             Action::Commit { op, prepare } => {
@@ -746,8 +796,12 @@ impl Node {
         &mut self,
         superblock: &vsr::Superblock,
     ) -> Result<(), DaemonError> {
-        files::write_vsr_superblock(&self.settings.data_dir, superblock)
-            .map_err(DaemonError::runtime)?;
+        let dir = self.settings.data_dir.clone();
+        // The reserve is this write's room on a full disk (storage.rs).
+        self.with_room("VSR superblock", || {
+            files::write_vsr_superblock(&dir, superblock).map_err(|e| e.to_string())
+        })
+        .map_err(DaemonError::Runtime)?;
         let commit = self
             .groups
             .get(METADATA_GROUP)
@@ -937,15 +991,10 @@ impl Node {
         key: PartitionKey,
         group: u64,
     ) -> Result<(), DaemonError> {
-        let opened = partitions::open(
-            &self.settings.data_dir,
-            key,
-            group,
-            self.settings.partition,
-            self.settings.offset_durability,
-        )
-        .await
-        .map_err(|e| DaemonError::Runtime(format!("partition {key:?}: {e}")))?;
+        let opened = self
+            .open_partition(key, group)
+            .await
+            .map_err(|e| DaemonError::Runtime(format!("partition {key:?}: {e}")))?;
         let mut config = self.settings.vsr.clone();
         config.group = group;
         let mut replica = self.partition_replica(config, &opened)?;
@@ -964,6 +1013,22 @@ impl Node {
         self.partitions.by_group.insert(group, opened.partition);
         self.repair_windows.remove(&group);
         Ok(())
+    }
+
+    /// Opens a partition's storage (partitions::open) with this node's settings.
+    pub(super) async fn open_partition(
+        &self,
+        key: PartitionKey,
+        group: u64,
+    ) -> Result<partitions::Opened, String> {
+        partitions::open(
+            &self.settings.data_dir,
+            key,
+            group,
+            self.settings.partition,
+            self.settings.offset_durability,
+        )
+        .await
     }
 
     /// The consensus group of a partition as its storage left it: fresh; restarted from
@@ -1075,11 +1140,32 @@ impl Node {
             &checkpoint.clients.encode(),
             checkpoint.anchor.as_bytes(),
         );
-        let info = self
-            .data
-            .checkpoint(checkpoint.op, &payload)
-            .await
-            .map_err(|e| DaemonError::Runtime(format!("metadata checkpoint: {e}")))?;
+        let mut written = self.data.checkpoint(checkpoint.op, &payload).await;
+        if let Err(error) = &written {
+            let error = error.to_string();
+            if !super::storage::is_no_space(&error) {
+                return Err(DaemonError::Runtime(format!(
+                    "metadata checkpoint: {error}"
+                )));
+            }
+            // The reserve is this write's room (storage.rs); without it, the next tick
+            // tries again while the journal still has free slots.
+            self.storage
+                .on_no_space(&format!("metadata checkpoint: {error}"));
+            written = self.data.checkpoint(checkpoint.op, &payload).await;
+        }
+        let info = match written {
+            Ok(info) => info,
+            Err(error) if super::storage::is_no_space(&error.to_string()) => {
+                self.reject("metadata_checkpoint_no_space");
+                return Ok(());
+            }
+            Err(error) => {
+                return Err(DaemonError::Runtime(format!(
+                    "metadata checkpoint: {error}"
+                )))
+            }
+        };
         tracing::info!(
             group = METADATA_GROUP,
             op = info.op,
@@ -1121,25 +1207,36 @@ impl Node {
         let Some(partition) = self.partitions.by_group.get_mut(&group) else {
             return Ok(());
         };
-        let fail = |e: String| DaemonError::Runtime(format!("partition checkpoint: {e}"));
+        let fail = |e: String| {
+            super::storage::no_space_or_runtime(group, format!("partition checkpoint: {e}"))
+        };
         partition.sync_journal().await.map_err(fail)?;
         // Offsets unchanged since their last flush are on stable storage already.
         if partition.offsets.is_dirty() {
-            partition.offsets.flush().map_err(|e| fail(e.to_string()))?;
+            if let Err(error) = partition.offsets.flush() {
+                return self.skip_checkpoint(group, fail(error.to_string()));
+            }
         }
         let stored = files::StoredCheckpoint {
             op: checkpoint.op,
             position: checkpoint.position,
             clients: checkpoint.clients.encode(),
         };
-        files::write_checkpoint(&partition.dir, &stored).map_err(|e| fail(e.to_string()))?;
+        let dir = partition.dir.clone();
+        let written = self.with_room("partition checkpoint", || {
+            files::write_checkpoint(&dir, &stored).map_err(|e| e.to_string())
+        });
+        if let Err(error) = written {
+            return self.skip_checkpoint(group, fail(error));
+        }
+        let Some(partition) = self.partitions.by_group.get_mut(&group) else {
+            return Ok(());
+        };
         partition.checkpoint_op = checkpoint.op;
         if partition.prepares.len() > PREPARE_RECORDS_KEPT {
-            partition
-                .prepares
-                .compact(checkpoint.op)
-                .await
-                .map_err(fail)?;
+            if let Err(error) = partition.prepares.compact(checkpoint.op).await {
+                return self.skip_checkpoint(group, fail(error));
+            }
         }
         Ok(())
     }

@@ -314,10 +314,17 @@ impl PrepareLog {
             .get(first as usize..self.end as usize)
             .ok_or_else(|| format!("prepare log {} shorter than expected", self.path.display()))?;
         let temp = self.path.with_extension("tmp");
-        let mut file = std::fs::File::create(&temp).map_err(io("create", &temp))?;
-        file.write_all(tail).map_err(io("write", &temp))?;
-        file.sync_all().map_err(io("fsync", &temp))?;
-        drop(file);
+        let written = std::fs::File::create(&temp)
+            .map_err(io("create", &temp))
+            .and_then(|mut file| {
+                file.write_all(tail).map_err(io("write", &temp))?;
+                file.sync_all().map_err(io("fsync", &temp))
+            });
+        if let Err(error) = written {
+            // The log is unchanged (a full disk, say): the partial copy goes.
+            let _ = std::fs::remove_file(&temp);
+            return Err(error);
+        }
         std::fs::rename(&temp, &self.path).map_err(io("rename", &self.path))?;
         if let Some(dir) = self.path.parent() {
             std::fs::File::open(dir)

@@ -128,6 +128,18 @@ pub fn snapshot(node: &Node) -> Snapshot {
         storage.index_bytes += bytes as u64;
         storage.prepare_index_bytes += partition.prepares.memory_bytes() as u64;
     }
+    let disk = &node.storage;
+    storage.free_bytes = disk.free_bytes;
+    storage.total_bytes = disk.total_bytes;
+    storage.used_bytes = disk.used_bytes;
+    storage.min_free_bytes = node.settings.budget.min_free_bytes;
+    storage.max_used_bytes = node.settings.budget.max_used_bytes;
+    storage.reserve_bytes = disk.reserve_held;
+    storage.full = disk.full().is_some();
+    storage.full_reason = disk.full().map(|f| f.reason().to_string());
+    storage.no_space_errors = disk.no_space_errors;
+    storage.writes_refused = disk.refused;
+    storage.stopped_groups = node.paused.len() as u64;
     Snapshot {
         storage,
         replica_id: node.settings.replica,

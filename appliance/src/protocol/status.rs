@@ -31,6 +31,9 @@ pub enum Status {
     StaleRequest = 11,
     /// The node could not complete the request (e.g. a view change); retry.
     Unavailable = 12,
+    /// The node's storage is below its budget (or a write met a full disk): it refuses
+    /// new writes and keeps serving reads; body: the reason. Nothing was applied.
+    StorageFull = 13,
 }
 
 impl Status {
@@ -50,6 +53,7 @@ impl Status {
             10 => S::NoSession,
             11 => S::StaleRequest,
             12 => S::Unavailable,
+            13 => S::StorageFull,
             _ => return None,
         })
     }

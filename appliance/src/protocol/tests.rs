@@ -216,10 +216,11 @@ fn field_ranges_are_enforced() {
 
 #[test]
 fn status_codes_round_trip() {
-    for value in 0..=12 {
+    for value in 0..=13 {
         assert_eq!(Status::from_u32(value).map(|s| s as u32), Some(value));
     }
-    assert!(Status::from_u32(13).is_none());
+    assert!(Status::from_u32(14).is_none());
+    assert!(!Status::StorageFull.is_retryable());
     assert!(Status::NotPrimary.is_retryable());
     assert!(!Status::PermissionDenied.is_retryable());
 }

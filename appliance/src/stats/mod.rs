@@ -197,6 +197,25 @@ pub struct StorageStats {
     /// Memory of the prepare records' in-memory index (bounded by the records kept
     /// between checkpoint compactions).
     pub prepare_index_bytes: u64,
+    /// Free and total bytes of the data directory's file system, and the bytes of the
+    /// node's data (segments and the metadata journal).
+    pub free_bytes: u64,
+    pub total_bytes: u64,
+    pub used_bytes: u64,
+    /// The budget: `storage.min_free_bytes` and `storage.max_used_bytes` (0: none).
+    pub min_free_bytes: u64,
+    pub max_used_bytes: u64,
+    /// Bytes the reserve file holds now (given back when a write meets a full disk).
+    pub reserve_bytes: u64,
+    /// New writes are refused (StorageFull); `full_reason` says why.
+    pub full: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub full_reason: Option<String>,
+    /// Writes that met a full disk, requests refused for storage, and partition groups
+    /// stopped until space returns.
+    pub no_space_errors: u64,
+    pub writes_refused: u64,
+    pub stopped_groups: u64,
 }
 
 impl Snapshot {
@@ -205,6 +224,14 @@ impl Snapshot {
     pub fn health(&self) -> Result<(), String> {
         if self.groups.is_empty() {
             return Err("no consensus group is running yet".into());
+        }
+        if self.storage.full {
+            let reason = self
+                .storage
+                .full_reason
+                .as_deref()
+                .unwrap_or("storage full");
+            return Err(format!("storage full, new writes refused: {reason}"));
         }
         for group in &self.groups {
             if group.status != GroupStatus::Normal {
@@ -310,8 +337,24 @@ pub(crate) mod tests {
                 segments: 7,
                 index_bytes: 4096,
                 prepare_index_bytes: 8192,
+                free_bytes: 3 << 30,
+                total_bytes: 8 << 30,
+                used_bytes: 1 << 30,
+                min_free_bytes: 1 << 30,
+                ..StorageStats::default()
             },
         }
+    }
+
+    #[test]
+    fn health_is_503_while_storage_refuses_writes() {
+        let mut s = sample();
+        s.storage.full = true;
+        s.storage.full_reason = Some("a write met a full disk".into());
+        assert_eq!(
+            s.health(),
+            Err("storage full, new writes refused: a write met a full disk".into())
+        );
     }
 
     #[test]

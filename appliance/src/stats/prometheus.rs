@@ -127,6 +127,52 @@ pub fn render(s: &Snapshot) -> String {
         "Memory of the partition groups' prepare-record indexes.",
         s.storage.prepare_index_bytes,
     );
+    for (name, kind, help, value) in [
+        (
+            "appliance_storage_free_bytes",
+            "gauge",
+            "Free bytes of the data directory's file system.",
+            s.storage.free_bytes,
+        ),
+        (
+            "appliance_storage_used_bytes",
+            "gauge",
+            "Bytes of the node's data (segments and the metadata journal).",
+            s.storage.used_bytes,
+        ),
+        (
+            "appliance_storage_min_free_bytes",
+            "gauge",
+            "storage.min_free_bytes: below it new writes are refused.",
+            s.storage.min_free_bytes,
+        ),
+        (
+            "appliance_storage_full",
+            "gauge",
+            "1 while new writes are refused for storage.",
+            u64::from(s.storage.full),
+        ),
+        (
+            "appliance_storage_no_space_errors_total",
+            "counter",
+            "Writes that met a full disk.",
+            s.storage.no_space_errors,
+        ),
+        (
+            "appliance_storage_writes_refused_total",
+            "counter",
+            "Requests refused with StorageFull.",
+            s.storage.writes_refused,
+        ),
+        (
+            "appliance_storage_stopped_groups",
+            "gauge",
+            "Partition groups stopped by a full disk until space returns.",
+            s.storage.stopped_groups,
+        ),
+    ] {
+        out.one(name, kind, help, value);
+    }
 
     let group_gauges: [GroupSeries; 6] = [
         ("appliance_group_view", "Current view of the group.", |g| {

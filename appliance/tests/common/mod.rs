@@ -75,7 +75,8 @@ impl ClusterFiles {
             }
             text.push_str("[message_bus]\nmax_message_size = \"1 MiB\"\n\n[limits]\nrequest_body_max = \"512 KiB\"\n\n");
             text.push_str(&format!(
-                "[storage]\ndata_dir = \"{}\"\njournal_size = \"16 MiB\"\nsegment_size = \"1 MiB\"\n",
+                "[storage]\ndata_dir = \"{}\"\njournal_size = \"16 MiB\"\nsegment_size = \"1 MiB\"\n\
+                 reserve_bytes = \"4 MiB\"\nmin_free_bytes = \"256 MiB\"\n",
                 files.data_dir(replica).display()
             ));
             std::fs::write(files.config(replica), text).expect("write config");
@@ -420,16 +421,22 @@ pub fn log_of(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
+/// The payload `numbered_batch` gives message `id` (its id field is `id + 1`).
+pub fn numbered_payload(id: u64, size: usize) -> Vec<u8> {
+    let mut payload = vec![0u8; size];
+    for (j, chunk) in payload.chunks_mut(8).enumerate() {
+        let word = (id.wrapping_mul(31) ^ j as u64).to_le_bytes();
+        chunk.copy_from_slice(&word[..chunk.len()]);
+    }
+    payload
+}
+
 /// A batch of `count` messages of `size` bytes with ids `first + 1..`; each payload is
 /// derived from its id, so a reader can tell any two apart.
 pub fn numbered_batch(first: u64, count: usize, size: usize) -> Vec<u8> {
     let mut builder = replication::wire::batch::BatchBuilder::with_capacity(count * (size + 64));
-    let mut payload = vec![0u8; size];
     for id in first..first + count as u64 {
-        for (j, chunk) in payload.chunks_mut(8).enumerate() {
-            let word = (id.wrapping_mul(31) ^ j as u64).to_le_bytes();
-            chunk.copy_from_slice(&word[..chunk.len()]);
-        }
+        let payload = numbered_payload(id, size);
         builder.push(replication::wire::batch::NewMessage {
             id: u128::from(id) + 1,
             timestamp_delta: 0,

@@ -395,6 +395,11 @@ impl PartitionLog {
         }
     }
 
+    /// Bytes of batches the segments hold.
+    pub fn stored_bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.len).sum()
+    }
+
     /// The number of segment files and the memory their sparse indexes hold.
     pub fn index_memory(&self) -> (usize, usize) {
         let bytes = self.segments.iter().map(|s| s.index.memory_bytes()).sum();

@@ -38,6 +38,11 @@ impl Groups {
         self.replicas.insert(replica.config().group, replica);
     }
 
+    /// Stops hosting `group` (its replica, with whatever it held in memory, is returned).
+    pub fn remove(&mut self, group: u64) -> Option<Replica> {
+        self.replicas.remove(&group)
+    }
+
     /// The replica of `group`.
     pub fn get(&self, group: u64) -> Option<&Replica> {
         self.replicas.get(&group)

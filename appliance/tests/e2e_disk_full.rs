@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use appliance::client::{Client, ClientError, ClientOptions, RetryPolicy};
 use appliance::protocol::reply::split_poll_body;
-use appliance::protocol::{Consumer, PollStrategy, Status};
+use appliance::protocol::{Consumer, PollStrategy, Retention, Status};
 use common::*;
 use replication::wire::batch;
 use replication::wire::PartitionKey;
@@ -248,6 +248,35 @@ fn a_producer_that_fills_the_budget_is_refused_and_reads_go_on() {
     let create = client.create_stream("more").expect_err("refused");
     assert_eq!(create.status(), Some(Status::StorageFull));
     read_back(&mut client, key, acked);
+    assert!(alive(&mut daemon), "the node is up");
+
+    // Retention frees space (the topic may hold 8 MiB): writes resume by themselves.
+    client
+        .update_topic(
+            key.stream,
+            key.topic,
+            Retention {
+                message_expiry: Retention::NEVER,
+                max_topic_size: 8 << 20,
+            },
+        )
+        .expect("update topic");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let resumed_at = loop {
+        match client.send_messages(key, &batch_at(acked)) {
+            Ok(reply) => break reply.base_offset,
+            Err(error) => {
+                assert_eq!(error.status(), Some(Status::StorageFull), "{error:?}");
+                assert!(Instant::now() < deadline, "writes never resumed");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    };
+    assert_eq!(resumed_at, acked, "offsets go on where they were");
+    wait_storage(&files, false, any, Duration::from_secs(5));
+    let first =
+        client.list_topics(key.stream).expect("list topics").topics[0].stored[0].first_offset;
+    assert!(first > 0, "retention moved the first offset");
     assert!(alive(&mut daemon), "the node is up");
 }
 

@@ -141,6 +141,63 @@ fn consume(cluster: &FakeCluster, count: &str, extra: &[&str]) -> Run {
 }
 
 #[test]
+fn topic_retention_is_set_at_create_changed_by_update_and_shown() {
+    let cluster = FakeCluster::start(1).unwrap();
+    let run = at(&cluster, &["stream", "create", "logs"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let run = at(
+        &cluster,
+        &[
+            "topic",
+            "create",
+            "logs",
+            "app",
+            "--partitions",
+            "2",
+            "--message-expiry",
+            "7d",
+            "--max-size",
+            "10GiB",
+        ],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.json()["message_expiry"], "7d");
+    assert_eq!(run.json()["max_size"], "10 GiB");
+    let run = at(
+        &cluster,
+        &["topic", "update", "logs", "app", "--max-size", "unlimited"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let shown = run.json();
+    assert_eq!(shown["message_expiry"], "7d", "kept: {shown}");
+    assert_eq!(shown["max_size"], "unlimited");
+    let run = at(&cluster, &["topic", "show", "logs", "app"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let retained = run.json()["retained"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(retained.len(), 2, "{}", run.stdout);
+    assert_eq!(retained[1]["first_offset"], 0);
+    // Bad values are usage errors, named.
+    let run = at(
+        &cluster,
+        &[
+            "topic",
+            "update",
+            "logs",
+            "app",
+            "--message-expiry",
+            "7 weeks",
+        ],
+    );
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("--message-expiry"), "{}", run.stderr);
+    let run = at(&cluster, &["topic", "update", "logs", "app"]);
+    assert_eq!(run.code, 2);
+}
+
+#[test]
 fn produce_then_consume_verifies_every_message() {
     let cluster = FakeCluster::start(3).unwrap();
     setup(&cluster, "1");

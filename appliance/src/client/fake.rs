@@ -78,6 +78,8 @@ struct SessionEntry {
 struct FakeStream {
     name: String,
     topics: BTreeMap<u32, (String, u32)>,
+    /// Per topic: message_expiry and max_topic_size as set.
+    retention: BTreeMap<u32, (u64, u64)>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -442,6 +444,7 @@ fn apply(s: &mut FakeState, request: &ClientRequest<'_>) -> Answer {
                 FakeStream {
                     name: name.clone(),
                     topics: BTreeMap::new(),
+                    retention: BTreeMap::new(),
                 },
             );
             ok(IdReply { id }.encode())
@@ -450,6 +453,8 @@ fn apply(s: &mut FakeState, request: &ClientRequest<'_>) -> Answer {
             stream_id,
             name,
             partitions,
+            message_expiry,
+            max_topic_size,
         } => {
             let Some(stream) = s.streams.get_mut(stream_id) else {
                 return fail(Status::NotFound);
@@ -462,6 +467,9 @@ fn apply(s: &mut FakeState, request: &ClientRequest<'_>) -> Answer {
             }
             let topic_id = stream.topics.keys().last().map_or(1, |k| k + 1);
             stream.topics.insert(topic_id, (name.clone(), *partitions));
+            stream
+                .retention
+                .insert(topic_id, (*message_expiry, *max_topic_size));
             for partition in 0..*partitions {
                 s.partitions.insert(
                     PartitionKey {
@@ -478,6 +486,20 @@ fn apply(s: &mut FakeState, request: &ClientRequest<'_>) -> Answer {
             }
             .encode())
         }
+        R::UpdateTopic {
+            stream_id,
+            topic_id,
+            message_expiry,
+            max_topic_size,
+        } => match s.streams.get_mut(stream_id) {
+            Some(stream) if stream.topics.contains_key(topic_id) => {
+                stream
+                    .retention
+                    .insert(*topic_id, (*message_expiry, *max_topic_size));
+                ok(Vec::new())
+            }
+            _ => fail(Status::NotFound),
+        },
         R::SendMessages {
             partition,
             batch: bytes,
@@ -577,10 +599,32 @@ fn read(s: &mut FakeState, request: &ClientRequest<'_>) -> Answer {
                 topics: st
                     .topics
                     .iter()
-                    .map(|(id, (name, partitions))| TopicInfo {
-                        topic_id: *id,
-                        name: name.clone(),
-                        partitions: *partitions,
+                    .map(|(id, (name, partitions))| {
+                        let (message_expiry, max_topic_size) =
+                            st.retention.get(id).copied().unwrap_or_default();
+                        TopicInfo {
+                            topic_id: *id,
+                            name: name.clone(),
+                            partitions: *partitions,
+                            message_expiry,
+                            max_topic_size,
+                            stored: (0..*partitions)
+                                .map(|partition| {
+                                    let key = PartitionKey {
+                                        stream: *stream_id,
+                                        topic: *id,
+                                        partition,
+                                    };
+                                    let end = s.partitions.get(&key).map_or(0, |p| p.next_offset);
+                                    PartitionRange {
+                                        partition,
+                                        end_offset: end,
+                                        segments: 1,
+                                        ..PartitionRange::default()
+                                    }
+                                })
+                                .collect(),
+                        }
                     })
                     .collect(),
             }

@@ -13,7 +13,7 @@ use crate::protocol::reply::{
     ListStreamsReply, ListTopicsReply, SendMessagesReply, PRIMARY_UNKNOWN,
 };
 use crate::protocol::request::{PERMISSIONS_MAX, POLL_COUNT_MAX};
-use crate::protocol::{ClientRequest, Consumer, PollStrategy, Status, StreamPermission};
+use crate::protocol::{ClientRequest, Consumer, PollStrategy, Retention, Status, StreamPermission};
 
 fn group_of(partition: PartitionKey) -> Result<u64, ClientError> {
     partition.pack().map_err(|e| ClientError::InvalidArgument {
@@ -65,23 +65,52 @@ impl Client {
         self.metadata_empty(ClientRequest::DeleteStream { stream_id })
     }
 
-    /// Creates a topic with partitions 0..partitions; returns its id.
+    /// Creates a topic with partitions 0..partitions and the server's retention
+    /// defaults; returns its id.
     pub fn create_topic(
         &mut self,
         stream_id: u32,
         name: &str,
         partitions: u32,
     ) -> Result<u32, ClientError> {
+        self.create_topic_with(stream_id, name, partitions, Retention::default())
+    }
+
+    /// As `create_topic`, with the topic's own retention.
+    pub fn create_topic_with(
+        &mut self,
+        stream_id: u32,
+        name: &str,
+        partitions: u32,
+        retention: Retention,
+    ) -> Result<u32, ClientError> {
         short("topic name", name.as_bytes())?;
         let request = ClientRequest::CreateTopic {
             stream_id,
             name: name.into(),
             partitions,
+            message_expiry: retention.message_expiry,
+            max_topic_size: retention.max_topic_size,
         };
         let body = self.call(METADATA_GROUP, &request)?;
         CreateTopicReply::decode(&body)
             .map(|r| r.topic_id)
             .map_err(|e| ClientError::body(server_of(self, METADATA_GROUP), "CreateTopic", e))
+    }
+
+    /// Changes a topic's retention.
+    pub fn update_topic(
+        &mut self,
+        stream_id: u32,
+        topic_id: u32,
+        retention: Retention,
+    ) -> Result<(), ClientError> {
+        self.metadata_empty(ClientRequest::UpdateTopic {
+            stream_id,
+            topic_id,
+            message_expiry: retention.message_expiry,
+            max_topic_size: retention.max_topic_size,
+        })
     }
 
     pub fn delete_topic(&mut self, stream_id: u32, topic_id: u32) -> Result<(), ClientError> {

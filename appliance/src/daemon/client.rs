@@ -14,9 +14,12 @@ use replication::wire::{
 use super::node::{Event, Node};
 use super::partitions::{self, POLL_BYTES_MAX};
 use crate::protocol::codec::Writer;
-use crate::protocol::reply::{ClusterMetadataReply, GroupInfo, NodeInfo, PRIMARY_UNKNOWN};
+use crate::protocol::reply::{
+    ClusterMetadataReply, GroupInfo, ListTopicsReply, NodeInfo, PartitionRange, TopicInfo,
+    PRIMARY_UNKNOWN,
+};
 use crate::protocol::{ClientRequest, PollStrategy, Status};
-use crate::state::{auth, Caller, Right};
+use crate::state::{auth, Caller, MetadataOp, Right};
 
 /// A failed login is answered after this delay (slows password guessing).
 pub const LOGIN_FAILURE_DELAY: Duration = Duration::from_millis(500);
@@ -242,6 +245,25 @@ impl Node {
             }
             _ => {
                 let prepared = self.state.prepare(caller, &request, now_us());
+                // DeleteSegments names a count; the prepare carries the offset it reaches
+                // in this node's segments.
+                let prepared = match (prepared, &request) {
+                    (
+                        Ok(MetadataOp::TruncatePartition { partition, .. }),
+                        ClientRequest::DeleteSegments { segments, .. },
+                    ) => match self.resolve_delete_segments(partition, *segments) {
+                        Some(first_offset) => Ok(MetadataOp::TruncatePartition {
+                            partition,
+                            first_offset,
+                        }),
+                        None if self.state.partitions().contains(&partition) => {
+                            // No sealed, committed segment to delete: nothing to do.
+                            return self.answer(connection, &header, Status::Ok, &[]);
+                        }
+                        None => Err(Status::NotFound),
+                    },
+                    (prepared, _) => prepared,
+                };
                 match prepared {
                     Ok(op) => {
                         let body = op.encode();
@@ -617,12 +639,40 @@ impl Node {
                 let Some(stream) = self.state.streams.get(stream_id) else {
                     return (Status::NotFound, Vec::new());
                 };
-                w.u32(stream.topics.len() as u32);
-                for (id, topic) in &stream.topics {
-                    w.u32(*id)
-                        .short_bytes(topic.name.as_bytes())
-                        .u32(topic.partition_count);
-                }
+                let topics = stream
+                    .topics
+                    .iter()
+                    .map(|(id, topic)| TopicInfo {
+                        topic_id: *id,
+                        name: topic.name.clone(),
+                        partitions: topic.partition_count,
+                        message_expiry: topic.message_expiry,
+                        max_topic_size: topic.max_topic_size,
+                        stored: (0..topic.partition_count)
+                            .filter_map(|partition| {
+                                let key = PartitionKey {
+                                    stream: *stream_id,
+                                    topic: *id,
+                                    partition,
+                                };
+                                let stored = self.stored(key)?;
+                                let segments = self
+                                    .partitions
+                                    .by_group
+                                    .get(&key.pack().ok()?)
+                                    .map_or(0, |p| p.log.index_memory().0);
+                                Some(PartitionRange {
+                                    partition,
+                                    first_offset: stored.first_offset,
+                                    end_offset: stored.committed_end,
+                                    bytes: stored.bytes,
+                                    segments: segments as u32,
+                                })
+                            })
+                            .collect(),
+                    })
+                    .collect();
+                return (Status::Ok, ListTopicsReply { topics }.encode());
             }
             ClientRequest::PollMessages {
                 partition,
@@ -658,21 +708,25 @@ impl Node {
                     return (Status::NotFound, Vec::new());
                 };
                 // The log also holds prepared, uncommitted batches: reads stop at the
-                // commit point.
+                // commit point. Reads start at the first retained offset (retention).
                 let end = stored.committed_end;
+                let first = self
+                    .state
+                    .retained_from(*partition)
+                    .max(stored.log.start_offset());
                 let batches = match strategy {
                     // At or past the end: nothing committed yet (an empty Ok).
                     PollStrategy::Offset(offset) if *offset >= end => Ok((*offset, Vec::new())),
                     PollStrategy::Offset(offset) => stored
                         .log
-                        .read_from_offset((*offset).max(stored.log.start_offset()), POLL_BYTES_MAX)
+                        .read_from_offset((*offset).max(first), POLL_BYTES_MAX)
                         .map(|b| (*offset, b)),
                     PollStrategy::Next => {
                         let next = stored
                             .offsets
                             .get(partitions::consumer_key(*consumer))
                             .map_or(0, |o| o + 1)
-                            .max(stored.log.start_offset());
+                            .max(first);
                         if next >= end {
                             Ok((next, Vec::new()))
                         } else {

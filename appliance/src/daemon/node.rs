@@ -235,6 +235,8 @@ pub struct Node {
     /// until space returns.
     pub(super) stopping: std::collections::BTreeSet<u64>,
     pub(super) paused: BTreeMap<u64, PartitionKey>,
+    /// Retention proposals in flight and deletions waiting for a checkpoint.
+    pub(super) retention: super::retention::RetentionWork,
 }
 
 /// The committed ops (and their sizes) a partition group keeps for repair, oldest first.
@@ -400,6 +402,7 @@ impl Node {
             storage,
             stopping: std::collections::BTreeSet::new(),
             paused: BTreeMap::new(),
+            retention: Default::default(),
         };
         node.sync_partitions().await?;
         node.pump().await?;
@@ -586,7 +589,11 @@ impl Node {
             let started = Instant::now();
             self.checkpoint_partition(group).await?;
             slow_step("partition checkpoint", started);
+            if self.retention.to_delete.contains(&group) {
+                self.delete_retained(group)?;
+            }
         }
+        self.retention_tick();
         let started = Instant::now();
         self.checkpoint_metadata().await?;
         slow_step("metadata checkpoint", started);
@@ -837,6 +844,12 @@ impl Node {
                         client: header.client,
                     };
                     let applied = self.state.apply(caller, &metadata_op);
+                    if let MetadataOp::TruncatePartition { partition, .. } = &metadata_op {
+                        self.on_retention_commit(*partition);
+                        if let Ok(group) = partition.pack() {
+                            self.delete_retained(group)?;
+                        }
+                    }
                     (applied.status, applied.body)
                 }
                 Err(error) => {
@@ -1012,6 +1025,9 @@ impl Node {
         self.groups.insert(replica);
         self.partitions.by_group.insert(group, opened.partition);
         self.repair_windows.remove(&group);
+        // Segments below the retained offset may be left from before (a restart, a
+        // state transfer): they go once the checkpoint allows.
+        self.retention.to_delete.insert(group);
         Ok(())
     }
 

@@ -1,7 +1,27 @@
-//! Retention: the metadata primary deletes whole sealed segments, oldest first, of topics
-//! past their message expiry or size limit, through the metadata group's consensus.
+//! Retention (docs/operations.md, "Disk space"): whole sealed segments are deleted,
+//! oldest first, never the active one, when their newest message is older than the
+//! topic's message expiry or while the topic holds more than its size limit.
+//!
+//! Every replica deletes the same segments. The metadata primary decides, from the
+//! segments it stores and its clock, and commits the decision as TruncatePartition (a
+//! partition's new first offset, a segment boundary) through the metadata group; each
+//! replica applies it from committed state: polls start at that offset at once, and the
+//! segment files below it are removed once the partition's checkpoint is past them
+//! (a restart replays from the checkpoint's own batch, which must stay readable).
+//! The primary proposes under an internal session of this node (`RETENTION_CLIENT`),
+//! so retried proposals are deduplicated by the client table like any request.
 
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant, SystemTime};
+
+use replication::vsr::{RequestOutcome, Status as VsrStatus};
+use replication::wire::{Frame, Header, Operation, PartitionKey, RequestHeader, METADATA_GROUP};
+
+use super::node::Node;
+use super::DaemonError;
+use crate::protocol::Retention;
+use crate::state::metadata::ROOT_USER_ID;
+use crate::state::MetadataOp;
 
 /// The server defaults ([retention]) and how often the primary looks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -11,4 +31,419 @@ pub struct RetentionSettings {
     /// Zero: no limit.
     pub max_topic_size: u64,
     pub check_ticks: u64,
+}
+
+/// The client id of a node's retention proposals (one per replica, below the ids the
+/// auto-commit writes use).
+pub const RETENTION_CLIENT: u128 = u128::MAX - (1 << 16);
+
+/// A proposal not committed within this long may be proposed again.
+const PROPOSAL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the primary has in flight.
+#[derive(Default)]
+pub struct RetentionWork {
+    /// Partitions with a proposal in flight, since when.
+    pending: BTreeMap<PartitionKey, Instant>,
+    /// A Register of the internal session is in flight since then.
+    registering: Option<Instant>,
+    /// The session epoch and the next request number of the proposals.
+    session: u64,
+    next_request: u64,
+    /// Partitions whose segments below the retained offset wait for a checkpoint.
+    pub(super) to_delete: BTreeSet<u64>,
+}
+
+/// A sealed segment as the decision sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sealed {
+    pub next_offset: u64,
+    pub bytes: u64,
+    /// When its last batch was written (the file's modification time).
+    pub written: SystemTime,
+}
+
+/// One partition as the decision sees it: its sealed segments above the retained
+/// offset, oldest first, and how many bytes it stores there in all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stored {
+    pub key: PartitionKey,
+    pub first_offset: u64,
+    pub committed_end: u64,
+    pub sealed: Vec<Sealed>,
+    pub bytes: u64,
+}
+
+/// The new first offset of each partition of one topic that retention moves (sans-IO:
+/// the unit tests drive it). A segment goes when its newest message is older than
+/// `expiry` at `now` (None: never), or while the topic holds more than `max_size` bytes
+/// (None: no limit), oldest written first across the topic's partitions. Only
+/// segments wholly below the committed end go.
+pub fn decide(
+    partitions: &[Stored],
+    expiry: Option<Duration>,
+    max_size: Option<u64>,
+    now: SystemTime,
+) -> Vec<(PartitionKey, u64)> {
+    // How many sealed segments of each partition go.
+    let mut cut: Vec<usize> = vec![0; partitions.len()];
+    let deletable = |p: &Stored, i: usize| {
+        p.sealed
+            .get(i)
+            .filter(|s| s.next_offset <= p.committed_end)
+            .copied()
+    };
+    if let Some(expiry) = expiry {
+        for (n, p) in partitions.iter().enumerate() {
+            while let Some(segment) = deletable(p, cut[n]) {
+                let age = now.duration_since(segment.written).unwrap_or_default();
+                if age <= expiry {
+                    break;
+                }
+                cut[n] += 1;
+            }
+        }
+    }
+    if let Some(max) = max_size {
+        let mut total: u64 = partitions.iter().map(|p| p.bytes).sum::<u64>()
+            - partitions
+                .iter()
+                .zip(&cut)
+                .map(|(p, c)| p.sealed[..*c].iter().map(|s| s.bytes).sum::<u64>())
+                .sum::<u64>();
+        while total > max {
+            let oldest = partitions
+                .iter()
+                .enumerate()
+                .filter_map(|(n, p)| deletable(p, cut[n]).map(|s| (s.written, n)))
+                .min();
+            let Some((_, n)) = oldest else { break };
+            total -= partitions[n].sealed[cut[n]].bytes;
+            cut[n] += 1;
+        }
+    }
+    partitions
+        .iter()
+        .zip(cut)
+        .filter(|(_, c)| *c > 0)
+        .map(|(p, c)| (p.key, p.sealed[c - 1].next_offset))
+        .collect()
+}
+
+/// A topic's setting resolved against the server default: None means never / no limit.
+fn resolve(topic: u64, default: u64) -> Option<u64> {
+    let value = if topic == Retention::SERVER_DEFAULT {
+        default
+    } else {
+        topic
+    };
+    (value != 0 && value != Retention::NEVER).then_some(value)
+}
+
+impl Node {
+    /// What this node stores of a partition, for the decision and ListTopics.
+    pub(super) fn stored(&self, key: PartitionKey) -> Option<Stored> {
+        let partition = self.partitions.by_group.get(&key.pack().ok()?)?;
+        let first_offset = self
+            .state
+            .retained_from(key)
+            .max(partition.log.start_offset());
+        let segments = partition.log.segments();
+        let mut sealed = Vec::new();
+        let mut bytes = 0;
+        for (i, (_, path, len)) in segments.iter().enumerate() {
+            let next_offset = segments
+                .get(i + 1)
+                .map_or(partition.log.next_offset(), |s| s.0);
+            if next_offset <= first_offset {
+                continue;
+            }
+            bytes += len;
+            if i + 1 < segments.len() {
+                let written = std::fs::metadata(path)
+                    .and_then(|m| m.modified())
+                    .unwrap_or_else(|_| SystemTime::now());
+                sealed.push(Sealed {
+                    next_offset,
+                    bytes: *len,
+                    written,
+                });
+            }
+        }
+        Some(Stored {
+            key,
+            first_offset,
+            committed_end: partition.committed_end,
+            sealed,
+            bytes,
+        })
+    }
+
+    /// The offset DeleteSegments of `segments` resolves to here: the end of the
+    /// `segments`-th committed sealed segment above the retained offset, or of the last
+    /// one when there are fewer (None: no sealed segment to delete).
+    pub(super) fn resolve_delete_segments(&self, key: PartitionKey, segments: u32) -> Option<u64> {
+        let stored = self.stored(key)?;
+        stored
+            .sealed
+            .iter()
+            .take_while(|s| s.next_offset <= stored.committed_end)
+            .take(segments.max(1) as usize)
+            .last()
+            .map(|s| s.next_offset)
+    }
+
+    /// On the metadata primary, every `[retention] check_interval`: decides what each
+    /// topic's retention deletes and proposes it.
+    pub(super) fn retention_tick(&mut self) {
+        if !self
+            .ticks
+            .is_multiple_of(self.settings.retention.check_ticks)
+        {
+            return;
+        }
+        let Some(metadata) = self.groups.get(METADATA_GROUP) else {
+            return;
+        };
+        if !metadata.is_primary()
+            || metadata.status() != VsrStatus::Normal
+            || !metadata.is_voter()
+            || metadata.op() != metadata.commit()
+        {
+            return;
+        }
+        let now = SystemTime::now();
+        self.retention
+            .pending
+            .retain(|_, at| at.elapsed() < PROPOSAL_TIMEOUT);
+        let defaults = self.settings.retention;
+        let mut proposals = Vec::new();
+        for (stream_id, stream) in &self.state.streams {
+            for (topic_id, topic) in &stream.topics {
+                let expiry = resolve(
+                    topic.message_expiry,
+                    defaults.message_expiry.as_micros() as u64,
+                )
+                .map(Duration::from_micros);
+                let max_size = resolve(topic.max_topic_size, defaults.max_topic_size);
+                if expiry.is_none() && max_size.is_none() {
+                    continue;
+                }
+                let stored: Vec<Stored> = (0..topic.partition_count)
+                    .filter_map(|partition| {
+                        self.stored(PartitionKey {
+                            stream: *stream_id,
+                            topic: *topic_id,
+                            partition,
+                        })
+                    })
+                    .collect();
+                proposals.extend(decide(&stored, expiry, max_size, now));
+            }
+        }
+        for (key, first_offset) in proposals {
+            if self.retention.pending.contains_key(&key) {
+                continue;
+            }
+            if !self.propose_truncate(key, first_offset) {
+                return;
+            }
+        }
+    }
+
+    /// Proposes TruncatePartition under this node's internal session (registering it
+    /// first when the client table does not hold it); false when no more can be
+    /// proposed now.
+    fn propose_truncate(&mut self, key: PartitionKey, first_offset: u64) -> bool {
+        let client = RETENTION_CLIENT - u128::from(self.settings.replica);
+        let Some(metadata) = self.groups.get_mut(METADATA_GROUP) else {
+            return false;
+        };
+        let mut header = RequestHeader::new();
+        header.frame.cluster = self.settings.cluster;
+        header.client = client;
+        header.user_id = ROOT_USER_ID;
+        let Some(session) = metadata.clients().get(client) else {
+            let registering = self.retention.registering;
+            if registering.is_some_and(|at| at.elapsed() < PROPOSAL_TIMEOUT) {
+                return false;
+            }
+            header.operation = Operation::Register as u8;
+            let frame = Frame::build(&header, &[]);
+            if matches!(
+                metadata.on_request(frame.as_bytes()),
+                RequestOutcome::Prepared { .. }
+            ) {
+                self.retention.registering = Some(Instant::now());
+            }
+            return false;
+        };
+        let work = &mut self.retention;
+        work.registering = None;
+        if work.session != session.session {
+            work.session = session.session;
+            work.next_request = 0;
+        }
+        // Above every committed request; proposals in flight take the numbers after.
+        work.next_request = work.next_request.max(session.request + 1);
+        header.session = session.session;
+        header.request = work.next_request;
+        header.operation = Operation::DeleteSegments as u8;
+        let body = MetadataOp::TruncatePartition {
+            partition: key,
+            first_offset,
+        }
+        .encode();
+        let frame = Frame::build(&header, &[]);
+        match metadata.on_request_prepared(frame.as_bytes(), Operation::TruncatePartition, &body) {
+            RequestOutcome::Prepared { .. } => {
+                tracing::info!(
+                    ?key,
+                    first_offset,
+                    "retention: proposing the segments below"
+                );
+                work.pending.insert(key, Instant::now());
+                work.next_request += 1;
+                true
+            }
+            RequestOutcome::PipelineFull | RequestOutcome::InProgress => false,
+            _ => {
+                // A session gone meanwhile: registered again at the next check.
+                self.reject("retention_not_prepared");
+                false
+            }
+        }
+    }
+
+    /// After a TruncatePartition commits: the proposal is settled and the partition's
+    /// files below the new offset go once its checkpoint allows.
+    pub(super) fn on_retention_commit(&mut self, key: PartitionKey) {
+        self.retention.pending.remove(&key);
+        if let Ok(group) = key.pack() {
+            self.retention.to_delete.insert(group);
+        }
+    }
+
+    /// Removes the segment files of `group` below its retained offset that no restart
+    /// needs: wholly below the batch of the partition's checkpoint op.
+    pub(super) fn delete_retained(&mut self, group: u64) -> Result<(), DaemonError> {
+        let Some(key) = Node::partition_key(group) else {
+            return Ok(());
+        };
+        let from = self.state.retained_from(key);
+        let Some(partition) = self.partitions.by_group.get_mut(&group) else {
+            self.retention.to_delete.remove(&group);
+            return Ok(());
+        };
+        let anchor = match partition.checkpoint_op {
+            0 => 0,
+            op => partition.prepares.get(op).map_or(0, |e| e.base_offset),
+        };
+        let below = from.min(anchor);
+        if below <= partition.log.start_offset() {
+            if from <= partition.log.start_offset() {
+                self.retention.to_delete.remove(&group);
+            }
+            return Ok(());
+        }
+        let removed = partition
+            .log
+            .delete_segments_before(below)
+            .map_err(|e| DaemonError::Runtime(format!("partition {key:?}: retention: {e}")))?;
+        if removed > 0 {
+            tracing::info!(
+                ?key,
+                removed,
+                first_offset = partition.log.start_offset(),
+                "retention: segments deleted"
+            );
+        }
+        if from <= partition.log.start_offset() || partition.log.segments().len() == 1 {
+            self.retention.to_delete.remove(&group);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(partition: u32) -> PartitionKey {
+        PartitionKey {
+            stream: 1,
+            topic: 1,
+            partition,
+        }
+    }
+
+    fn at(seconds: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(seconds)
+    }
+
+    /// A partition of sealed segments of 100 offsets and `bytes` each, written at the
+    /// given seconds, then an active segment of `active` bytes.
+    fn stored(partition: u32, written: &[u64], bytes: u64, active: u64) -> Stored {
+        let sealed: Vec<Sealed> = written
+            .iter()
+            .enumerate()
+            .map(|(i, w)| Sealed {
+                next_offset: (i as u64 + 1) * 100,
+                bytes,
+                written: at(*w),
+            })
+            .collect();
+        Stored {
+            key: key(partition),
+            first_offset: 0,
+            committed_end: sealed.len() as u64 * 100 + 50,
+            bytes: bytes * sealed.len() as u64 + active,
+            sealed,
+        }
+    }
+
+    #[test]
+    fn expiry_takes_the_segments_older_than_it_oldest_first() {
+        let p = stored(0, &[10, 20, 30, 40], 1000, 10);
+        let expiry = Some(Duration::from_secs(15));
+        // At 50: written at 10, 20 and 30 are older than 15 s; 40 is not.
+        assert_eq!(
+            decide(std::slice::from_ref(&p), expiry, None, at(50)),
+            vec![(key(0), 300)]
+        );
+        assert_eq!(
+            decide(std::slice::from_ref(&p), expiry, None, at(20)),
+            vec![]
+        );
+        // The active segment never goes, however old.
+        assert_eq!(decide(&[p], expiry, None, at(1000)), vec![(key(0), 400)]);
+    }
+
+    #[test]
+    fn size_takes_the_oldest_segments_across_the_topic_until_it_fits() {
+        let a = stored(0, &[10, 30, 50], 1000, 0);
+        let b = stored(1, &[20, 40, 60], 1000, 0);
+        // 6000 bytes, 3500 allowed: the three oldest (a@10, b@20, a@30) go.
+        let cut = decide(&[a.clone(), b.clone()], None, Some(3500), at(100));
+        assert_eq!(cut, vec![(key(0), 200), (key(1), 100)]);
+        assert_eq!(decide(&[a, b], None, Some(6000), at(100)), vec![]);
+    }
+
+    #[test]
+    fn nothing_above_the_committed_end_goes() {
+        let mut p = stored(0, &[10, 20, 30], 1000, 0);
+        p.committed_end = 150;
+        assert_eq!(
+            decide(&[p], Some(Duration::from_secs(1)), Some(0), at(100)),
+            vec![(key(0), 100)]
+        );
+    }
+
+    #[test]
+    fn topic_values_resolve_against_the_server_default() {
+        assert_eq!(resolve(Retention::SERVER_DEFAULT, 7), Some(7));
+        assert_eq!(resolve(Retention::SERVER_DEFAULT, 0), None);
+        assert_eq!(resolve(Retention::NEVER, 7), None);
+        assert_eq!(resolve(5, 7), Some(5));
+    }
 }

@@ -9,7 +9,9 @@ pub mod request;
 pub mod status;
 
 pub use codec::BodyError;
-pub use request::{ClientRequest, Consumer, PollStrategy, ReadCommand, StreamPermission};
+pub use request::{
+    ClientRequest, Consumer, PollStrategy, ReadCommand, Retention, StreamPermission,
+};
 pub use status::Status;
 
 #[cfg(test)]

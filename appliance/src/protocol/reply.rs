@@ -299,6 +299,23 @@ pub struct TopicInfo {
     pub topic_id: u32,
     pub name: String,
     pub partitions: u32,
+    /// The topic's own retention as set (0: the server default; u64::MAX: never / no
+    /// limit).
+    pub message_expiry: u64,
+    pub max_topic_size: u64,
+    /// What the answering node stores of each partition.
+    pub stored: Vec<PartitionRange>,
+}
+
+/// The offsets a partition retains on the answering node: `first_offset` (what a poll
+/// from offset 0 starts at) up to `end_offset` (committed), in `bytes` of `segments`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PartitionRange {
+    pub partition: u32,
+    pub first_offset: u64,
+    pub end_offset: u64,
+    pub bytes: u64,
+    pub segments: u32,
 }
 
 /// ListStreams: every stream the user may read, by id.
@@ -349,20 +366,50 @@ impl ListTopicsReply {
         for t in &self.topics {
             w.u32(t.topic_id)
                 .short_bytes(t.name.as_bytes())
-                .u32(t.partitions);
+                .u32(t.partitions)
+                .u64(t.message_expiry)
+                .u64(t.max_topic_size)
+                .u32(t.stored.len() as u32);
+            for p in &t.stored {
+                w.u32(p.partition)
+                    .u64(p.first_offset)
+                    .u64(p.end_offset)
+                    .u64(p.bytes)
+                    .u32(p.segments);
+            }
         }
         w.finish()
     }
 
     pub fn decode(body: &[u8]) -> Result<ListTopicsReply, BodyError> {
         decode_all(body, |r| {
-            let count = list_len(r, "topics", 10, LIST_MAX)?;
+            let count = list_len(r, "topics", 30, LIST_MAX)?;
             let topics = (0..count)
                 .map(|_| {
+                    let topic_id = r.u32("topic.topic_id")?;
+                    let name = r.name("topic.name")?;
+                    let partitions = r.u32("topic.partitions")?;
+                    let message_expiry = r.u64("topic.message_expiry")?;
+                    let max_topic_size = r.u64("topic.max_topic_size")?;
+                    let stored = list_len(r, "topic.stored", 32, LIST_MAX)?;
+                    let stored = (0..stored)
+                        .map(|_| {
+                            Ok(PartitionRange {
+                                partition: r.u32("stored.partition")?,
+                                first_offset: r.u64("stored.first_offset")?,
+                                end_offset: r.u64("stored.end_offset")?,
+                                bytes: r.u64("stored.bytes")?,
+                                segments: r.u32("stored.segments")?,
+                            })
+                        })
+                        .collect::<Result<Vec<_>, BodyError>>()?;
                     Ok(TopicInfo {
-                        topic_id: r.u32("topic.topic_id")?,
-                        name: r.name("topic.name")?,
-                        partitions: r.u32("topic.partitions")?,
+                        topic_id,
+                        name,
+                        partitions,
+                        message_expiry,
+                        max_topic_size,
+                        stored,
                     })
                 })
                 .collect::<Result<Vec<_>, BodyError>>()?;

@@ -95,11 +95,23 @@ fn samples() -> Vec<(Vec<u8>, fn(&[u8]) -> Result<Vec<u8>, BodyError>)> {
                         topic_id: 1,
                         name: "eu".into(),
                         partitions: 3,
+                        message_expiry: 3_600_000_000,
+                        max_topic_size: 1 << 30,
+                        stored: vec![PartitionRange {
+                            partition: 2,
+                            first_offset: 1000,
+                            end_offset: 5000,
+                            bytes: 4 << 20,
+                            segments: 4,
+                        }],
                     },
                     TopicInfo {
                         topic_id: 2,
                         name: "us".into(),
                         partitions: 1,
+                        message_expiry: 0,
+                        max_topic_size: u64::MAX,
+                        stored: Vec::new(),
                     },
                 ],
             }

@@ -11,6 +11,22 @@ pub const PERMISSIONS_MAX: usize = 1024;
 pub const POLL_COUNT_MAX: u32 = 100_000;
 
 /// Rights on one stream (stream_id 0: every stream).
+/// A topic's retention as CreateTopic and UpdateTopic carry it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Microseconds after which a sealed segment's messages expire; `SERVER_DEFAULT`
+    /// takes `[retention] message_expiry`, `NEVER` keeps them.
+    pub message_expiry: u64,
+    /// Bytes a topic may hold; `SERVER_DEFAULT` takes `[retention] max_topic_size`,
+    /// `NEVER` sets no limit.
+    pub max_topic_size: u64,
+}
+
+impl Retention {
+    pub const SERVER_DEFAULT: u64 = 0;
+    pub const NEVER: u64 = u64::MAX;
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct StreamPermission {
     pub stream_id: u32,
@@ -79,10 +95,21 @@ pub enum ClientRequest<'a> {
     DeleteStream {
         stream_id: u32,
     },
+    /// `message_expiry` in microseconds and `max_topic_size` in bytes, each 0 for the
+    /// server default ([retention]) and u64::MAX for never / no limit.
     CreateTopic {
         stream_id: u32,
         name: String,
         partitions: u32,
+        message_expiry: u64,
+        max_topic_size: u64,
+    },
+    /// Changes a topic's retention (the same encoding as CreateTopic's).
+    UpdateTopic {
+        stream_id: u32,
+        topic_id: u32,
+        message_expiry: u64,
+        max_topic_size: u64,
     },
     DeleteTopic {
         stream_id: u32,
@@ -265,6 +292,14 @@ impl<'a> ClientRequest<'a> {
                 stream_id: r.u32("stream_id")?,
                 name: r.name("name")?,
                 partitions: r.u32("partitions")?,
+                message_expiry: r.u64("message_expiry")?,
+                max_topic_size: r.u64("max_topic_size")?,
+            },
+            O::UpdateTopic => ClientRequest::UpdateTopic {
+                stream_id: r.u32("stream_id")?,
+                topic_id: r.u32("topic_id")?,
+                message_expiry: r.u64("message_expiry")?,
+                max_topic_size: r.u64("max_topic_size")?,
             },
             O::DeleteTopic => ClientRequest::DeleteTopic {
                 stream_id: r.u32("stream_id")?,
@@ -429,6 +464,7 @@ impl<'a> ClientRequest<'a> {
             R::CreateStream { .. } => (Operation::CreateStream, 0),
             R::DeleteStream { .. } => (Operation::DeleteStream, 0),
             R::CreateTopic { .. } => (Operation::CreateTopic, 0),
+            R::UpdateTopic { .. } => (Operation::UpdateTopic, 0),
             R::DeleteTopic { .. } => (Operation::DeleteTopic, 0),
             R::CreatePartitions { .. } => (Operation::CreatePartitions, 0),
             R::DeletePartitions { .. } => (Operation::DeletePartitions, 0),
@@ -480,10 +516,25 @@ impl<'a> ClientRequest<'a> {
                 stream_id,
                 name,
                 partitions,
+                message_expiry,
+                max_topic_size,
             } => {
                 w.u32(*stream_id)
                     .short_bytes(name.as_bytes())
-                    .u32(*partitions);
+                    .u32(*partitions)
+                    .u64(*message_expiry)
+                    .u64(*max_topic_size);
+            }
+            R::UpdateTopic {
+                stream_id,
+                topic_id,
+                message_expiry,
+                max_topic_size,
+            } => {
+                w.u32(*stream_id)
+                    .u32(*topic_id)
+                    .u64(*message_expiry)
+                    .u64(*max_topic_size);
             }
             R::DeleteTopic {
                 stream_id,

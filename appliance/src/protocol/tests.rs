@@ -31,6 +31,14 @@ fn samples() -> Vec<ClientRequest<'static>> {
             stream_id: 1,
             name: "eu".into(),
             partitions: 3,
+            message_expiry: 7 * 86_400_000_000,
+            max_topic_size: u64::MAX,
+        },
+        ClientRequest::UpdateTopic {
+            stream_id: 1,
+            topic_id: 2,
+            message_expiry: 0,
+            max_topic_size: 10 << 30,
         },
         ClientRequest::DeleteTopic {
             stream_id: 1,

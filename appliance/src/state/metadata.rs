@@ -42,8 +42,15 @@ pub struct Topic {
     pub partition_count: u32,
     pub groups: BTreeMap<u32, ConsumerGroup>,
     pub next_group_id: u32,
-    /// Per partition: sealed segments removed by TruncatePartition so far.
-    pub truncated_segments: BTreeMap<u32, u64>,
+    /// Retention: microseconds (0: the server default, u64::MAX: never) and bytes (0:
+    /// the server default, u64::MAX: no limit).
+    #[serde(default)]
+    pub message_expiry: u64,
+    #[serde(default)]
+    pub max_topic_size: u64,
+    /// Per partition: the first offset retained (TruncatePartition); absent: 0.
+    #[serde(default)]
+    pub retained_from: BTreeMap<u32, u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,6 +123,16 @@ fn bits(p: &StreamPermission) -> u8 {
 }
 
 impl MetadataState {
+    /// The first offset retained of a partition (0 until retention or DeleteSegments
+    /// moved it).
+    pub fn retained_from(&self, key: PartitionKey) -> u64 {
+        self.streams
+            .get(&key.stream)
+            .and_then(|s| s.topics.get(&key.topic))
+            .and_then(|t| t.retained_from.get(&key.partition).copied())
+            .unwrap_or(0)
+    }
+
     /// The state a freshly formatted cluster starts with: only the root user.
     pub fn formatted(root_username: &str, root_password_hash: String) -> MetadataState {
         let mut state = MetadataState {
@@ -231,6 +248,8 @@ impl MetadataState {
                 stream_id,
                 name,
                 partitions,
+                message_expiry,
+                max_topic_size,
             } => {
                 need(*stream_id, Right::Manage)?;
                 MetadataOp::CreateTopic {
@@ -238,6 +257,8 @@ impl MetadataState {
                     name: name.clone(),
                     partitions: *partitions,
                     created_at: now,
+                    message_expiry: *message_expiry,
+                    max_topic_size: *max_topic_size,
                 }
             }
             R::DeleteTopic {
@@ -274,14 +295,27 @@ impl MetadataState {
                     count: *count,
                 }
             }
-            R::DeleteSegments {
-                partition,
-                segments,
-            } => {
+            R::DeleteSegments { partition, .. } => {
                 need(partition.stream, Right::Manage)?;
+                // The node resolves the segment count to an offset from its own
+                // segments (daemon/retention.rs) before it prepares this.
                 MetadataOp::TruncatePartition {
                     partition: *partition,
-                    segments: *segments,
+                    first_offset: 0,
+                }
+            }
+            R::UpdateTopic {
+                stream_id,
+                topic_id,
+                message_expiry,
+                max_topic_size,
+            } => {
+                need(*stream_id, Right::Manage)?;
+                MetadataOp::UpdateTopic {
+                    stream_id: *stream_id,
+                    topic_id: *topic_id,
+                    message_expiry: *message_expiry,
+                    max_topic_size: *max_topic_size,
                 }
             }
             R::CreateUser {
@@ -413,6 +447,8 @@ impl MetadataState {
                 name,
                 partitions,
                 created_at,
+                message_expiry,
+                max_topic_size,
             } => {
                 let Some(stream) = self.streams.get_mut(stream_id) else {
                     return Applied::fail(Status::NotFound);
@@ -436,12 +472,27 @@ impl MetadataState {
                         partition_count: *partitions,
                         groups: BTreeMap::new(),
                         next_group_id: 1,
-                        truncated_segments: BTreeMap::new(),
+                        message_expiry: *message_expiry,
+                        max_topic_size: *max_topic_size,
+                        retained_from: BTreeMap::new(),
                     },
                 );
                 let mut body = id.to_le_bytes().to_vec();
                 body.extend_from_slice(&partitions.to_le_bytes());
                 Applied::ok(body)
+            }
+            M::UpdateTopic {
+                stream_id,
+                topic_id,
+                message_expiry,
+                max_topic_size,
+            } => {
+                let Some(topic) = self.topic_mut(*stream_id, *topic_id) else {
+                    return Applied::fail(Status::NotFound);
+                };
+                topic.message_expiry = *message_expiry;
+                topic.max_topic_size = *max_topic_size;
+                Applied::ok(Vec::new())
             }
             M::DeleteTopic {
                 stream_id,
@@ -483,12 +534,12 @@ impl MetadataState {
                 }
                 topic.partition_count -= count;
                 let remaining = topic.partition_count;
-                topic.truncated_segments.retain(|p, _| *p < remaining);
+                topic.retained_from.retain(|p, _| *p < remaining);
                 Applied::ok(remaining.to_le_bytes().to_vec())
             }
             M::TruncatePartition {
                 partition,
-                segments,
+                first_offset,
             } => {
                 let Some(topic) = self.topic_mut(partition.stream, partition.topic) else {
                     return Applied::fail(Status::NotFound);
@@ -496,10 +547,9 @@ impl MetadataState {
                 if partition.partition >= topic.partition_count {
                     return Applied::fail(Status::NotFound);
                 }
-                *topic
-                    .truncated_segments
-                    .entry(partition.partition)
-                    .or_default() += u64::from(*segments);
+                // Never moves back: a later op naming a lower offset changes nothing.
+                let from = topic.retained_from.entry(partition.partition).or_default();
+                *from = (*from).max(*first_offset);
                 Applied::ok(Vec::new())
             }
             M::CreateUser {

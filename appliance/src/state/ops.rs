@@ -25,6 +25,14 @@ pub enum MetadataOp {
         name: String,
         partitions: u32,
         created_at: u64,
+        message_expiry: u64,
+        max_topic_size: u64,
+    },
+    UpdateTopic {
+        stream_id: u32,
+        topic_id: u32,
+        message_expiry: u64,
+        max_topic_size: u64,
     },
     DeleteTopic {
         stream_id: u32,
@@ -41,10 +49,12 @@ pub enum MetadataOp {
         topic_id: u32,
         count: u32,
     },
-    /// TruncatePartition (68): DeleteSegments as resolved by the primary.
+    /// TruncatePartition (68): the partition's first retained offset becomes
+    /// `first_offset` (a segment boundary): DeleteSegments as the primary resolved it
+    /// from its segments, or retention.
     TruncatePartition {
         partition: PartitionKey,
-        segments: u32,
+        first_offset: u64,
     },
     CreateUser {
         username: String,
@@ -108,6 +118,7 @@ impl MetadataOp {
             M::CreateStream { .. } => Operation::CreateStream,
             M::DeleteStream { .. } => Operation::DeleteStream,
             M::CreateTopic { .. } => Operation::CreateTopicWithAssignments,
+            M::UpdateTopic { .. } => Operation::UpdateTopic,
             M::DeleteTopic { .. } => Operation::DeleteTopic,
             M::CreatePartitions { .. } => Operation::CreatePartitionsWithAssignments,
             M::DeletePartitions { .. } => Operation::DeletePartitions,
@@ -139,11 +150,26 @@ impl MetadataOp {
                 name,
                 partitions,
                 created_at,
+                message_expiry,
+                max_topic_size,
             } => {
                 w.u32(*stream_id)
                     .short_bytes(name.as_bytes())
                     .u32(*partitions)
-                    .u64(*created_at);
+                    .u64(*created_at)
+                    .u64(*message_expiry)
+                    .u64(*max_topic_size);
+            }
+            M::UpdateTopic {
+                stream_id,
+                topic_id,
+                message_expiry,
+                max_topic_size,
+            } => {
+                w.u32(*stream_id)
+                    .u32(*topic_id)
+                    .u64(*message_expiry)
+                    .u64(*max_topic_size);
             }
             M::DeleteTopic {
                 stream_id,
@@ -165,12 +191,12 @@ impl MetadataOp {
             }
             M::TruncatePartition {
                 partition,
-                segments,
+                first_offset,
             } => {
                 w.u32(partition.stream)
                     .u32(partition.topic)
                     .u32(partition.partition)
-                    .u32(*segments);
+                    .u64(*first_offset);
             }
             M::CreateUser {
                 username,
@@ -248,6 +274,14 @@ impl MetadataOp {
                 name: r.name("name")?,
                 partitions: r.u32("partitions")?,
                 created_at: r.u64("created_at")?,
+                message_expiry: r.u64("message_expiry")?,
+                max_topic_size: r.u64("max_topic_size")?,
+            },
+            O::UpdateTopic => MetadataOp::UpdateTopic {
+                stream_id: r.u32("stream_id")?,
+                topic_id: r.u32("topic_id")?,
+                message_expiry: r.u64("message_expiry")?,
+                max_topic_size: r.u64("max_topic_size")?,
             },
             O::DeleteTopic => MetadataOp::DeleteTopic {
                 stream_id: r.u32("stream_id")?,
@@ -276,7 +310,7 @@ impl MetadataOp {
                     topic: r.u32("topic_id")?,
                     partition: r.u32("partition_id")?,
                 },
-                segments: r.u32("segments")?,
+                first_offset: r.u64("first_offset")?,
             },
             O::CreateUser => MetadataOp::CreateUser {
                 username: r.name("username")?,

@@ -53,6 +53,8 @@ fn replicas_applying_the_same_ops_hold_the_same_state_and_ids() {
         stream_id: 1,
         name: "eu".into(),
         partitions: 3,
+        message_expiry: 0,
+        max_topic_size: 0,
     };
     let r = run(&a.clone(), &mut [&mut a, &mut b], ROOT, topic);
     assert_eq!(r.status, Status::Ok);
@@ -155,6 +157,8 @@ fn permissions_are_checked_per_stream_and_right() {
         stream_id: 1,
         name: "t".into(),
         partitions: 1,
+        message_expiry: 0,
+        max_topic_size: 0,
     };
     assert_eq!(
         state.prepare(caller, &topic, 0),
@@ -196,21 +200,7 @@ fn permissions_are_checked_per_stream_and_right() {
 
 #[test]
 fn partitions_grow_shrink_and_bound() {
-    let mut state = formatted();
-    state.apply(
-        ROOT,
-        &MetadataOp::CreateStream {
-            name: "s".into(),
-            created_at: 0,
-        },
-    );
-    let create = MetadataOp::CreateTopic {
-        stream_id: 1,
-        name: "t".into(),
-        partitions: 2,
-        created_at: 0,
-    };
-    assert_eq!(state.apply(ROOT, &create).status, Status::Ok);
+    let mut state = with_topic(2);
     assert_eq!(
         state
             .apply(
@@ -265,6 +255,8 @@ fn partitions_grow_shrink_and_bound() {
         name: "big".into(),
         partitions: 10_001,
         created_at: 0,
+        message_expiry: 0,
+        max_topic_size: 0,
     };
     assert_eq!(state.apply(ROOT, &too_many).status, Status::InvalidRequest);
     assert_eq!(
@@ -298,6 +290,8 @@ fn consumer_group_membership_follows_the_client() {
             name: "t".into(),
             partitions: 1,
             created_at: 0,
+            message_expiry: 0,
+            max_topic_size: 0,
         },
     );
     let group = state.apply(
@@ -365,4 +359,113 @@ fn prepared_permission_lists_are_as_strict_as_client_ones() {
     assert!(MetadataOp::decode(op.operation(), &body).is_err());
     body[last] &= 0b0111;
     assert_eq!(MetadataOp::decode(op.operation(), &body), Ok(op));
+}
+
+/// A stream with one topic of `partitions` partitions.
+fn with_topic(partitions: u32) -> MetadataState {
+    let mut state = formatted();
+    state.apply(
+        ROOT,
+        &MetadataOp::CreateStream {
+            name: "s".into(),
+            created_at: 0,
+        },
+    );
+    let create = MetadataOp::CreateTopic {
+        stream_id: 1,
+        name: "t".into(),
+        partitions,
+        created_at: 0,
+        message_expiry: 0,
+        max_topic_size: 0,
+    };
+    assert_eq!(state.apply(ROOT, &create).status, Status::Ok);
+    state
+}
+
+#[test]
+fn retention_offsets_only_move_forward_whatever_order_their_ops_commit_in() {
+    let key = PartitionKey {
+        stream: 1,
+        topic: 1,
+        partition: 1,
+    };
+    let truncate = |first_offset| MetadataOp::TruncatePartition {
+        partition: key,
+        first_offset,
+    };
+    // Two primaries in turn proposed 900 and 500 (the older one's decision committed
+    // after a view change, or a retry): every replica keeps 900, in either order, and
+    // a repeated op changes nothing.
+    let mut a = with_topic(2);
+    let mut b = a.clone();
+    for op in [truncate(900), truncate(500), truncate(900)] {
+        assert_eq!(a.apply(ROOT, &op).status, Status::Ok);
+    }
+    for op in [truncate(500), truncate(900)] {
+        assert_eq!(b.apply(ROOT, &op).status, Status::Ok);
+    }
+    assert_eq!(a, b);
+    assert_eq!(a.retained_from(key), 900);
+    assert_eq!(
+        a.retained_from(PartitionKey {
+            partition: 0,
+            ..key
+        }),
+        0
+    );
+    // A partition that does not exist is refused, and changes nothing.
+    let missing = MetadataOp::TruncatePartition {
+        partition: PartitionKey {
+            partition: 2,
+            ..key
+        },
+        first_offset: 10,
+    };
+    assert_eq!(a.apply(ROOT, &missing).status, Status::NotFound);
+    assert_eq!(a, b);
+    // Deleting the partition forgets its offset; created again, it starts at 0.
+    let shrink = MetadataOp::DeletePartitions {
+        stream_id: 1,
+        topic_id: 1,
+        count: 1,
+    };
+    assert_eq!(a.apply(ROOT, &shrink).status, Status::Ok);
+    let grow = MetadataOp::CreatePartitions {
+        stream_id: 1,
+        topic_id: 1,
+        count: 1,
+    };
+    assert_eq!(a.apply(ROOT, &grow).status, Status::Ok);
+    assert_eq!(a.retained_from(key), 0);
+}
+
+#[test]
+fn topic_retention_is_set_at_create_and_changed_by_update() {
+    let mut state = with_topic(1);
+    let update = MetadataOp::UpdateTopic {
+        stream_id: 1,
+        topic_id: 1,
+        message_expiry: 3_600_000_000,
+        max_topic_size: 1 << 30,
+    };
+    assert_eq!(state.apply(ROOT, &update).status, Status::Ok);
+    let topic = &state.streams[&1].topics[&1];
+    assert_eq!(
+        (topic.message_expiry, topic.max_topic_size),
+        (3_600_000_000, 1 << 30)
+    );
+    let missing = MetadataOp::UpdateTopic {
+        stream_id: 1,
+        topic_id: 9,
+        message_expiry: 0,
+        max_topic_size: 0,
+    };
+    assert_eq!(state.apply(ROOT, &missing).status, Status::NotFound);
+    // Prepared UpdateTopic round-trips through the metadata body.
+    let body = update.encode();
+    assert_eq!(
+        MetadataOp::decode(replication::wire::Operation::UpdateTopic, &body),
+        Ok(update)
+    );
 }

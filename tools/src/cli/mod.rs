@@ -6,6 +6,7 @@ pub mod consume;
 pub mod derive;
 pub mod produce;
 pub mod status;
+pub mod topic;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -71,7 +72,7 @@ pub enum Cmd {
     /// Topics.
     Topic {
         #[command(subcommand)]
-        action: TopicCmd,
+        action: topic::TopicCmd,
     },
     /// Send generated messages derived from --seed; report what was acknowledged.
     Produce(produce::ProduceArgs),
@@ -90,17 +91,6 @@ pub enum Cmd {
 pub enum StreamCmd {
     /// Create a stream.
     Create { name: String },
-}
-
-#[derive(Subcommand, Debug)]
-pub enum TopicCmd {
-    /// Create a topic in STREAM (id or name).
-    Create {
-        stream: String,
-        name: String,
-        #[arg(long)]
-        partitions: u32,
-    },
 }
 
 /// Why a command failed: bad usage (exit 2) or a runtime failure (exit 1).
@@ -292,27 +282,7 @@ pub fn run(cli: &Cli) -> Result<Report, CliError> {
                 json: json!({"stream_id": id, "name": name}),
             })
         }
-        Cmd::Topic {
-            action:
-                TopicCmd::Create {
-                    stream,
-                    name,
-                    partitions,
-                },
-        } => {
-            if *partitions == 0 {
-                return Err(CliError::Usage("--partitions must be at least 1".into()));
-            }
-            let mut client = connect(&cli.global)?;
-            let stream_id = stream_id(&mut client, stream)?;
-            let id = client.create_topic(stream_id, name, *partitions)?;
-            Ok(Report {
-                text: format!(
-                    "topic {name:?} created in stream {stream_id} with id {id} and {partitions} partitions"
-                ),
-                json: json!({"stream_id": stream_id, "topic_id": id, "name": name, "partitions": partitions}),
-            })
-        }
+        Cmd::Topic { action } => topic::run(&cli.global, action),
         Cmd::Produce(args) => produce::run(&cli.global, args),
         Cmd::Consume(args) => consume::run(&cli.global, args),
         Cmd::Status(args) => status::run(&cli.global, args),

@@ -256,6 +256,39 @@ fn retention_deletes_whole_old_segments_only() {
 }
 
 #[test]
+fn segments_taken_for_retention_leave_the_log_before_their_files_go() {
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let (mut log, _) = PartitionLog::open(dir.path(), PARTITION, config(Durability::None))
+            .await
+            .unwrap();
+        fill(&mut log, 100).await;
+        let before = log.segments();
+        let cut = before[2].0;
+        // A cut inside the third segment takes only the two wholly below it.
+        let files = log.take_segments_before(cut + 1);
+        assert_eq!(files.len(), 6);
+        assert_eq!(files[0], before[0].1);
+        assert_eq!(log.start_offset(), cut);
+        assert!(before[0].1.exists(), "the files are the caller's to remove");
+        assert_eq!(log.read_from_offset(cut, 1).unwrap().len(), 1);
+        for path in &files {
+            let _ = std::fs::remove_file(path);
+        }
+        log.close().await.unwrap();
+        // Reopened, the log starts where the taken segments ended.
+        let (mut log, _) = PartitionLog::open(dir.path(), PARTITION, config(Durability::None))
+            .await
+            .unwrap();
+        assert_eq!(log.start_offset(), cut);
+        // Never the active segment.
+        log.take_segments_before(u64::MAX);
+        assert_eq!(log.segments().len(), 1);
+        log.close().await.unwrap();
+    });
+}
+
+#[test]
 fn interval_durability_syncs_once_the_interval_passes() {
     let dir = tempfile::tempdir().unwrap();
     run(async {

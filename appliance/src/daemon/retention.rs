@@ -346,22 +346,41 @@ impl Node {
             }
             return Ok(());
         }
-        let removed = partition
-            .log
-            .delete_segments_before(below)
-            .map_err(|e| DaemonError::Runtime(format!("partition {key:?}: retention: {e}")))?;
-        if removed > 0 {
+        let files = partition.log.take_segments_before(below);
+        if !files.is_empty() {
             tracing::info!(
                 ?key,
-                removed,
+                segments = files.len() / 3,
                 first_offset = partition.log.start_offset(),
                 "retention: segments deleted"
             );
+            // Unlinking and the directory sync run on the blocking pool, never in the
+            // node loop; what a crash leaves is removed after the restart.
+            let dir = partition.dir.clone();
+            let removal = glommio::executor().spawn_blocking(move || remove_files(&dir, &files));
+            glommio::spawn_local(removal).detach();
         }
         if from <= partition.log.start_offset() || partition.log.segments().len() == 1 {
             self.retention.to_delete.remove(&group);
         }
         Ok(())
+    }
+}
+
+/// Removes segment files retention took (a missing index file is no error) and syncs
+/// their directory.
+fn remove_files(dir: &std::path::Path, files: &[std::path::PathBuf]) {
+    for path in files {
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => {
+                tracing::error!(path = %path.display(), %error, "retention: cannot remove");
+            }
+        }
+    }
+    if let Err(error) = std::fs::File::open(dir).and_then(|d| d.sync_all()) {
+        tracing::error!(dir = %dir.display(), %error, "retention: cannot sync the directory");
     }
 }
 

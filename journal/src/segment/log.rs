@@ -795,6 +795,22 @@ impl PartitionLog {
         Ok(())
     }
 
+    /// Takes whole sealed segments that hold only offsets below `offset` out of the log
+    /// (retention) and returns their files (log first, then the index files) for the
+    /// caller to remove off the IO thread: nothing reads them once taken, and a crash
+    /// before they are removed leaves files below the start that the caller removes
+    /// again. The active segment is never taken.
+    pub fn take_segments_before(&mut self, offset: u64) -> Vec<PathBuf> {
+        let mut files = Vec::new();
+        while self.segments.len() > 1 && self.segments[0].next_offset <= offset {
+            let base = self.segments.remove(0).base_offset;
+            for extension in ["log", "index", "timeindex"] {
+                files.push(self.dir.join(segment_file_name(base, extension)));
+            }
+        }
+        files
+    }
+
     /// Deletes whole sealed segments that hold only offsets below `offset` (retention).
     /// The active segment is never deleted. Returns how many were removed.
     pub fn delete_segments_before(&mut self, offset: u64) -> Result<usize> {

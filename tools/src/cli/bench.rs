@@ -564,9 +564,20 @@ fn check_acks(
             }
             next = Some(a.base_offset + u64::from(a.count));
         }
-        let mut ends = vec![list[0]];
-        if list.len() > 1 {
-            ends.push(list[list.len() - 1]);
+        // Retention may have deleted the oldest batches: the first one checked is the
+        // first acknowledged at or above the partition's first retained offset.
+        let retained = retained_from(&mut client, target, *partition);
+        let mut ends: Vec<Ack> = list
+            .iter()
+            .find(|a| a.base_offset >= retained)
+            .copied()
+            .into_iter()
+            .collect();
+        if let Some(last) = list
+            .last()
+            .filter(|l| ends.first().map(|e| e.base_offset) != Some(l.base_offset))
+        {
+            ends.push(*last);
         }
         for a in ends {
             compare_batch(&mut client, args, target.key(*partition), &a)?;
@@ -574,6 +585,16 @@ fn check_acks(
         }
     }
     Ok(read_back)
+}
+
+/// The first offset the cluster retains of a partition (0 when it cannot tell).
+fn retained_from(client: &mut Client, target: &Target, partition: u32) -> u64 {
+    client
+        .list_topics(target.stream)
+        .ok()
+        .and_then(|list| list.topics.into_iter().find(|t| t.topic_id == target.topic))
+        .and_then(|t| t.stored.into_iter().find(|p| p.partition == partition))
+        .map_or(0, |p| p.first_offset)
 }
 
 /// Reads the acked batch back and compares every message with what was sent.

@@ -27,10 +27,15 @@ struct LoopMount {
 }
 
 impl LoopMount {
-    /// None when not root (mounting needs it); the test then says it did not run.
+    /// None when not root (mounting needs it); the test then says it did not run,
+    /// unless REQUIRE_LOOP_MOUNT is set (CI), where that is a failure.
     fn new(dir: &Path, mib: u64) -> Option<LoopMount> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
+            assert!(
+                std::env::var_os("REQUIRE_LOOP_MOUNT").is_none(),
+                "REQUIRE_LOOP_MOUNT is set but the test does not run as root"
+            );
             return None;
         }
         let image = dir.join("disk.img");

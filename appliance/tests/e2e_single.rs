@@ -101,6 +101,8 @@ fn single_node_produces_consumes_and_keeps_data_across_a_restart() {
     let mut body = stream.to_le_bytes().to_vec();
     body.extend_from_slice(&short("events"));
     body.extend_from_slice(&PARTITIONS.to_le_bytes());
+    // Retention: message_expiry and max_topic_size 0, the server's defaults.
+    body.extend_from_slice(&[0u8; 16]);
     let reply = client.write(Operation::CreateTopic, &body).expect("topic");
     assert_eq!(reply.status(), 0, "create topic: {:?}", reply.body);
     let topic = u32_at(&reply.body, 0);
@@ -380,6 +382,8 @@ fn a_new_sessions_request_numbers_are_never_taken_for_an_old_sessions_retries() 
     let mut body = stream.to_le_bytes().to_vec();
     body.extend_from_slice(&short("t"));
     body.extend_from_slice(&1u32.to_le_bytes());
+    // Retention: message_expiry and max_topic_size 0, the server's defaults.
+    body.extend_from_slice(&[0u8; 16]);
     let topic = u32_at(
         &client
             .write(Operation::CreateTopic, &body)

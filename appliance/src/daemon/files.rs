@@ -24,6 +24,10 @@ const MAGIC_GENESIS: &[u8; 4] = b"AGN1";
 const MAGIC_CHECKPOINT: &[u8; 4] = b"ACP1";
 const MAGIC_VSR: &[u8; 4] = b"AVS1";
 const MAGIC_CLIENT_TABLE: &[u8; 4] = b"ACT1";
+/// The metadata op up to which this node's metadata group applied ops before it voted
+/// again after losing its state (node.rs, `partition_replica`).
+pub const REPLACED_UPTO_FILE: &str = "metadata-replaced-upto";
+const MAGIC_REPLACED_UPTO: &[u8; 4] = b"ARU1";
 /// The suffix never exceeds the DVC bitset width.
 const SUFFIX_HEADERS_MAX: usize = replication::vsr::SUFFIX_MAX;
 
@@ -96,6 +100,30 @@ fn read_checked(path: &Path, magic: &[u8; 4]) -> Result<Option<Vec<u8>>, FileErr
         return Err(corrupt("checksum mismatch"));
     }
     Ok(Some(content[4..].to_vec()))
+}
+
+/// Records the metadata op up to which partition groups created here count as lost
+/// with the node's state.
+pub fn write_replaced_upto(dir: &Path, op: u64) -> Result<(), FileError> {
+    write_durable(
+        &dir.join(REPLACED_UPTO_FILE),
+        MAGIC_REPLACED_UPTO,
+        &op.to_le_bytes(),
+    )
+}
+
+/// The op `write_replaced_upto` stored (0 when never written).
+pub fn read_replaced_upto(dir: &Path) -> Result<u64, FileError> {
+    let path = dir.join(REPLACED_UPTO_FILE);
+    match read_checked(&path, MAGIC_REPLACED_UPTO)? {
+        None => Ok(0),
+        Some(bytes) => <[u8; 8]>::try_from(bytes.as_slice())
+            .map(u64::from_le_bytes)
+            .map_err(|_| FileError::Corrupt {
+                path: path.display().to_string(),
+                reason: "not an op number",
+            }),
+    }
 }
 
 /// Writes the genesis metadata state (format only).

@@ -237,6 +237,9 @@ pub struct Node {
     pub(super) paused: BTreeMap<u64, PartitionKey>,
     /// Retention proposals in flight and deletions waiting for a checkpoint.
     pub(super) retention: super::retention::RetentionWork,
+    /// Metadata ops up to this one were applied here before this node's metadata group
+    /// voted again after losing its state (persisted before the group votes).
+    pub(super) replaced_upto: u64,
 }
 
 /// The committed ops (and their sizes) a partition group keeps for repair, oldest first.
@@ -367,6 +370,12 @@ impl Node {
         groups.insert(replica);
         let (io_done_tx, io_done) = glommio::channels::local_channel::new_unbounded();
         let storage = super::storage::StorageState::open(&settings.data_dir, settings.budget);
+        // Unreadable, it is taken as high as it may be: every partition group this node
+        // starts empty then waits to catch up before it votes.
+        let replaced_upto = files::read_replaced_upto(&settings.data_dir).unwrap_or_else(|error| {
+            tracing::error!(%error, "metadata-replaced-upto unreadable");
+            u64::MAX
+        });
         let mut node = Node {
             settings,
             bus,
@@ -403,6 +412,7 @@ impl Node {
             stopping: std::collections::BTreeSet::new(),
             paused: BTreeMap::new(),
             retention: Default::default(),
+            replaced_upto,
         };
         node.sync_partitions().await?;
         node.pump().await?;
@@ -804,6 +814,19 @@ impl Node {
         superblock: &vsr::Superblock,
     ) -> Result<(), DaemonError> {
         let dir = self.settings.data_dir.clone();
+        // Before the group may vote: the ops it applied as a non-voter are on record, so
+        // a restart still starts the partition groups they created as replacements.
+        let voter_since = self
+            .groups
+            .get(METADATA_GROUP)
+            .map_or(0, |replica| replica.voter_since());
+        if !superblock.replacement && voter_since > self.replaced_upto {
+            self.with_room("metadata-replaced-upto", || {
+                files::write_replaced_upto(&dir, voter_since).map_err(|e| e.to_string())
+            })
+            .map_err(DaemonError::Runtime)?;
+            self.replaced_upto = voter_since;
+        }
         // The reserve is this write's room on a full disk (storage.rs).
         self.with_room("VSR superblock", || {
             files::write_vsr_superblock(&dir, superblock).map_err(|e| e.to_string())
@@ -1092,11 +1115,19 @@ impl Node {
             )
             .ok_or_else(|| fail(format!("checkpoint op {} anchor is invalid", stored.op)));
         }
-        let metadata_votes = self
-            .groups
-            .get(METADATA_GROUP)
-            .is_none_or(|replica| replica.is_voter());
-        if entries.is_empty() && opened.superblock == vsr::Superblock::default() && !metadata_votes
+        let metadata = self.groups.get(METADATA_GROUP);
+        let metadata_votes = metadata.is_none_or(|replica| replica.is_voter());
+        // The core may have become a voter while the commits it made as a non-voter are
+        // still being applied: those ops count as applied before it voted.
+        let replaced_upto = self
+            .replaced_upto
+            .max(metadata.map_or(0, |replica| replica.voter_since()));
+        let before_voting =
+            !metadata_votes || (replaced_upto > 0 && self.metadata_applied <= replaced_upto);
+        if entries.is_empty()
+            && opened.superblock == vsr::Superblock::default()
+            && before_voting
+            && self.settings.replica_count > 1
         {
             // Created while this node's metadata group catches up after losing its
             // state: the lost state may have held this group and made promises in it.

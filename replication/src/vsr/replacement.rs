@@ -95,6 +95,14 @@ impl Replica {
         self.voter
     }
 
+    /// The commit point at which this replica, having lost its state, became a voter
+    /// again; 0 when it never was a replacement since it started. Ops at or below it were
+    /// committed before it voted: the driver treats what they created (partition groups)
+    /// as lost with its state.
+    pub fn voter_since(&self) -> u64 {
+        self.voter_since
+    }
+
     /// What a non-voter waits for; None for a voter.
     pub fn recovery_wait(&self) -> Option<RecoveryWait> {
         if self.voter {
@@ -434,6 +442,7 @@ impl Replica {
             return;
         }
         self.voter = true;
+        self.voter_since = self.commit;
         self.recover = None;
         self.superblock.replacement = false;
         // Durable before the first vote: a restart now recovers as a voter.

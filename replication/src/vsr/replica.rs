@@ -126,6 +126,9 @@ pub struct Replica {
     /// Whether this replica votes (acks, view changes, primary); false for a replica
     /// that lost its state until it caught up (`replacement.rs`).
     pub(crate) voter: bool,
+    /// The commit point at which this replica, having lost its state, became a voter
+    /// again (0: it never was a replacement in this life).
+    pub(crate) voter_since: u64,
     /// A non-voter's census of the other replicas, while it runs.
     pub(crate) census: Option<super::replacement::Census>,
     /// A non-voter installs only StartViews of this view or later (the census bound).
@@ -210,6 +213,7 @@ impl Replica {
             timeout_repair: Timeout::new("repair", config.repair_interval_ticks),
             timeout_probe: Timeout::new("probe", config.view_change_retransmit_interval_ticks),
             voter: true,
+            voter_since: 0,
             census: None,
             view_min: 0,
             recover: None,

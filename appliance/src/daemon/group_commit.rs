@@ -361,28 +361,23 @@ impl Node {
     /// sync covers (or, without syncs per batch, those written) are reported durable.
     pub(super) fn on_io_done(&mut self, done: IoDone) -> Result<(), DaemonError> {
         let group = done.group;
-        if self.lane_failed(group) {
-            // What the failed lane still had in flight: nothing is reported durable.
-            if let Some(lane) = self.lanes.get_mut(&group) {
-                match done.kind {
-                    IoKind::Write => lane.writing = None,
-                    IoKind::Sync => lane.syncing = None,
-                }
+        let failed = self.lane_failed(group);
+        let no_space = done
+            .result
+            .as_ref()
+            .err()
+            .filter(|e| super::storage::is_no_space(e))
+            .cloned();
+        if let (true, Some(lane)) = (failed || no_space.is_some(), self.lanes.get_mut(&group)) {
+            // A failed lane reports nothing durable, this completion included.
+            match done.kind {
+                IoKind::Write => lane.writing = None,
+                IoKind::Sync => lane.syncing = None,
+            }
+            if let (false, Some(error)) = (failed, no_space) {
+                self.fail_lane(group, &error);
             }
             return Ok(());
-        }
-        if let Err(error) = &done.result {
-            if super::storage::is_no_space(error) && self.lanes.contains_key(&group) {
-                if let Some(lane) = self.lanes.get_mut(&group) {
-                    match done.kind {
-                        IoKind::Write => lane.writing = None,
-                        IoKind::Sync => lane.syncing = None,
-                    }
-                }
-                let error = error.clone();
-                self.fail_lane(group, &error);
-                return Ok(());
-            }
         }
         done.result
             .map_err(|e| DaemonError::Runtime(format!("partition group {group}: {e}")))?;

@@ -5,8 +5,7 @@ use replication::vsr::{Action, Config, JournalEntry, Replica, RequestOutcome, St
 use replication::wire::batch::{self, BatchBuilder, NewMessage};
 use replication::wire::{
     cluster_id, decode, DoViewChangeHeader, Frame, FrameBuf, Header, Limits, Message, Operation,
-    PartitionKey, PrepareChain, PrepareHeader, RequestHeader, StartViewChangeHeader,
-    METADATA_GROUP,
+    PrepareChain, PrepareHeader, RequestHeader, StartViewChangeHeader, METADATA_GROUP,
 };
 use zerocopy::IntoBytes;
 
@@ -181,13 +180,7 @@ fn an_op_nacked_by_a_quorum_is_truncated_not_repaired() {
 }
 
 fn partition_group() -> u64 {
-    PartitionKey {
-        stream: 1,
-        topic: 1,
-        partition: 1,
-    }
-    .pack()
-    .expect("valid key")
+    replication::sim::partition_plane_group()
 }
 
 fn stamped_batch(group: u64, base_offset: u64) -> Vec<u8> {
@@ -732,7 +725,11 @@ fn an_op_never_reported_durable_is_journaled_again_and_then_acked() {
 /// reporting at once and no backup acknowledging; a Register from a new client is
 /// prepared at each tick of `requests_at`.
 fn prepare_sends(requests_at: &[u64], ticks: u64) -> Vec<(u64, u8, u64)> {
-    let mut primary = Replica::new(Config::new(cluster(), METADATA_GROUP, 0, 3));
+    let mut config = Config::new(cluster(), METADATA_GROUP, 0, 3);
+    // Nobody acknowledges: keep the chain as it is (no backup skipped as slow), so the
+    // only resends are the retransmit's.
+    config.slow_lag_min_ticks = 10 * ticks;
+    let mut primary = Replica::new(config);
     primary.set_connected(1, true);
     primary.set_connected(2, true);
     let mut sends = Vec::new();
@@ -808,5 +805,128 @@ fn the_prepare_retransmit_resends_only_prepares_sent_half_an_interval_ago() {
     assert!(
         sends_of(2).iter().any(|tick| *tick > second),
         "op 2 never resent"
+    );
+}
+
+/// A PrepareOk from `from` for the prepare `frame` (view 0, metadata group).
+fn prepare_ok(from: u8, frame: &Frame) -> Frame {
+    let header = header_of(frame);
+    let mut ok = replication::wire::PrepareOkHeader::new();
+    ok.frame.cluster = cluster();
+    ok.frame.replica = from;
+    ok.parent = header.parent;
+    ok.prepare_checksum = header.frame.checksum;
+    ok.op = header.op;
+    ok.group = METADATA_GROUP;
+    Frame::build(&ok, &[])
+}
+
+/// One tick of a 3-replica primary with a new Register prepared every other tick, its
+/// journal reporting at once; the backups in `ackers` acknowledge every prepare sent to
+/// them. Returns the (to, op) of each Prepare sent.
+fn tick_with_ackers(primary: &mut Replica, tick: u64, ackers: &[u8]) -> Vec<(u8, u64)> {
+    if tick.is_multiple_of(2) {
+        let client = 0x1000 + u128::from(tick);
+        let outcome = primary.on_request(request(client, Operation::Register, 0, 0).as_bytes());
+        assert!(
+            matches!(outcome, RequestOutcome::Prepared { .. }),
+            "{outcome:?}"
+        );
+    }
+    primary.on_tick();
+    let mut sends = Vec::new();
+    let mut acks = Vec::new();
+    for action in primary.drain_actions() {
+        match action {
+            Action::JournalAppend { op, frame } => primary.on_journal_durable(op, frame.checksum()),
+            Action::Send { to, frame } => {
+                if let Ok(Message::Prepare(header, _)) =
+                    decode(frame.as_bytes(), &Limits::default())
+                {
+                    sends.push((to, header.op));
+                    // A chain: what replica 1 acknowledges it also forwarded to 2.
+                    for acker in ackers {
+                        if *acker == to || (to == 1 && *acker == 2 && ackers.contains(&1)) {
+                            acks.push(prepare_ok(*acker, &frame));
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    for ack in acks {
+        primary.on_message(ack.as_bytes());
+    }
+    sends
+}
+
+#[test]
+fn a_backup_that_stops_acknowledging_is_skipped_by_the_chain_then_readmitted() {
+    let config = Config::new(cluster(), METADATA_GROUP, 0, 3);
+    let (lag_min, readmit) = (config.slow_lag_min_ticks, config.slow_readmit_ticks);
+    let mut primary = Replica::new(config);
+    primary.set_connected(1, true);
+    primary.set_connected(2, true);
+    let mut tick = 0;
+    // Healthy: the chain's head is replica 1 only, nobody is skipped.
+    for _ in 0..50 {
+        let sends = tick_with_ackers(&mut primary, tick, &[1, 2]);
+        assert!(sends.iter().all(|(to, _)| *to == 1), "{sends:?}");
+        tick += 1;
+    }
+    assert_eq!(primary.slow_peers(), 0);
+    let commit = primary.commit();
+    // Replica 1 stalls (and so forwards nothing): within the bound it is skipped, the
+    // pipeline goes to replica 2, and commits flow again.
+    let stalled_at = tick;
+    let mut skipped_at = None;
+    let mut to_two = Vec::new();
+    for _ in 0..3 * lag_min {
+        let sends = tick_with_ackers(&mut primary, tick, &[2]);
+        if skipped_at.is_none() && primary.slow_peers() != 0 {
+            skipped_at = Some(tick);
+        }
+        if skipped_at.is_some() {
+            to_two.extend(sends.iter().filter(|(to, _)| *to == 2).map(|(_, op)| *op));
+        }
+        tick += 1;
+    }
+    let skipped_at = skipped_at.expect("replica 1 skipped");
+    assert_eq!(primary.slow_peers(), 0b010);
+    assert!(
+        skipped_at - stalled_at <= lag_min + 1,
+        "skipped after {} ticks",
+        skipped_at - stalled_at
+    );
+    assert_eq!(primary.slow_since(1), Some(skipped_at + 1));
+    assert!(!to_two.is_empty());
+    assert!(
+        primary.commit() > commit + lag_min / 2,
+        "commits stalled at {}",
+        primary.commit()
+    );
+    // Back and keeping up: readmitted only after `readmit` ticks of keeping up.
+    let back_at = tick;
+    let mut readmitted_at = None;
+    for _ in 0..readmit + 4 * lag_min {
+        tick_with_ackers(&mut primary, tick, &[1, 2]);
+        if readmitted_at.is_none() && primary.slow_peers() == 0 {
+            readmitted_at = Some(tick);
+        }
+        tick += 1;
+    }
+    let readmitted_at = readmitted_at.expect("replica 1 readmitted");
+    assert!(
+        readmitted_at - back_at >= readmit,
+        "readmitted after {}",
+        readmitted_at - back_at
+    );
+    assert_eq!(primary.slow_counts(), (1, 1));
+    // And the chain's head is replica 1 alone again.
+    let sends = tick_with_ackers(&mut primary, tick, &[1, 2]);
+    assert!(
+        !sends.is_empty() && sends.iter().all(|(to, _)| *to == 1),
+        "{sends:?}"
     );
 }

@@ -35,6 +35,7 @@ mod repair;
 mod replacement;
 mod replica;
 mod request;
+mod slow;
 mod timeout;
 mod view_change;
 
@@ -95,6 +96,12 @@ pub struct Config {
     pub peer_queue_capacity: u64,
     /// Sessions kept in the client table before the oldest is evicted.
     pub clients_max: usize,
+    /// cluster.slow_peer_lag_min: a backup lagging less than this is never skipped as
+    /// slow (the bound is a multiple of the recent commit latency, at least this).
+    pub slow_lag_min_ticks: u64,
+    /// cluster.slow_peer_readmit: how long a skipped backup must keep up before the
+    /// chain takes it back (doubled for a backup skipped again soon after).
+    pub slow_readmit_ticks: u64,
     /// Seed of the replica's PRNG (timeout jitter, nonces, incarnations).
     pub seed: u64,
 }
@@ -117,6 +124,8 @@ impl Config {
             repair_chunk_max: REPAIR_CHUNK_MAX_DEFAULT,
             peer_queue_capacity: PEER_QUEUE_CAPACITY_DEFAULT,
             clients_max: CLIENTS_MAX_DEFAULT,
+            slow_lag_min_ticks: 10,
+            slow_readmit_ticks: 200,
             seed: u64::from(replica) + 1,
         }
     }
@@ -145,6 +154,9 @@ impl Config {
         }
         if self.clients_max == 0 {
             return Err(ConfigError::ClientsMax);
+        }
+        if self.slow_lag_min_ticks == 0 || self.slow_readmit_ticks == 0 {
+            return Err(ConfigError::SlowPeer);
         }
         Ok(())
     }
@@ -182,6 +194,7 @@ pub enum ConfigError {
     },
     HeartbeatTimeout,
     ClientsMax,
+    SlowPeer,
 }
 
 impl core::fmt::Display for ConfigError {
@@ -203,6 +216,10 @@ impl core::fmt::Display for ConfigError {
                 "heartbeat_timeout must exceed a non-zero commit_broadcast_interval"
             ),
             ConfigError::ClientsMax => write!(f, "clients_max must be at least 1"),
+            ConfigError::SlowPeer => write!(
+                f,
+                "slow_peer_lag_min and slow_peer_readmit must be at least one tick"
+            ),
         }
     }
 }

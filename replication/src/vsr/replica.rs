@@ -65,7 +65,13 @@ pub(crate) struct Pending {
     pub(crate) acks: u32,
     /// The tick it was last sent at (the prepare retransmit skips ops sent since).
     pub(crate) sent_at: u64,
+    /// The tick it was first sent at in this view (`NOT_SENT` until then): how long a
+    /// backup lags is measured from it (`slow.rs`).
+    pub(crate) prepared_at: u64,
 }
+
+/// `Pending::prepared_at` of an op not sent in this view yet.
+pub(crate) const NOT_SENT: u64 = u64::MAX;
 
 /// One replica of one consensus group.
 #[derive(Debug)]
@@ -96,6 +102,8 @@ pub struct Replica {
     pub(crate) counters: Counters,
     /// Peers the bus reports connected (bitmask); chain replication skips the others.
     pub(crate) connected: u32,
+    /// Primary: backups the chain skips because they do not keep up (`slow.rs`).
+    pub(crate) slow: super::slow::SlowPeers,
     pub(crate) clients: ClientTable,
     pub(crate) svc_from: u32,
     pub(crate) dvcs: BTreeMap<u8, Dvc>,
@@ -182,6 +190,7 @@ impl Replica {
             actions: VecDeque::new(),
             counters: Counters::default(),
             connected: all & !(1u32 << config.replica),
+            slow: Default::default(),
             clients: ClientTable::new(config.clients_max),
             svc_from: 0,
             dvcs: BTreeMap::new(),
@@ -324,6 +333,7 @@ impl Replica {
             self.timeout_commit_broadcast.reset(now, &mut self.prng);
             self.on_commit_broadcast_timeout();
         }
+        self.on_slow_tick();
         if self.timeout_prepare_retransmit.fired(now) {
             self.timeout_prepare_retransmit.reset(now, &mut self.prng);
             self.on_prepare_retransmit_timeout();
@@ -481,9 +491,13 @@ impl Replica {
         None
     }
 
+    /// A primary sends a new prepare down the chain (and around backups skipped as slow).
     pub(crate) fn send_chain(&mut self, frame: Frame) {
-        if let Some(to) = self.chain_next(self.config.replica) {
-            self.actions.push_back(Action::Send { to, frame });
+        for to in self.prepare_targets() {
+            self.actions.push_back(Action::Send {
+                to,
+                frame: frame.clone(),
+            });
         }
     }
 
@@ -598,6 +612,7 @@ impl Replica {
         if let Some(pending) = self.pipeline.get_mut(&header.op) {
             pending.acks |= 1 << header.frame.replica;
         }
+        self.slow.on_ack(header.frame.replica, header.op);
         self.commit_pipeline();
     }
 
@@ -611,7 +626,11 @@ impl Replica {
             if (pending.acks.count_ones() as usize) < self.config.quorum_replication() {
                 break;
             }
-            self.pipeline.remove(&op);
+            if let Some(pending) = self.pipeline.remove(&op) {
+                if pending.prepared_at != NOT_SENT {
+                    self.slow.on_commit_latency(self.now - pending.prepared_at);
+                }
+            }
             self.progress_tick = self.now;
             self.commit_max = self.commit_max.max(op);
             self.commit_op(op);
@@ -691,10 +710,11 @@ impl Replica {
             self.timeout_commit_broadcast.stop();
             return;
         }
-        // A primary that cannot hear a quorum (it may still be heard) stops its heartbeat
-        // so the backups elect a primary that can make progress.
+        // A primary whose pipeline has not moved for a heartbeat timeout (it cannot hear
+        // a quorum, though it may still be heard) stops its heartbeat so the backups
+        // elect a primary that can make progress.
         if !self.pipeline.is_empty()
-            && self.now - self.progress_tick > 2 * self.config.heartbeat_timeout_ticks
+            && self.now - self.progress_tick > self.config.heartbeat_timeout_ticks
         {
             return;
         }
@@ -749,21 +769,15 @@ impl Replica {
             .filter(|(_, pending)| pending.sent_at <= due_before)
             .map(|(op, pending)| {
                 pending.sent_at = now;
+                if pending.prepared_at == NOT_SENT {
+                    pending.prepared_at = now;
+                }
                 (*op, pending.acks)
             })
             .collect();
         for (op, acks) in due {
-            let Some(frame) = self.log.slot(op).and_then(|s| s.frame.as_ref()) else {
+            let Some(frame) = self.prepare_in_view(op) else {
                 continue;
-            };
-            let mut header = frame_header(frame);
-            // Re-stamped in the current view (the identity leaves view out); in the view
-            // it was built in, the frame is sent again as it is.
-            let frame = if header.frame.view == self.view {
-                frame.clone()
-            } else {
-                header.frame.view = self.view;
-                Frame::build(&header, &frame.as_bytes()[256..])
             };
             for to in 0..self.config.replica_count {
                 if to != self.config.replica && acks & (1 << to) == 0 && all & (1 << to) != 0 {
@@ -774,6 +788,20 @@ impl Replica {
                 }
             }
         }
+    }
+
+    /// The prepare of `op` as the primary sends it in this view: re-stamped in the
+    /// current view (the identity leaves view out); in the view it was built in, the
+    /// frame as it is.
+    pub(crate) fn prepare_in_view(&self, op: u64) -> Option<Frame> {
+        let frame = self.log.slot(op).and_then(|s| s.frame.as_ref())?;
+        let mut header = frame_header(frame);
+        Some(if header.frame.view == self.view {
+            frame.clone()
+        } else {
+            header.frame.view = self.view;
+            Frame::build(&header, &frame.as_bytes()[256..])
+        })
     }
 
     pub(crate) fn all_replicas(&self) -> u32 {
@@ -825,6 +853,7 @@ impl Replica {
     /// Timeouts of a Normal replica (primary or backup).
     pub(crate) fn start_normal_timeouts(&mut self) {
         let now = self.now;
+        self.slow.reset(now);
         self.timeout_view_change.stop();
         self.timeout_view_change_retransmit.stop();
         self.timeout_probe.stop();

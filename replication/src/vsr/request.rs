@@ -215,6 +215,7 @@ impl Replica {
             super::replica::Pending {
                 acks: 0,
                 sent_at: self.now,
+                prepared_at: self.now,
             },
         );
         self.actions.push_back(Action::JournalAppend {

@@ -362,6 +362,7 @@ impl Replica {
             let pending = super::replica::Pending {
                 acks: if durable { own } else { 0 },
                 sent_at: 0,
+                prepared_at: super::replica::NOT_SENT,
             };
             self.pipeline.insert(op, pending);
         }

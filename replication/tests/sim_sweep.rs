@@ -2,18 +2,7 @@
 //! reordering, partitions, crashes, torn and corrupted writes) on 3 and 5 replicas and
 //! both planes, plus every seed that ever found a bug.
 
-use replication::sim::{run_seed, SimOptions};
-use replication::wire::PartitionKey;
-
-fn partition_group() -> u64 {
-    PartitionKey {
-        stream: 1,
-        topic: 1,
-        partition: 1,
-    }
-    .pack()
-    .expect("valid key")
-}
+use replication::sim::{partition_plane_group, run_seed, SimOptions};
 
 fn check(seed: u64, replicas: u8, ticks: u64, partition: bool) {
     run(SimOptions::from_seed(seed, replicas, ticks), partition);
@@ -25,21 +14,31 @@ fn check_without_wipes(seed: u64, replicas: u8, ticks: u64, partition: bool) {
     let mut options = SimOptions::from_seed(seed, replicas, ticks);
     options.wipe_percent = 0;
     options.formation = false;
+    options.slow_per_10k = 0;
+    run(options, partition);
+}
+
+/// A seed with the fault mix it had before slow nodes were simulated.
+fn check_without_slow_nodes(seed: u64, replicas: u8, ticks: u64, partition: bool) {
+    let mut options = SimOptions::from_seed(seed, replicas, ticks);
+    options.slow_per_10k = 0;
     run(options, partition);
 }
 
 fn run(mut options: SimOptions, partition: bool) {
     if partition {
-        options.group = partition_group();
+        options.group = partition_plane_group();
     }
     let (seed, replicas, ticks) = (options.seed, options.replica_count, options.ticks);
     let wipes = options.wipe_percent > 0 || options.formation;
+    let slow = options.slow_per_10k > 0;
     if let Err(failure) = run_seed(options) {
         panic!(
             "{failure}\nreplay: cargo run -p replication --release --bin appliance-sim -- \
-             --seed {seed} --replicas {replicas} --ticks {ticks}{}{}",
+             --seed {seed} --replicas {replicas} --ticks {ticks}{}{}{}",
             if partition { " --partition" } else { "" },
-            if wipes { "" } else { " --no-wipes" }
+            if wipes { "" } else { " --no-wipes" },
+            if slow || !wipes { "" } else { " --no-slow" }
         );
     }
 }
@@ -142,18 +141,18 @@ fn regression_seeds() {
     // 103798 (50,000 ticks, a cluster formed from formatted replicas): a stale superblock
     // suffix named another prepare at the checkpoint's own op, which displaced the
     // committed anchor at a restart from that checkpoint.
-    check(103798, 3, 50_000, false);
+    check_without_slow_nodes(103798, 3, 50_000, false);
     // 307092 (20,000 ticks): a replica that lost only its superblock held the one intact
     // copy of a committed op; as a non-voter it served no repair, and the forming
     // primary kept asking a peer that had committed past the op without its body. A
     // non-voter serves the prepares it holds (then answers RangeEvicted op 0), and the
     // forming primary also asks peers other than those that committed past the op.
-    check(307092, 3, 20_000, false);
+    check_without_slow_nodes(307092, 3, 20_000, false);
     // 1015327: the simulator corrupted the one voter's copy of a committed op while the
     // other copy was on a wiped disk, counting a third replica's uncommitted prepare at
     // that op as a copy (a fault beyond what 3 replicas survive). Only copies of the
     // committed prepare count now.
-    check(1015327, 3, 5_000, false);
+    check_without_slow_nodes(1015327, 3, 5_000, false);
 }
 
 /// Long fault phases (the default alone missed a divergence), with lost disks.

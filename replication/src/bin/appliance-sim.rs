@@ -6,8 +6,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use replication::sim::{run_seed, SimOptions};
-use replication::wire::PartitionKey;
+use replication::sim::{partition_plane_group, run_seed, SimOptions};
 
 #[derive(Parser, Debug)]
 #[command(name = "appliance-sim", about = "Deterministic VSR cluster simulator")]
@@ -33,6 +32,9 @@ struct Args {
     /// No restarts that lose the disk (the fault mix of seeds before wipes existed).
     #[arg(long)]
     no_wipes: bool,
+    /// No slow stretches (the fault mix of seeds before slow nodes existed).
+    #[arg(long)]
+    no_slow: bool,
     /// Print a trace for passing runs too.
     #[arg(long)]
     trace: bool,
@@ -58,13 +60,11 @@ fn options(args: &Args, seed: u64) -> SimOptions {
         options.wipe_percent = 0;
         options.formation = false;
     }
+    if args.no_wipes || args.no_slow {
+        options.slow_per_10k = 0;
+    }
     if args.partition {
-        let key = PartitionKey {
-            stream: 1,
-            topic: 1,
-            partition: 1,
-        };
-        options.group = key.pack().unwrap_or(1);
+        options.group = partition_plane_group();
     }
     options
 }
@@ -100,6 +100,8 @@ fn main() -> ExitCode {
     let mut checkpoint_restarts = 0u64;
     let mut state_transfers = 0u64;
     let mut wipes = 0u64;
+    let mut slow_stretches = 0u64;
+    let mut slow_skips = 0u64;
     for seed in from..to {
         match run_seed(options(&args, seed)) {
             Ok(summary) => {
@@ -110,6 +112,8 @@ fn main() -> ExitCode {
                 checkpoint_restarts += summary.checkpoint_restarts;
                 state_transfers += summary.state_transfers;
                 wipes += summary.wipes;
+                slow_stretches += summary.slow_stretches;
+                slow_skips += summary.slow_skips;
                 if to - from == 1 || args.trace {
                     println!("seed {seed}: ok {summary:?}");
                 }
@@ -127,11 +131,16 @@ fn main() -> ExitCode {
                 }
                 eprintln!(
                     "appliance-sim: FAILED seed {seed} (replay: appliance-sim --seed {seed} \
-                     --replicas {} --ticks {}{}{})",
+                     --replicas {} --ticks {}{}{}{})",
                     args.replicas,
                     args.ticks,
                     if args.partition { " --partition" } else { "" },
-                    if args.no_wipes { " --no-wipes" } else { "" }
+                    if args.no_wipes { " --no-wipes" } else { "" },
+                    if args.no_slow && !args.no_wipes {
+                        " --no-slow"
+                    } else {
+                        ""
+                    }
                 );
                 if args.json {
                     println!(
@@ -149,7 +158,8 @@ fn main() -> ExitCode {
              \"replicas\": {}, \"ticks\": {}, \"partition\": {}, \"ops_committed\": {commits}, \
              \"view_changes\": {view_changes}, \"crashes\": {crashes}, \
              \"checkpoint_restarts\": {checkpoint_restarts}, \"state_transfers\": \
-             {state_transfers}, \"wipes\": {wipes}, \"seconds\": {:.1}}}",
+             {state_transfers}, \"wipes\": {wipes}, \"slow_stretches\": {slow_stretches}, \
+             \"slow_skips\": {slow_skips}, \"seconds\": {:.1}}}",
             args.replicas,
             args.ticks,
             args.partition,
@@ -161,7 +171,7 @@ fn main() -> ExitCode {
         "appliance-sim: {passed} seeds passed ({}..{}, {} replicas, {} ticks): {commits} ops \
          committed, {view_changes} view changes, {crashes} crashes ({checkpoint_restarts} \
          restarts from a checkpoint, {state_transfers} state transfers, {wipes} lost disks), \
-         {:.1}s",
+         {slow_stretches} slow stretches ({slow_skips} backups skipped as slow), {:.1}s",
         from,
         to,
         args.replicas,

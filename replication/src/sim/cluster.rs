@@ -46,6 +46,15 @@ pub struct SimOptions {
     pub wipe_percent: u64,
     /// The cluster starts from formatted replicas that form it (`Replica::unformed`).
     pub formation: bool,
+    /// Chance per tick, out of 10_000, that a slow stretch starts on a replica while
+    /// none is slow (`sim/slow.rs`; 0 = none).
+    pub slow_per_10k: u64,
+    /// Keep each client request's latency (ticks from first send to reply).
+    pub latency_samples: bool,
+    /// Multiplies the replicas' timeouts (heartbeat, retransmits, view change, repair,
+    /// the slow-backup bounds), so the network's latency is small beside them as on
+    /// real links (1 = the defaults of `Config::new`).
+    pub time_scale: u64,
 }
 
 /// How a restart lost a replica's state.
@@ -123,6 +132,9 @@ impl SimOptions {
             // they were without wipes.
             wipe_percent: Prng::new(seed ^ 0x0031_71e5).below(31),
             formation: Prng::new(seed ^ 0xf04d).chance(1, 4),
+            slow_per_10k: Prng::new(seed ^ 0x0051_0e55).below(12),
+            latency_samples: false,
+            time_scale: 1,
         }
     }
 }
@@ -141,6 +153,9 @@ pub struct Summary {
     pub state_transfers: u64,
     /// Restarts that lost the disk or the superblock.
     pub wipes: u64,
+    /// Slow stretches, and backups the primaries skipped as slow.
+    pub slow_stretches: u64,
+    pub slow_skips: u64,
 }
 
 /// A failed run: the seed, what broke, and the last lines of trace (when traced).
@@ -171,6 +186,8 @@ struct Client {
     request_last: u64,
     outstanding: Option<FrameBuf>,
     sent_at: u64,
+    /// The tick the outstanding request was first sent at.
+    started_at: u64,
     target: u8,
     done: u64,
 }
@@ -207,6 +224,15 @@ pub struct Cluster {
     /// Restarts that lost the disk (or the superblock), and the stream that decides them.
     pub wipes: u64,
     wipe_prng: Prng,
+    /// The slow stretch under way, the stream that decides them, packets waiting for a
+    /// paused replica, and how many stretches there were.
+    pub slow: Option<super::slow::SlowStretch>,
+    pub(super) slow_prng: Prng,
+    pub(super) held: Vec<Packet>,
+    pub slow_stretches: u64,
+    slow_skips_retired: u64,
+    /// Latency of each client request in ticks (with `latency_samples`).
+    pub latencies: Vec<u64>,
 }
 
 impl Cluster {
@@ -217,6 +243,14 @@ impl Cluster {
             .map(|r| {
                 let mut config = Config::new(cluster, options.group, r, n);
                 config.seed = options.seed.wrapping_mul(31).wrapping_add(u64::from(r));
+                let scale = options.time_scale.max(1);
+                config.heartbeat_timeout_ticks *= scale;
+                config.prepare_retransmit_interval_ticks *= scale;
+                config.view_change_retransmit_interval_ticks *= scale;
+                config.view_change_timeout_ticks *= scale;
+                config.repair_interval_ticks *= scale;
+                config.slow_lag_min_ticks *= scale;
+                config.slow_readmit_ticks *= scale;
                 config
             })
             .collect();
@@ -239,6 +273,7 @@ impl Cluster {
                 request_last: 0,
                 outstanding: None,
                 sent_at: 0,
+                started_at: 0,
                 target: (c as u8) % n,
                 done: 0,
             })
@@ -266,6 +301,12 @@ impl Cluster {
             drop_replies: false,
             wipes: 0,
             wipe_prng: Prng::new(options.seed ^ 0x0007_7195),
+            slow: None,
+            slow_prng: Prng::new(options.seed ^ 0x0051_0e56),
+            held: Vec::new(),
+            slow_stretches: 0,
+            slow_skips_retired: 0,
+            latencies: Vec::new(),
             configs,
             options,
         }
@@ -297,6 +338,9 @@ impl Cluster {
         }
         // Liveness: faults stop, every replica restarts, links heal.
         self.faults_on = false;
+        for packet in self.slow_end() {
+            self.deliver(packet).map_err(|r| self.fail(r))?;
+        }
         self.network.heal();
         self.network.faults = NetworkFaults::none();
         for r in 0..self.options.replica_count {
@@ -328,6 +372,8 @@ impl Cluster {
                     checkpoint_restarts: self.checkpoint_restarts,
                     state_transfers: self.state_transfers,
                     wipes: self.wipes,
+                    slow_stretches: self.slow_stretches,
+                    slow_skips: self.slow_skips(),
                 });
             }
         }
@@ -338,7 +384,18 @@ impl Cluster {
         )))
     }
 
-    fn view_changes(&self) -> u64 {
+    /// Backups skipped as slow by any primary in this run.
+    pub fn slow_skips(&self) -> u64 {
+        self.slow_skips_retired
+            + self
+                .replicas
+                .iter()
+                .flatten()
+                .map(|r| r.slow_counts().0)
+                .sum::<u64>()
+    }
+
+    pub fn view_changes(&self) -> u64 {
         self.view_changes_retired
             + self
                 .replicas
@@ -406,6 +463,7 @@ impl Cluster {
         if self.faults_on {
             self.inject_faults()?;
         }
+        self.slow_tick()?;
         for (r, from) in std::mem::take(&mut self.transfers) {
             self.state_transfer(r, from)?;
         }
@@ -421,9 +479,14 @@ impl Cluster {
             }
         }
         for packet in self.network.deliver(self.now) {
-            self.deliver(packet)?;
+            if !self.hold_for_paused(&packet) {
+                self.deliver(packet)?;
+            }
         }
         for r in 0..self.options.replica_count {
+            if self.paused(r) {
+                continue;
+            }
             let done = self.storages[usize::from(r)].sync(self.now);
             if let Some(replica) = self.replicas[usize::from(r)].as_mut() {
                 for (op, checksum) in done {
@@ -439,7 +502,7 @@ impl Cluster {
         Ok(())
     }
 
-    fn deliver(&mut self, packet: Packet) -> Result<(), String> {
+    pub(super) fn deliver(&mut self, packet: Packet) -> Result<(), String> {
         match packet.to {
             Node::Replica(r) => {
                 let Some(replica) = self.replicas[usize::from(r)].as_mut() else {
@@ -494,7 +557,7 @@ impl Cluster {
                     }
                 }
                 Action::JournalAppend { op, frame } => {
-                    let delay = 1 + self.prng.below(6);
+                    let delay = 1 + self.prng.below(6) + self.write_lag(r);
                     self.storages[usize::from(r)].append(op, &frame, self.now + delay);
                 }
                 Action::JournalTruncate { op_max } => {
@@ -583,6 +646,11 @@ impl Cluster {
     pub fn crash(&mut self, r: u8) {
         if let Some(replica) = self.replicas[usize::from(r)].take() {
             self.view_changes_retired += replica.counters().view_changes;
+            self.slow_skips_retired += replica.slow_counts().0;
+        }
+        if self.slow.is_some_and(|s| s.replica == r) {
+            // What waited for it is lost with its memory.
+            let _ = self.slow_end();
         }
         // While a replica may not vote, the cluster has no fault to spare: a torn entry
         // would be a prepare that one voter may hold and the other never had, which
@@ -760,6 +828,7 @@ impl Cluster {
         }
         if let Some(replica) = self.replicas[usize::from(r)].take() {
             self.view_changes_retired += replica.counters().view_changes;
+            self.slow_skips_retired += replica.slow_counts().0;
         }
         self.restart(r)
     }
@@ -807,6 +876,7 @@ impl Cluster {
             if self.clients[c].outstanding.is_none() {
                 let frame = self.client_request(c);
                 self.clients[c].outstanding = Some(frame);
+                self.clients[c].started_at = self.now;
             } else if self.prng.chance(1, 2) {
                 let n = self.options.replica_count;
                 self.clients[c].target = (self.clients[c].target + 1) % n;
@@ -882,6 +952,9 @@ impl Cluster {
                     return Ok(());
                 }
                 let (id, request, op) = (client.id, client.request, reply.op);
+                if self.options.latency_samples && request != 0 {
+                    self.latencies.push(self.now - client.started_at);
+                }
                 client.outstanding = None;
                 client.done += 1;
                 client.target = reply.frame.replica;

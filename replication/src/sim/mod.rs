@@ -8,9 +8,22 @@ pub mod cluster;
 mod faults;
 pub mod network;
 mod scenario;
+pub mod slow;
 pub mod storage;
 
 pub use checker::Checker;
 pub use cluster::{run_seed, Cluster, Failure, Faults, SimOptions, Summary, Wipe};
 pub use network::{Network, NetworkFaults, Node, Packet};
+pub use slow::{run_slow_node, SlowNodeReport, SlowNodeRun, SlowStretch, Slowness};
 pub use storage::Storage;
+
+/// The partition-plane group the simulator runs with `--partition` (stream 1, topic 1,
+/// partition 1).
+pub fn partition_plane_group() -> u64 {
+    let key = crate::wire::PartitionKey {
+        stream: 1,
+        topic: 1,
+        partition: 1,
+    };
+    key.pack().unwrap_or(1)
+}

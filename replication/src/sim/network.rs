@@ -55,6 +55,8 @@ pub struct Network {
     sequence: u64,
     pub sent: u64,
     pub dropped: u64,
+    /// Extra ticks on every packet from or to each replica (a slow node, `sim/slow.rs`).
+    pub extra_latency: Vec<u64>,
 }
 
 impl Network {
@@ -68,6 +70,7 @@ impl Network {
             sequence: 0,
             sent: 0,
             dropped: 0,
+            extra_latency: vec![0; n],
         }
     }
 
@@ -118,9 +121,16 @@ impl Network {
         } else {
             1
         };
+        let extra = [packet.from, packet.to]
+            .iter()
+            .map(|node| match node {
+                Node::Replica(r) => self.extra_latency[usize::from(*r)],
+                Node::Client(_) => 0,
+            })
+            .sum::<u64>();
         for _ in 0..copies {
             let spread = self.faults.latency_max_ticks - self.faults.latency_min_ticks;
-            let at = now + self.faults.latency_min_ticks + prng.below(spread + 1);
+            let at = now + extra + self.faults.latency_min_ticks + prng.below(spread + 1);
             self.sequence += 1;
             self.queue.insert((at, self.sequence), packet.clone());
         }

@@ -9,19 +9,39 @@ use crate::wire::METADATA_GROUP;
 impl Cluster {
     /// A cluster without random faults, for scripted scenarios.
     pub fn scripted(replica_count: u8, seed: u64, clients: u16) -> Cluster {
+        Cluster::scripted_group(replica_count, seed, clients, METADATA_GROUP)
+    }
+
+    /// As `scripted`, for the consensus group `group` (a packed partition key for the
+    /// partition plane).
+    pub fn scripted_group(replica_count: u8, seed: u64, clients: u16, group: u64) -> Cluster {
+        Cluster::scripted_scaled(replica_count, seed, clients, group, 1)
+    }
+
+    /// As `scripted_group`, with the replicas' timeouts multiplied by `time_scale`.
+    pub fn scripted_scaled(
+        replica_count: u8,
+        seed: u64,
+        clients: u16,
+        group: u64,
+        time_scale: u64,
+    ) -> Cluster {
         let options = SimOptions {
             seed,
             replica_count,
             ticks: 0,
             liveness_ticks: 20_000,
             clients,
-            group: METADATA_GROUP,
+            group,
             faults: Faults::none(),
             trace: false,
             trace_lines: TRACE_LINES_MAX,
             checkpoint_restarts: false,
             wipe_percent: 0,
             formation: false,
+            slow_per_10k: 0,
+            latency_samples: false,
+            time_scale,
         };
         let mut cluster = Cluster::new(options);
         cluster.faults_on = false;

@@ -1,0 +1,224 @@
+//! Slow nodes (gray failures): a replica that is up and connected but slow for a long
+//! stretch, its messages and disk completions delayed, never lost. Two kinds: paused (a
+//! stopped process: it neither ticks nor receives, its disk completes nothing, and what
+//! was sent to it waits) and laggy (every packet from or to it and every journal write
+//! takes extra ticks).
+
+use super::cluster::Cluster;
+use super::network::{Node, Packet};
+
+/// How a slow replica is slow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slowness {
+    /// Stopped: no ticks, no deliveries, no disk completions until the stretch ends.
+    Paused,
+    /// Running, with this many extra ticks on each packet from or to it and each write.
+    Laggy { extra_ticks: u64 },
+}
+
+/// A slow stretch of one replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlowStretch {
+    pub replica: u8,
+    pub kind: Slowness,
+    /// The tick the stretch ends at.
+    pub until: u64,
+}
+
+/// Ticks a random slow stretch lasts at least, and at most on top.
+pub const STRETCH_TICKS_MIN: u64 = 50;
+pub const STRETCH_TICKS_SPREAD: u64 = 1_500;
+/// Extra ticks of a laggy replica at most.
+pub const LAG_EXTRA_TICKS_MAX: u64 = 40;
+
+impl Cluster {
+    /// Starts `kind` on replica `r` until tick `until` (a scenario or the fault phase).
+    pub fn slow_down(&mut self, r: u8, kind: Slowness, until: u64) {
+        self.slow_end();
+        if self.replicas[usize::from(r)].is_none() {
+            return;
+        }
+        if let Slowness::Laggy { extra_ticks } = kind {
+            self.network.extra_latency[usize::from(r)] = extra_ticks;
+        }
+        self.slow = Some(SlowStretch {
+            replica: r,
+            kind,
+            until,
+        });
+        self.slow_stretches += 1;
+        self.log(|| format!("r{r} slow ({kind:?}) until {until}"));
+    }
+
+    /// Ends the slow stretch: a paused replica receives what waited for it, in order.
+    pub fn slow_end(&mut self) -> Vec<Packet> {
+        let Some(stretch) = self.slow.take() else {
+            return Vec::new();
+        };
+        self.network.extra_latency[usize::from(stretch.replica)] = 0;
+        self.log(|| format!("r{} no longer slow", stretch.replica));
+        std::mem::take(&mut self.held)
+    }
+
+    /// Each tick of the fault phase: ends a stretch that is over, maybe starts one.
+    pub(super) fn slow_tick(&mut self) -> Result<(), String> {
+        if self.slow.is_some_and(|s| self.now >= s.until) {
+            for packet in self.slow_end() {
+                self.deliver(packet)?;
+            }
+        }
+        if !self.faults_on || self.slow.is_some() || self.options.slow_per_10k == 0 {
+            return Ok(());
+        }
+        if !self.slow_prng.chance(self.options.slow_per_10k, 10_000) {
+            return Ok(());
+        }
+        let n = self.options.replica_count;
+        let r = self.slow_prng.below(u64::from(n)) as u8;
+        let kind = if self.slow_prng.chance(1, 2) {
+            Slowness::Paused
+        } else {
+            Slowness::Laggy {
+                extra_ticks: 1 + self.slow_prng.below(LAG_EXTRA_TICKS_MAX),
+            }
+        };
+        let until = self.now + STRETCH_TICKS_MIN + self.slow_prng.below(STRETCH_TICKS_SPREAD);
+        self.slow_down(r, kind, until);
+        Ok(())
+    }
+
+    /// Whether replica `r` is paused now.
+    pub fn paused(&self, r: u8) -> bool {
+        self.slow
+            .is_some_and(|s| s.replica == r && s.kind == Slowness::Paused)
+    }
+
+    /// Extra ticks of a journal write on `r`.
+    pub(super) fn write_lag(&self, r: u8) -> u64 {
+        match self.slow {
+            Some(SlowStretch {
+                replica,
+                kind: Slowness::Laggy { extra_ticks },
+                ..
+            }) if replica == r => extra_ticks,
+            _ => 0,
+        }
+    }
+
+    /// A packet for a paused replica waits for the end of the stretch; true if held.
+    pub(super) fn hold_for_paused(&mut self, packet: &Packet) -> bool {
+        match packet.to {
+            Node::Replica(r) if self.paused(r) => {
+                self.held.push(packet.clone());
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A fault-free run in which one replica is slow on a schedule, with figures to compare
+/// against the same run without it (`run_slow_node` with `slow: None`).
+#[derive(Clone, Copy, Debug)]
+pub struct SlowNodeRun {
+    pub seed: u64,
+    pub replica_count: u8,
+    /// The slow replica, by its distance from the primary along the chain (1: the
+    /// primary's successor; 0: the primary itself); None for the baseline.
+    pub slow: Option<u8>,
+    pub kind: Slowness,
+    /// The replica is slow for `slow_ticks` out of every `period_ticks`.
+    pub slow_ticks: u64,
+    pub period_ticks: u64,
+    /// Ticks measured (after a warm-up) and client count.
+    pub ticks: u64,
+    pub clients: u16,
+    /// A partition-plane group instead of the metadata plane.
+    pub group: u64,
+}
+
+/// What a [`SlowNodeRun`] measured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlowNodeReport {
+    /// Ops committed by the primary during the measured ticks.
+    pub commits: u64,
+    /// Client request latency in ticks, median and 99th percentile.
+    pub p50: u64,
+    pub p99: u64,
+    /// Backups the primary skipped as slow and readmitted.
+    pub skips: u64,
+    pub readmissions: u64,
+    /// Backups still skipped once the schedule ended and the cluster ran clean.
+    pub skipped_at_end: u32,
+    pub view_changes: u64,
+}
+
+/// Ticks before measuring, and after the schedule to see a skipped replica readmitted.
+pub const SLOW_RUN_WARMUP_TICKS: u64 = 300;
+pub const SLOW_RUN_COOLDOWN_TICKS: u64 = 6_000;
+/// Timeouts of a slow-node run are this many times the defaults: a heartbeat timeout of
+/// 300 ticks and a prepare retransmit of 100 against 1-3 ticks a hop, nearer the ratios
+/// of real links (1 s and 200 ms against well under a millisecond).
+pub const SLOW_RUN_TIME_SCALE: u64 = 5;
+
+/// Runs `run`; Err if a checker failed.
+pub fn run_slow_node(run: SlowNodeRun) -> Result<SlowNodeReport, String> {
+    let mut cluster = Cluster::scripted_scaled(
+        run.replica_count,
+        run.seed,
+        run.clients,
+        run.group,
+        SLOW_RUN_TIME_SCALE,
+    );
+    cluster.options.latency_samples = true;
+    cluster.run_ticks(SLOW_RUN_WARMUP_TICKS)?;
+    let primary = cluster.primary().ok_or("no primary after the warm-up")?;
+    let commit_start = cluster.replica(primary).map_or(0, |r| r.commit());
+    cluster.latencies.clear();
+    let n = run.replica_count;
+    let start = cluster.now;
+    while cluster.now - start < run.ticks {
+        let at = cluster.now - start;
+        if let Some(distance) = run.slow {
+            if at.is_multiple_of(run.period_ticks) {
+                let r = (primary + distance) % n;
+                let until = cluster.now + run.slow_ticks;
+                cluster.slow_down(r, run.kind, until);
+            }
+        }
+        cluster.step()?;
+    }
+    let commits = cluster
+        .replica(primary)
+        .map_or(0, |r| r.commit())
+        .saturating_sub(commit_start);
+    let mut latencies = std::mem::take(&mut cluster.latencies);
+    latencies.sort_unstable();
+    let at = |q: f64| -> u64 {
+        if latencies.is_empty() {
+            return 0;
+        }
+        let i = ((latencies.len() - 1) as f64 * q).round() as usize;
+        latencies[i]
+    };
+    let (p50, p99) = (at(0.50), at(0.99));
+    for packet in cluster.slow_end() {
+        cluster.deliver(packet)?;
+    }
+    cluster.run_ticks(SLOW_RUN_COOLDOWN_TICKS)?;
+    let (skips, readmissions, skipped_at_end) = cluster
+        .replicas
+        .iter()
+        .flatten()
+        .map(|r| (r.slow_counts().0, r.slow_counts().1, r.slow_peers()))
+        .fold((0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 | b.2));
+    Ok(SlowNodeReport {
+        commits,
+        p50,
+        p99,
+        skips,
+        readmissions,
+        skipped_at_end,
+        view_changes: cluster.view_changes(),
+    })
+}

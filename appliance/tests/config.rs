@@ -262,6 +262,27 @@ fn intervals_must_be_consistent() {
         no_env(),
     );
     assert_eq!(e.key, "cluster.prepare_retransmit_interval");
+    // A backup may not lag for a heartbeat timeout before the chain skips it, and a
+    // skipped one is readmitted after some time.
+    let e = error_of(
+        &THREE_NODES.replace(
+            "repair_chunk_max = 32",
+            "repair_chunk_max = 32\nslow_peer_lag_min = \"2s\"",
+        ),
+        no_env(),
+    );
+    assert_eq!(
+        (e.key.as_str(), e.value.as_str()),
+        ("cluster.slow_peer_lag_min", "2s")
+    );
+    let e = error_of(
+        &THREE_NODES.replace(
+            "repair_chunk_max = 32",
+            "repair_chunk_max = 32\nslow_peer_readmit = \"0ms\"",
+        ),
+        no_env(),
+    );
+    assert_eq!(e.key, "cluster.slow_peer_readmit");
 }
 
 #[test]

@@ -343,21 +343,6 @@ fn check_metrics_parse_and_match_stats(files: &ClusterFiles, replica: usize) {
     assert!((p99 - want).abs() < 1e-9, "p99 {p99} vs {want}");
 }
 
-/// `appliance-cli`, built beside the daemon (cargo builds it for the workspace's tests;
-/// when only this package's tests were built, build it now).
-fn cli_binary() -> PathBuf {
-    let path = PathBuf::from(binary()).with_file_name("appliance-cli");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "-q", "-p", "tools", "--bin", "appliance-cli"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("run cargo build");
-    assert!(status.success(), "cargo build appliance-cli");
-    assert!(path.exists(), "{} missing", path.display());
-    path
-}
-
 fn cli_status(cli: &PathBuf, files: &ClusterFiles, via: usize) -> Value {
     let output = Command::new(cli)
         .args(["status", "--json", "--http"])

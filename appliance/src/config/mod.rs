@@ -81,6 +81,13 @@ pub struct ClusterConfig {
     pub heartbeat_timeout: ConfigDuration,
     pub prepare_retransmit_interval: ConfigDuration,
     pub view_change_retransmit_interval: ConfigDuration,
+    /// A backup that has not acknowledged a prepare for this long (or for four times
+    /// the recent commit latency, if longer) while the chain waits on it is skipped by
+    /// the chain as slow, like a disconnected peer.
+    pub slow_peer_lag_min: ConfigDuration,
+    /// How long a skipped backup must keep up before the chain takes it back (doubled
+    /// each time it is skipped again soon after).
+    pub slow_peer_readmit: ConfigDuration,
     /// Prepares per repair chunk; must stay below message_bus.peer_queue_capacity.
     pub repair_chunk_max: u32,
     /// Prepares in flight per group (at most 127: the DVC bitsets are u128).
@@ -277,6 +284,8 @@ impl Default for ClusterConfig {
             heartbeat_timeout: ms(1000),
             prepare_retransmit_interval: ms(200),
             view_change_retransmit_interval: ms(300),
+            slow_peer_lag_min: ms(50),
+            slow_peer_readmit: ms(2000),
             repair_chunk_max: 64,
             pipeline_max: 64,
             state_transfer_rate_max: ByteSize(128 << 20),

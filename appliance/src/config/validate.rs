@@ -185,6 +185,7 @@ fn validate_timing(config: &Config) -> Result<(), ConfigError> {
             "cluster.view_change_retransmit_interval",
             c.view_change_retransmit_interval,
         ),
+        ("cluster.slow_peer_lag_min", c.slow_peer_lag_min),
     ] {
         if value.0.is_zero() || value.0 >= heartbeat {
             return err(
@@ -196,6 +197,13 @@ fn validate_timing(config: &Config) -> Result<(), ConfigError> {
                 ),
             );
         }
+    }
+    if c.slow_peer_readmit.0.is_zero() {
+        return err(
+            "cluster.slow_peer_readmit",
+            c.slow_peer_readmit,
+            "must be greater than zero",
+        );
     }
     if c.pipeline_max == 0 || c.pipeline_max > PIPELINE_MAX {
         return err(

@@ -227,6 +227,8 @@ fn settings(config: &Config, replica_id: u8) -> Result<Settings, DaemonError> {
     vsr_config.view_change_retransmit_interval_ticks = ticks(c.view_change_retransmit_interval.0);
     vsr_config.view_change_timeout_ticks = 2 * vsr_config.heartbeat_timeout_ticks;
     vsr_config.repair_interval_ticks = vsr_config.prepare_retransmit_interval_ticks;
+    vsr_config.slow_lag_min_ticks = ticks(c.slow_peer_lag_min.0);
+    vsr_config.slow_readmit_ticks = ticks(c.slow_peer_readmit.0);
     vsr_config.repair_chunk_max = u64::from(c.repair_chunk_max);
     vsr_config.peer_queue_capacity = u64::from(config.message_bus.peer_queue_capacity);
     // The client plane refuses a Register once sessions_max sessions exist; Registers

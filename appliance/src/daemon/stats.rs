@@ -101,18 +101,29 @@ pub fn snapshot(node: &Node) -> Snapshot {
             quorum: connected >= replica.config().quorum_replication(),
             voter: replica.is_voter(),
             recovery: replica.recovery_wait().map(describe_recovery),
+            skipped_slow: (0..replica.config().replica_count)
+                .filter(|p| replica.slow_peers() & (1 << p) != 0)
+                .collect(),
         });
     }
+    let slow = slow_peers(node);
     let peers = bus
         .peers
         .iter()
-        .map(|p| PeerStats {
-            replica: p.replica,
-            connected: p.connected,
-            queue_depth: p.queue_depth,
-            dropped: p.dropped,
-            bytes_sent: p.bytes_sent,
-            bytes_received: p.bytes_received,
+        .map(|p| {
+            let slow = slow.get(&p.replica).copied().unwrap_or_default();
+            PeerStats {
+                replica: p.replica,
+                connected: p.connected,
+                queue_depth: p.queue_depth,
+                dropped: p.dropped,
+                bytes_sent: p.bytes_sent,
+                bytes_received: p.bytes_received,
+                skipped_slow: slow.groups > 0,
+                skipped_slow_groups: slow.groups,
+                skipped_slow_since_unix_ms: slow.since_unix_ms,
+                slow_skips: slow.skips,
+            }
         })
         .collect();
     let rejected = bus
@@ -167,6 +178,46 @@ pub fn snapshot(node: &Node) -> Snapshot {
     }
 }
 
+/// How the groups this node leads see one peer: skipping it as slow or not.
+#[derive(Clone, Copy, Default)]
+struct SlowPeer {
+    groups: u64,
+    since_unix_ms: Option<u64>,
+    skips: u64,
+}
+
+/// Per peer: the groups that skip it as slow now, since when, and how often they did.
+fn slow_peers(node: &Node) -> BTreeMap<u8, SlowPeer> {
+    let now_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let tick_ms = node.settings.tick.as_millis() as u64;
+    let mut peers: BTreeMap<u8, SlowPeer> = BTreeMap::new();
+    for group in node.group_ids() {
+        let Some(replica) = node.groups.get(group) else {
+            continue;
+        };
+        let (skips, _) = replica.slow_counts();
+        let skipped = replica.slow_peers();
+        if skips == 0 && skipped == 0 {
+            continue;
+        }
+        for peer in 0..replica.config().replica_count {
+            let entry = peers.entry(peer).or_default();
+            entry.skips += replica.slow_skips_of(peer);
+            if skipped & (1 << peer) != 0 {
+                entry.groups += 1;
+                if let Some(since) = replica.slow_since(peer) {
+                    let age_ms = replica.now().saturating_sub(since) * tick_ms;
+                    let at = now_unix_ms.saturating_sub(age_ms);
+                    entry.since_unix_ms = Some(entry.since_unix_ms.map_or(at, |s| s.min(at)));
+                }
+            }
+        }
+    }
+    peers
+}
+
 /// What the logs say of a group: status, view, primary, quorum, what it recovers for.
 type GroupLook = (GroupStatus, u32, u8, bool, Option<String>);
 
@@ -174,6 +225,8 @@ type GroupLook = (GroupStatus, u32, u8, bool, Option<String>);
 #[derive(Default)]
 pub struct Transitions {
     seen: RefCell<BTreeMap<String, GroupLook>>,
+    /// Peers skipped as slow at the last publish.
+    slow: RefCell<BTreeMap<u8, bool>>,
 }
 
 impl Transitions {
@@ -181,6 +234,23 @@ impl Transitions {
     /// last snapshot (view changes, elections, quorum lost and regained), with the
     /// group, view and op.
     fn log_changes(&self, snapshot: &Snapshot) {
+        let mut slow = self.slow.borrow_mut();
+        for p in &snapshot.peers {
+            let before = slow.insert(p.replica, p.skipped_slow).unwrap_or(false);
+            if before == p.skipped_slow {
+                continue;
+            }
+            if p.skipped_slow {
+                tracing::warn!(
+                    peer = p.replica,
+                    groups = p.skipped_slow_groups,
+                    queue_depth = p.queue_depth,
+                    "peer skipped by the chain as slow: connected but not keeping up"
+                );
+            } else {
+                tracing::info!(peer = p.replica, "peer keeps up again: back in the chain");
+            }
+        }
         let mut seen = self.seen.borrow_mut();
         for g in &snapshot.groups {
             let now = (g.status, g.view, g.primary, g.quorum, g.recovery.clone());

@@ -53,6 +53,9 @@ pub struct GroupStats {
     /// What a replica that may not vote yet waits for, in words.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recovery: Option<String>,
+    /// The backups this primary's chain skips as slow.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub skipped_slow: Vec<u8>,
 }
 
 /// One replica-plane peer.
@@ -64,6 +67,16 @@ pub struct PeerStats {
     pub dropped: u64,
     pub bytes_sent: u64,
     pub bytes_received: u64,
+    /// Whether a group this node leads skips the peer in its chain as slow (connected
+    /// but not keeping up), how many groups do, and since when (Unix milliseconds, the
+    /// earliest of them).
+    pub skipped_slow: bool,
+    pub skipped_slow_groups: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped_slow_since_unix_ms: Option<u64>,
+    /// Times the groups this node leads skipped the peer as slow, since the groups
+    /// started.
+    pub slow_skips: u64,
 }
 
 /// Where a cluster member answers, from the config: lets `appliance-cli status` reach
@@ -276,6 +289,7 @@ pub(crate) mod tests {
                     quorum: true,
                     voter: true,
                     recovery: None,
+                    skipped_slow: Vec::new(),
                 },
                 GroupStats {
                     group: (1u64 << 32 | 1 << 20).to_string(),
@@ -290,6 +304,7 @@ pub(crate) mod tests {
                     quorum: true,
                     voter: true,
                     recovery: None,
+                    skipped_slow: Vec::new(),
                 },
             ],
             peers: vec![
@@ -300,6 +315,10 @@ pub(crate) mod tests {
                     dropped: 0,
                     bytes_sent: 100,
                     bytes_received: 900,
+                    skipped_slow: true,
+                    skipped_slow_groups: 3,
+                    skipped_slow_since_unix_ms: Some(1_700_000_000_000),
+                    slow_skips: 4,
                 },
                 PeerStats {
                     replica: 2,
@@ -308,6 +327,7 @@ pub(crate) mod tests {
                     dropped: 7,
                     bytes_sent: 10,
                     bytes_received: 0,
+                    ..PeerStats::default()
                 },
             ],
             nodes: (0..3)
@@ -410,9 +430,15 @@ pub(crate) mod tests {
             "dropped",
             "bytes_sent",
             "bytes_received",
+            "skipped_slow",
+            "skipped_slow_groups",
+            "skipped_slow_since_unix_ms",
+            "slow_skips",
         ] {
             assert!(json["peers"][0].get(key).is_some(), "peers[] missing {key}");
         }
+        assert_eq!(json["peers"][1]["skipped_slow"], false);
+        assert!(json["peers"][1].get("skipped_slow_since_unix_ms").is_none());
         for figure in ["request", "prepare_commit", "journal_fsync"] {
             for key in ["p50", "p99", "p999", "max"] {
                 assert!(

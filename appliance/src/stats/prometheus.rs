@@ -227,7 +227,7 @@ pub fn render(s: &Snapshot) -> String {
         );
     }
 
-    let peer_series: [PeerSeries; 5] = [
+    let peer_series: [PeerSeries; 8] = [
         (
             "appliance_peer_connected",
             "gauge",
@@ -257,6 +257,24 @@ pub fn render(s: &Snapshot) -> String {
             "counter",
             "Bytes received from the peer.",
             |p| p.bytes_received,
+        ),
+        (
+            "appliance_peer_skipped_slow",
+            "gauge",
+            "1 when a group this node leads skips the peer in its chain as slow.",
+            |p| u64::from(p.skipped_slow),
+        ),
+        (
+            "appliance_peer_skipped_slow_groups",
+            "gauge",
+            "Groups this node leads that skip the peer as slow.",
+            |p| p.skipped_slow_groups,
+        ),
+        (
+            "appliance_peer_slow_skips_total",
+            "counter",
+            "Times the groups this node leads skipped the peer as slow.",
+            |p| p.slow_skips,
         ),
     ];
     for (name, kind, help, value) in peer_series {
@@ -435,6 +453,9 @@ mod tests {
             "appliance_group_commit{group=\"9223372036854775808\",name=\"metadata\"} 118"
         ));
         assert!(text.contains("appliance_peer_connected{replica=\"2\"} 0"));
+        assert!(text.contains("appliance_peer_skipped_slow{replica=\"0\"} 1"));
+        assert!(text.contains("appliance_peer_skipped_slow_groups{replica=\"0\"} 3"));
+        assert!(text.contains("appliance_peer_slow_skips_total{replica=\"2\"} 0"));
         assert!(text.contains("appliance_storage_index_bytes 4096"));
         assert!(text.contains("appliance_rejected_frames_total{reason=\"frame_seal_mismatch\"} 3"));
         assert!(text.contains("appliance_request_latency_seconds{quantile=\"0.99\"}"));

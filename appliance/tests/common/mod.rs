@@ -146,6 +146,25 @@ pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_appliance")
 }
 
+/// `appliance-cli`, built beside the daemon (cargo builds it for the workspace's tests;
+/// when only this package's tests were built, build it now).
+pub fn cli_binary() -> PathBuf {
+    let path = PathBuf::from(binary()).with_file_name("appliance-cli");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut build = Command::new(cargo);
+    build.args(["build", "-q", "-p", "tools", "--bin", "appliance-cli"]);
+    if !cfg!(debug_assertions) {
+        build.arg("--release");
+    }
+    let status = build
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "cargo build appliance-cli");
+    assert!(path.exists(), "{} missing", path.display());
+    path
+}
+
 impl Daemon {
     pub fn start(files: &ClusterFiles, replica: usize) -> Daemon {
         Daemon::start_with_env(files, replica, &[])

@@ -21,12 +21,15 @@ pub struct RetryPolicy {
 }
 
 impl Default for RetryPolicy {
+    /// A failover takes the cluster about its heartbeat timeout plus a view change; a
+    /// backoff capped at 100 ms finds the new primary within that of the view change, and
+    /// 300 attempts still cover an outage of about 20 s (30 s at most).
     fn default() -> RetryPolicy {
         RetryPolicy {
-            attempts_max: 20,
+            attempts_max: 300,
             total_timeout: Duration::from_secs(30),
             backoff_min: Duration::from_millis(20),
-            backoff_max: Duration::from_secs(1),
+            backoff_max: Duration::from_millis(100),
         }
     }
 }

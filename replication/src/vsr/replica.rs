@@ -70,6 +70,9 @@ pub(crate) struct Pending {
     pub(crate) prepared_at: u64,
 }
 
+/// A backup's heartbeat timeout fires within 1/8 of it after the interval.
+pub const HEARTBEAT_JITTER_DIVISOR: u64 = 8;
+
 /// `Pending::prepared_at` of an op not sent in this view yet.
 pub(crate) const NOT_SENT: u64 = u64::MAX;
 
@@ -209,7 +212,13 @@ impl Replica {
                 "commit_broadcast",
                 config.commit_broadcast_interval_ticks,
             ),
-            timeout_heartbeat: Timeout::new("heartbeat", config.heartbeat_timeout_ticks),
+            // Little jitter: view changes have no competing candidates (the primary of a
+            // view is fixed), and every tick of it is failover time.
+            timeout_heartbeat: Timeout::with_jitter(
+                "heartbeat",
+                config.heartbeat_timeout_ticks,
+                HEARTBEAT_JITTER_DIVISOR,
+            ),
             timeout_prepare_retransmit: Timeout::new(
                 "prepare_retransmit",
                 config.prepare_retransmit_interval_ticks,
@@ -628,7 +637,7 @@ impl Replica {
             }
             if let Some(pending) = self.pipeline.remove(&op) {
                 if pending.prepared_at != NOT_SENT {
-                    self.slow.on_commit_latency(self.now - pending.prepared_at);
+                    self.slow.on_commit(op, pending.prepared_at, self.now);
                 }
             }
             self.progress_tick = self.now;

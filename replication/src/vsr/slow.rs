@@ -28,6 +28,10 @@ pub const LAG_LATENCY_FACTOR: u64 = 4;
 pub const READMIT_DOUBLINGS_MAX: u32 = 5;
 /// A backup that kept up this many readmission delays is forgiven its earlier skips.
 pub const STRIKES_FORGIVEN_AFTER: u64 = 16;
+/// Committed ops whose prepare tick the primary keeps while a backup is skipped (to tell
+/// whether the skipped backup acknowledged what was prepared more than the bound ago);
+/// a backup further behind than this does not keep up.
+pub const RECENT_OPS_MAX: usize = 256;
 
 /// What the primary keeps of one backup.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -57,6 +61,9 @@ pub struct SlowPeers {
     rerouted_at: u64,
     /// Recent prepare-to-commit latency in ticks, times 16 (an exponential average).
     commit_latency_x16: u64,
+    /// While a backup is skipped: (op, tick first sent) of the latest committed ops, in
+    /// op order, at most RECENT_OPS_MAX (empty, unallocated, otherwise).
+    recent: std::collections::VecDeque<(u64, u64)>,
     /// Backups skipped and readmitted in this life.
     pub(crate) skips: u64,
     pub(crate) readmissions: u64,
@@ -66,6 +73,7 @@ impl SlowPeers {
     /// A new view: every backup is in the chain again (strikes are kept).
     pub(crate) fn reset(&mut self, now: u64) {
         self.skipped = 0;
+        self.recent = std::collections::VecDeque::new();
         for peer in &mut self.peers {
             peer.keeping_up_since = 0;
             peer.op_acked = 0;
@@ -88,8 +96,29 @@ impl SlowPeers {
             .unwrap_or_default()
     }
 
+    /// Op `op`, first sent at `prepared_at`, committed at `now`.
+    pub(crate) fn on_commit(&mut self, op: u64, prepared_at: u64, now: u64) {
+        self.on_commit_latency(now - prepared_at);
+        if self.skipped != 0 {
+            if self.recent.len() == RECENT_OPS_MAX {
+                self.recent.pop_front();
+            }
+            self.recent.push_back((op, prepared_at));
+        }
+    }
+
+    /// The tick committed op `op` was first sent at, if it is recent enough to be known.
+    fn committed_prepared_at(&self, op: u64) -> Option<u64> {
+        let first = self.recent.front()?.0;
+        let i = op.checked_sub(first)? as usize;
+        self.recent
+            .get(i)
+            .filter(|(o, _)| *o == op)
+            .map(|(_, at)| *at)
+    }
+
     /// An op committed `latency` ticks after it was first prepared.
-    pub(crate) fn on_commit_latency(&mut self, latency: u64) {
+    fn on_commit_latency(&mut self, latency: u64) {
         let sample = latency.saturating_mul(16);
         // Down fast, up slowly: the bound follows the latency of a healthy chain, and a
         // stall (the very thing being detected) barely raises it. Integer arithmetic, so
@@ -133,6 +162,21 @@ impl Replica {
     /// Times `peer` was skipped as slow in this life.
     pub fn slow_skips_of(&self, peer: u8) -> u64 {
         self.slow.get(peer).skips
+    }
+
+    /// Whether skipped `peer` keeps up: it acknowledged every op first sent more than
+    /// `bound` ticks ago (as far as its highest acknowledgement tells).
+    fn keeps_up(&self, peer: u8, bound: u64) -> bool {
+        let next = self.slow.get(peer).op_acked + 1;
+        if next > self.log.op {
+            return true;
+        }
+        let sent_at = match self.pipeline.get(&next) {
+            Some(pending) if pending.prepared_at == super::replica::NOT_SENT => return true,
+            Some(pending) => Some(pending.prepared_at),
+            None => self.slow.committed_prepared_at(next),
+        };
+        sent_at.is_some_and(|at| self.now.saturating_sub(at) <= bound)
     }
 
     /// How long a backup may lag before it is skipped, in ticks.
@@ -273,13 +317,10 @@ impl Replica {
         let n = self.config.replica_count;
         let skipped = self.slow.skipped;
         for peer in (0..n).filter(|p| skipped & (1 << p) != 0) {
-            // Keeping up: every pipeline op older than the bound acknowledged, and no
-            // more than a pipeline's worth of ops committed without it.
-            let lagging = self.lag_ticks(peer, 0) > bound;
-            let (now, commit, pipeline_max) = (self.now, self.commit, self.config.pipeline_max);
-            let readmit = self.config.slow_readmit_ticks;
+            let keeps_up = self.keeps_up(peer, bound);
+            let (now, readmit) = (self.now, self.config.slow_readmit_ticks);
             let state = self.slow.peer(peer);
-            if lagging || commit.saturating_sub(state.op_acked) > pipeline_max {
+            if !keeps_up {
                 state.keeping_up_since = 0;
                 continue;
             }
@@ -295,6 +336,9 @@ impl Replica {
                 self.slow.rerouted_at = now;
                 self.slow.readmissions += 1;
             }
+        }
+        if self.slow.skipped == 0 && self.slow.recent.capacity() > 0 {
+            self.slow.recent = std::collections::VecDeque::new();
         }
     }
 }

@@ -53,17 +53,25 @@ pub const BACKOFF_DOUBLINGS_MAX: u32 = 4;
 pub struct Timeout {
     pub name: &'static str,
     pub after_ticks: u64,
+    /// Jitter at most after_ticks / jitter_divisor.
+    jitter_divisor: u64,
     attempts: u32,
     deadline: Option<u64>,
 }
 
 impl Timeout {
-    /// A stopped timeout.
+    /// A stopped timeout with up to half its interval of jitter.
     pub fn new(name: &'static str, after_ticks: u64) -> Timeout {
-        assert!(after_ticks > 0);
+        Timeout::with_jitter(name, after_ticks, 2)
+    }
+
+    /// A stopped timeout with up to `after_ticks / jitter_divisor` of jitter.
+    pub fn with_jitter(name: &'static str, after_ticks: u64, jitter_divisor: u64) -> Timeout {
+        assert!(after_ticks > 0 && jitter_divisor > 0);
         Timeout {
             name,
             after_ticks,
+            jitter_divisor,
             attempts: 0,
             deadline: None,
         }
@@ -104,7 +112,7 @@ impl Timeout {
 
     fn arm(&mut self, now: u64, prng: &mut Prng) {
         let base = self.after_ticks << self.attempts;
-        let jitter = prng.below(self.after_ticks / 2 + 1);
+        let jitter = prng.below(self.after_ticks / self.jitter_divisor + 1);
         self.deadline = Some(now + base + jitter);
     }
 }
@@ -125,6 +133,22 @@ mod tests {
         }
         assert!(!timeout.fired(10 << BACKOFF_DOUBLINGS_MAX));
         assert!(timeout.fired((10 << BACKOFF_DOUBLINGS_MAX) + 6));
+    }
+
+    #[test]
+    fn jitter_stays_within_its_fraction_of_the_interval() {
+        let mut prng = Prng::new(3);
+        let mut latest = 0;
+        for _ in 0..1_000 {
+            let mut timeout = Timeout::with_jitter("heartbeat", 100, 8);
+            timeout.start(0, &mut prng);
+            assert!(!timeout.fired(99));
+            let fires_at = (100..=200).find(|t| timeout.fired(*t)).expect("fires");
+            assert!(fires_at <= 112, "fired at {fires_at}");
+            latest = latest.max(fires_at);
+        }
+        // The whole range is used, not only the interval itself.
+        assert_eq!(latest, 112);
     }
 
     #[test]

@@ -57,9 +57,11 @@ pub struct ConnectArgs {
     /// Password (default: $APPLIANCE_PASSWORD).
     #[arg(long, env = "APPLIANCE_PASSWORD", hide_env_values = true)]
     pub password: String,
-    /// Per-attempt reply timeout, milliseconds. Short enough to fail over from an
-    /// isolated node quickly, long enough that a slow (TCG) VM is not taken for one.
-    #[arg(long, default_value_t = 5_000)]
+    /// Per-attempt reply timeout, milliseconds: how long a silent node (isolated, or its
+    /// host stalled) is waited for before the request goes to another node, so about
+    /// the cluster's heartbeat timeout. A slower answer is retried under the same request
+    /// number, which the cluster answers once.
+    #[arg(long, default_value_t = 1_000)]
     pub request_timeout_ms: u64,
     /// Time per request across its retries, milliseconds.
     #[arg(long, default_value_t = 20_000)]
@@ -160,7 +162,6 @@ fn options(conn: &ConnectArgs) -> ClientOptions {
         connect_timeout: Duration::from_secs(2),
         request_timeout: Duration::from_millis(conn.request_timeout_ms.max(1)),
         retry: RetryPolicy {
-            attempts_max: 100,
             total_timeout: Duration::from_millis(conn.retry_timeout_ms),
             ..RetryPolicy::default()
         },

@@ -293,8 +293,16 @@ fn retried_client_request_after_failover_is_not_applied_twice() {
 /// wiped one remembers nothing and `s` never had the ops, so any view they formed would
 /// lose them. Once the other member of the quorum returns, the cluster serves again and
 /// every committed op survives (the checker holds every replica's commits to one
-/// history).
-fn lost_disk_costs_no_committed_op(seed: u64, p: u8, w: u8, s: u8, wiped: u8) {
+/// history). With `undecided_crash`, the wiped one crashes again before it learned
+/// whether its group formed and restarts from what it persisted.
+fn lost_disk_costs_no_committed_op(
+    seed: u64,
+    p: u8,
+    w: u8,
+    s: u8,
+    wiped: u8,
+    undecided_crash: bool,
+) {
     use replication::sim::Wipe;
     let other = if wiped == p { w } else { p };
     let mut cluster = Cluster::scripted(3, seed, 2);
@@ -313,6 +321,12 @@ fn lost_disk_costs_no_committed_op(seed: u64, p: u8, w: u8, s: u8, wiped: u8) {
     cluster
         .restart_wiped(wiped, Wipe::Formatted)
         .expect("the wiped replica restarts");
+    if undecided_crash {
+        cluster.crash(wiped);
+        cluster
+            .restart(wiped)
+            .expect("the wiped replica restarts again");
+    }
     cluster.restart(s).expect("s restarts");
     cluster.run_ticks(6_000).expect("checkers hold");
     let lost = cluster.replica(wiped).expect("up");
@@ -343,10 +357,20 @@ fn lost_disk_costs_no_committed_op(seed: u64, p: u8, w: u8, s: u8, wiped: u8) {
 
 #[test]
 fn wiped_backup_and_stale_backup_wait_for_the_primary_that_remembers() {
-    lost_disk_costs_no_committed_op(21, 0, 1, 2, 1);
+    lost_disk_costs_no_committed_op(21, 0, 1, 2, 1, false);
 }
 
 #[test]
 fn wiped_old_primary_and_stale_backup_wait_for_the_backup_that_remembers() {
-    lost_disk_costs_no_committed_op(21, 0, 1, 2, 0);
+    lost_disk_costs_no_committed_op(21, 0, 1, 2, 0, false);
+}
+
+/// Seed 1102878 (20,000 ticks): a formatted replica crashed before it learned whether its
+/// group formed; its restart read the empty superblock as the state of a member in view
+/// 0, it voted with a stale backup, and a committed op was truncated. The undecided state
+/// is durable now.
+#[test]
+fn a_wiped_replica_that_crashes_before_it_decides_still_does_not_vote() {
+    lost_disk_costs_no_committed_op(21, 0, 1, 2, 0, true);
+    lost_disk_costs_no_committed_op(21, 0, 1, 2, 1, true);
 }

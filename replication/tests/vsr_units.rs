@@ -486,7 +486,7 @@ fn a_restarted_single_replica_elects_itself_without_waiting_for_probes() {
         view: primary.view(),
         log_view: primary.log_view(),
         headers: Vec::new(),
-        replacement: false,
+        ..Superblock::default()
     };
     let mut restarted = Replica::restart(config, &superblock, &journal);
     drive(&mut restarted, &mut journal);
@@ -507,7 +507,7 @@ fn a_replica_restarted_from_a_checkpoint_resumes_there_with_its_client_table() {
         view: primary.view(),
         log_view: primary.log_view(),
         headers: Vec::new(),
-        replacement: false,
+        ..Superblock::default()
     };
     // Only the checkpoint's anchor survives below it: ops 1 and 2 are gone.
     journal.retain(|e| e.op > 3);

@@ -186,6 +186,8 @@ pub fn read_checkpoint(dir: &Path) -> Result<Option<StoredCheckpoint>, FileError
 
 /// Flag bits after the suffix headers of the VSR superblock file.
 const VSR_FLAG_REPLACEMENT: u32 = 1;
+/// Formatted, not yet known whether the cluster formed (`vsr::Superblock::unformed`).
+const VSR_FLAG_UNFORMED: u32 = 2;
 
 /// Persists the VSR superblock (view, log_view, suffix headers, then a flags word whose
 /// bit 0 marks a replacement that may not vote yet) durably.
@@ -197,11 +199,13 @@ pub fn write_vsr_superblock(dir: &Path, superblock: &VsrSuperblock) -> Result<()
     for header in &superblock.headers {
         payload.extend_from_slice(header.as_bytes());
     }
-    let flags = if superblock.replacement {
-        VSR_FLAG_REPLACEMENT
-    } else {
-        0
-    };
+    let mut flags = 0;
+    if superblock.replacement {
+        flags |= VSR_FLAG_REPLACEMENT;
+    }
+    if superblock.unformed {
+        flags |= VSR_FLAG_UNFORMED;
+    }
     payload.extend_from_slice(&flags.to_le_bytes());
     write_durable(&dir.join(VSR_SUPERBLOCK_FILE), MAGIC_VSR, &payload)
 }
@@ -231,7 +235,7 @@ pub fn read_vsr_superblock(dir: &Path) -> Result<VsrSuperblock, FileError> {
         Some(4) => u32_at(headers_end).unwrap_or(0),
         _ => return Err(corrupt("header count does not match the length")),
     };
-    if count > SUFFIX_HEADERS_MAX || flags & !VSR_FLAG_REPLACEMENT != 0 {
+    if count > SUFFIX_HEADERS_MAX || flags & !(VSR_FLAG_REPLACEMENT | VSR_FLAG_UNFORMED) != 0 {
         return Err(corrupt("header count or flags out of range"));
     }
     let mut headers = Vec::with_capacity(count);
@@ -244,6 +248,7 @@ pub fn read_vsr_superblock(dir: &Path) -> Result<VsrSuperblock, FileError> {
         log_view,
         headers,
         replacement: flags & VSR_FLAG_REPLACEMENT != 0,
+        unformed: flags & VSR_FLAG_UNFORMED != 0,
     })
 }
 
@@ -390,10 +395,15 @@ mod tests {
             log_view: 4,
             headers: vec![header],
             replacement: false,
+            unformed: false,
         };
         write_vsr_superblock(dir.path(), &superblock).expect("write");
         assert_eq!(read_vsr_superblock(dir.path()).expect("read"), superblock);
         superblock.replacement = true;
+        write_vsr_superblock(dir.path(), &superblock).expect("write");
+        assert_eq!(read_vsr_superblock(dir.path()).expect("read"), superblock);
+        superblock.replacement = false;
+        superblock.unformed = true;
         write_vsr_superblock(dir.path(), &superblock).expect("write");
         assert_eq!(read_vsr_superblock(dir.path()).expect("read"), superblock);
         let path = dir.path().join(VSR_SUPERBLOCK_FILE);

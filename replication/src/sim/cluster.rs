@@ -742,7 +742,10 @@ impl Cluster {
     pub(super) fn remembers(&self, x: u8) -> bool {
         match &self.replicas[usize::from(x)] {
             Some(replica) => replica.is_voter(),
-            None => !self.storages[usize::from(x)].superblock.replacement,
+            None => {
+                let superblock = &self.storages[usize::from(x)].superblock;
+                !superblock.replacement && !superblock.unformed
+            }
         }
     }
 

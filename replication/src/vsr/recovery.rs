@@ -21,6 +21,9 @@ pub struct Superblock {
     pub headers: Vec<PrepareHeader>,
     /// This replica lost its state and has not caught up since: it may not vote.
     pub replacement: bool,
+    /// This replica was formatted and has not yet learned whether its group formed: a
+    /// restart finds that out again before it votes (`Replica::unformed`).
+    pub unformed: bool,
 }
 
 /// The consensus state that goes with a driver's checkpoint of its state machine.
@@ -120,6 +123,11 @@ impl Replica {
     /// A replica restarting from its superblock and journal. It starts Recovering and
     /// broadcasts RequestStartView; it commits nothing until a StartView tells it the view.
     pub fn restart(config: Config, superblock: &Superblock, journal: &[JournalEntry]) -> Replica {
+        if superblock.unformed {
+            // Formatted and undecided when it stopped: it holds no promise and no op, and
+            // must not take its empty state for that of a member that remembers.
+            return Replica::unformed(config);
+        }
         Replica::restart_inner(config, superblock, journal, None)
     }
 
@@ -134,6 +142,18 @@ impl Replica {
         checkpoint: Checkpoint,
         journal: &[JournalEntry],
     ) -> Option<Replica> {
+        // A formatted replica takes no checkpoint before it knows its group formed; were
+        // one there anyway, the state would be vouched for by nobody: a replacement.
+        let replacement;
+        let superblock = if superblock.unformed {
+            replacement = Superblock {
+                replacement: true,
+                ..Superblock::default()
+            };
+            &replacement
+        } else {
+            superblock
+        };
         let limits = Limits::default();
         let anchor = match decode(checkpoint.anchor.as_bytes(), &limits) {
             Ok(Message::Prepare(h, _)) if h.op == checkpoint.op && h.op > 0 => h.frame.checksum,

@@ -86,6 +86,10 @@ impl Replica {
             return Replica::new(config);
         }
         let mut replica = Replica::empty(config);
+        // Durably undecided: a crash before the census decides restarts it unformed
+        // again, never as a member with an empty (and so unvouched) state.
+        replica.superblock.unformed = true;
+        replica.persist_superblock();
         replica.start_census(true);
         replica
     }
@@ -317,6 +321,7 @@ impl Replica {
                     census.formation = false;
                 }
                 self.superblock.replacement = true;
+                self.superblock.unformed = false;
                 self.persist_superblock();
             } else if answered == peers {
                 // Every other replica answered and none remembers anything: a new group.
@@ -332,6 +337,8 @@ impl Replica {
                     .filter(|(_, v)| v.is_some())
                     .fold(0u32, |bits, (r, _)| bits | 1 << r);
                 self.census = None;
+                self.superblock.unformed = false;
+                self.persist_superblock();
                 self.voter = true;
                 self.status = Status::Normal;
                 self.formation_wait = (all & !voting, nonce);

@@ -153,6 +153,12 @@ fn regression_seeds() {
     // that op as a copy (a fault beyond what 3 replicas survive). Only copies of the
     // committed prepare count now.
     check_without_slow_nodes(1015327, 3, 5_000, false);
+    // 1115469 (20,000 ticks; 1150016 and 1156923 on older code): while a replica had lost
+    // its superblock, the simulator corrupted a deposed primary's uncommitted prepare, its
+    // only copy, on one of the two voters; that voter could never vouch for the op, so no
+    // view could form (a fault beyond what 3 replicas survive with one recovering). While
+    // a replica may not vote, only the committed prepare itself is corrupted now.
+    check(1115469, 3, 20_000, false);
 }
 
 /// Long fault phases (the default alone missed a divergence), with lost disks.

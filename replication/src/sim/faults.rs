@@ -66,9 +66,10 @@ impl Cluster {
         Ok(())
     }
 
-    /// Corrupts one committed journal entry on one replica, never an op already corrupted
-    /// elsewhere, and only if another replica holds it: never more than the cluster can
-    /// recover.
+    /// Corrupts one journal entry on one replica at a committed op, never an op already
+    /// corrupted elsewhere, and only if another replica holds the committed prepare (and,
+    /// while a replica may not vote, only the committed prepare itself): never more than
+    /// the cluster can recover.
     fn corrupt_one(&mut self) {
         let commit = self.checker.commit_max();
         if commit == 0 {
@@ -93,6 +94,15 @@ impl Cluster {
             })
             .count();
         if holders == 0 {
+            return;
+        }
+        // The entry on `r` may be another prepare at that op (a deposed primary's, never
+        // committed) whose only copy it is. Like a torn write (`crash`), the cluster
+        // survives losing it only while every replica votes: with a non-voter, it would
+        // hold back the DVC of one of the only voters for good.
+        if !self.every_replica_votes()
+            && !self.storages[usize::from(r)].holds_identity(op, identity)
+        {
             return;
         }
         if self.storages[usize::from(r)].corrupt(op, &mut self.prng) {

@@ -39,7 +39,19 @@ fn header_of(frame: &Frame) -> PrepareHeader {
 }
 
 fn do_view_change(from: u8, prepares: &[Frame], nack: u128, present: u128) -> Frame {
+    do_view_change_at(from, prepares, nack, present, 0)
+}
+
+/// As `do_view_change`, from a sender whose commit point is `commit`.
+fn do_view_change_at(
+    from: u8,
+    prepares: &[Frame],
+    nack: u128,
+    present: u128,
+    commit: u64,
+) -> Frame {
     let mut h = DoViewChangeHeader::new();
+    h.commit = commit;
     h.frame.cluster = cluster();
     h.frame.view = 1;
     h.frame.replica = from;
@@ -148,6 +160,89 @@ fn dvcs_from_the_same_log_view_with_different_present_bits_are_merged_by_repair(
             "asked r{peer} for op {from_op} it never offered"
         );
     }
+}
+
+/// A forming primary whose DVCs present no body asks every peer in turn, not only the
+/// one the rotation happened to land on: in a cluster of 3 it used to ask one peer
+/// forever (seeds 1122470 and 1162933, 20,000 ticks), here the one that holds nothing.
+#[test]
+fn a_forming_primary_asks_every_peer_for_bodies_no_dvc_presents() {
+    let prepares = metadata_prepares(4);
+    let mut r1 = Replica::new(Config::new(cluster(), METADATA_GROUP, 1, 3));
+    let mut svc = StartViewChangeHeader::new();
+    svc.frame.cluster = cluster();
+    svc.frame.view = 1;
+    svc.frame.replica = 2;
+    svc.group = METADATA_GROUP;
+    r1.on_message(Frame::build(&svc, &[]).as_bytes());
+    // r2 committed past every op but presents no body; r0 presents none either, yet holds
+    // them all (it knows no identity to vouch with).
+    r1.on_message(do_view_change_at(2, &prepares, 0, 0, 4).as_bytes());
+    r1.on_message(do_view_change(0, &prepares, 0, 0).as_bytes());
+    let holds = |peer: u8, _op: u64| peer == 0;
+    let (start_view, requests) = pump(&mut r1, &prepares, holds, 90);
+    assert!(
+        requests.iter().any(|(peer, _)| *peer == 0),
+        "never asked r0: {requests:?}"
+    );
+    assert!(start_view.is_some(), "no view: asked {requests:?}");
+}
+
+/// A replica serves every prepare its journal holds durably, its identity known or not:
+/// the requester takes it only by the identity its own chain gives the op.
+#[test]
+fn a_restarted_replica_serves_prepares_it_holds_below_an_unreadable_one() {
+    let prepares = metadata_prepares(6);
+    let config = Config::new(cluster(), METADATA_GROUP, 2, 3);
+    // Op 5 unreadable, and the superblock of view 1 names only op 6 (the prepares are of
+    // view 0): the hash chain from op 6 stops at op 5, so ops 1 to 4 have no known
+    // identity here.
+    let journal: Vec<JournalEntry> = prepares
+        .iter()
+        .enumerate()
+        .map(|(i, frame)| JournalEntry {
+            op: i as u64 + 1,
+            bytes: (i != 4).then(|| FrameBuf::from_bytes(frame.as_bytes())),
+        })
+        .collect();
+    let superblock = Superblock {
+        view: 1,
+        log_view: 1,
+        headers: vec![header_of(&prepares[5])],
+        ..Superblock::default()
+    };
+    let mut r2 = Replica::restart(config, &superblock, &journal);
+    let _ = r2.drain_actions();
+    let mut request = replication::wire::RequestPreparesHeader::new();
+    request.frame.cluster = cluster();
+    request.frame.replica = 0;
+    request.nonce = 7;
+    request.from_op = 1;
+    request.to_op = 6;
+    request.group = METADATA_GROUP;
+    // Asked during a view change (a restarted replica answers once it takes part in one),
+    // before any StartView taught it the identities below its unreadable entry.
+    let mut svc = StartViewChangeHeader::new();
+    svc.frame.cluster = cluster();
+    svc.frame.view = 2;
+    svc.frame.replica = 0;
+    svc.group = METADATA_GROUP;
+    r2.on_message(Frame::build(&svc, &[]).as_bytes());
+    assert_eq!(r2.status(), Status::ViewChange);
+    let _ = r2.drain_actions();
+    r2.on_message(Frame::build(&request, &[]).as_bytes());
+    let served: Vec<u64> = r2
+        .drain_actions()
+        .into_iter()
+        .filter_map(|action| match action {
+            Action::Send { frame, .. } => match decode(frame.as_bytes(), &Limits::default()) {
+                Ok(Message::RepairPrepare(h, _)) => Some(h.op),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    assert_eq!(served, [1, 2, 3, 4, 6], "served {served:?}");
 }
 
 #[test]

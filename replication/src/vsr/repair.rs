@@ -149,6 +149,12 @@ impl Replica {
             if !committed.is_empty() && turn % 2 == 0 {
                 return Some(committed[(turn / 2) % committed.len()]);
             }
+            // Else every other replica in turn, by the same counter. (The rotation below
+            // reduces the counter modulo the replica count, which breaks the alternation:
+            // in a cluster of 3, replica 0 asked only 1, 1 only 2 and 2 only 0, never the
+            // peer whose DVC showed it committed past the op.)
+            let others: Vec<u8> = (0..n).filter(|r| *r != own).collect();
+            return others.get((turn / 2) % others.len().max(1)).copied();
         } else if op > self.log.op && !self.is_primary() {
             // Above our log only the view's primary stamps what we may append.
             return Some(self.config.primary_of(self.view));
@@ -190,8 +196,13 @@ impl Replica {
             .to_op
             .min(header.from_op + self.config.repair_chunk_max - 1);
         let mut served = header.from_op - 1;
+        // Every prepare the journal holds durably, its identity known here or not: the
+        // requester takes one only by the identity its own chain gives that op, so serving
+        // is no vote. A restarted replica learns identities only down to its highest
+        // faulty entry; if it served only those, two replicas whose holes interleave
+        // would each wait on the other for a prepare both have.
         for op in header.from_op..=to_op {
-            let Some(frame) = self.log.durable_frame(op) else {
+            let Some(frame) = self.log.held_frame(op) else {
                 continue;
             };
             let frame = Frame::repair_of(frame.as_bytes());

@@ -24,6 +24,9 @@ pub struct ClientOptions {
     pub connect_timeout: Duration,
     /// From sending a request to its whole reply, per attempt.
     pub request_timeout: Duration,
+    /// The same for a Login, at least: the server checks the password with a
+    /// deliberately slow hash, so a Login may take longer than any other request.
+    pub login_timeout: Duration,
     pub retry: RetryPolicy,
     /// Largest reply frame accepted (message_bus.max_message_size).
     pub max_message_size: u32,
@@ -34,6 +37,7 @@ impl Default for ClientOptions {
         ClientOptions {
             connect_timeout: Duration::from_secs(3),
             request_timeout: Duration::from_secs(10),
+            login_timeout: Duration::from_secs(10),
             retry: RetryPolicy::default(),
             max_message_size: replication::wire::decode::MAX_MESSAGE_SIZE_DEFAULT,
         }
@@ -348,10 +352,13 @@ impl Client {
         };
         let (operation, read_command) = login.operation();
         let frame = self.frame(operation, read_command, 0, 0, &login.encode());
-        let incoming = self.exchange(addr, &frame, 0, operation).map_err(|mut e| {
-            e.delivered = false;
-            e
-        })?;
+        let timeout = self.options.login_timeout.max(self.options.request_timeout);
+        let incoming = self
+            .exchange(addr, &frame, 0, operation, timeout)
+            .map_err(|mut e| {
+                e.delivered = false;
+                e
+            })?;
         let (status, body) = match incoming {
             Incoming::Reply { header, body } => (header.status, body),
             Incoming::Eviction { reason, .. } => {
@@ -387,6 +394,7 @@ impl Client {
         frame: &Frame,
         request: u64,
         operation: Operation,
+        timeout: Duration,
     ) -> Result<Incoming, ExchangeError> {
         let Some(conn) = self.conns.get_mut(&addr) else {
             return Err(ExchangeError {
@@ -394,7 +402,7 @@ impl Client {
                 delivered: false,
             });
         };
-        let result = conn.exchange(frame, self.options.request_timeout, &self.limits);
+        let result = conn.exchange(frame, timeout, &self.limits);
         let checked = result.and_then(|incoming| {
             let mismatch = |what: String| ExchangeError {
                 error: ClientError::UnexpectedReply { server: addr, what },
@@ -488,9 +496,10 @@ impl Client {
             };
             self.request_high = self.request_high.max(request_number);
             let frame = self.frame(operation, read_command, session_id, request_number, &body);
-            let incoming = self
-                .ensure_conn(addr)
-                .and_then(|()| self.exchange(addr, &frame, request_number, operation));
+            let incoming = self.ensure_conn(addr).and_then(|()| {
+                let timeout = self.options.request_timeout;
+                self.exchange(addr, &frame, request_number, operation, timeout)
+            });
             let (status, reply_body) = match incoming {
                 Err(e) => {
                     fate.maybe_applied |= e.delivered && kind == Kind::Replicated;

@@ -55,7 +55,7 @@ pub struct Global {
     #[arg(long, global = true, default_value_t = 10_000)]
     pub request_timeout_ms: u64,
     /// Attempts per request (redirects included) before giving up.
-    #[arg(long, global = true, default_value_t = 20)]
+    #[arg(long, global = true, default_value_t = 300)]
     pub attempts: u32,
     /// Total time per request across its attempts, milliseconds.
     #[arg(long, global = true, default_value_t = 30_000)]

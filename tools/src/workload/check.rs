@@ -106,7 +106,18 @@ pub struct CheckParams {
     /// Longest time a write may take to be acknowledged after an event that leaves a
     /// quorum (the failover or recovery time bound).
     pub recovery_bound_ms: u64,
+    /// Tighter bound for a failover (a kill, stop or isolation): the cluster's
+    /// heartbeat timeout + 500 ms. 0: only `recovery_bound_ms` applies.
+    pub failover_bound_ms: u64,
+    /// While a node is slowed (between `slow_on` and `slow_off` events), the 99th
+    /// percentile of ack latency of the batches sent may not pass this.
+    pub slow_latency_bound_ms: u64,
 }
+
+/// Events that slow a node down without taking it out: they bound ack latency, not the
+/// time to the next write.
+const SLOW_ON: &str = "slow_on";
+const SLOW_OFF: &str = "slow_off";
 
 /// Examples kept per violation kind (the count is always complete).
 const EXAMPLES_MAX: usize = 5;
@@ -309,6 +320,7 @@ pub fn analyze(
     }
 
     let recovery = recovery_times(params, records, events, &mut v);
+    let slow_windows = slow_window_latency(params, records, events, &mut v);
     // Why batches failed, most frequent first: the first thing to read when writes stall.
     let mut errors: HashMap<String, u64> = HashMap::new();
     let mut batches_by_partition: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
@@ -354,11 +366,63 @@ pub fn analyze(
         "failover_ms": recovery["failover_ms"].clone(),
         "recovery_ms": recovery["recovery_ms"].clone(),
         "max_write_gap_ms": recovery["max_write_gap_ms"].clone(),
+        "failover_bound_ms": params.failover_bound_ms,
+        "slow_windows": slow_windows,
         "producer": producer,
         "violation_count": total,
         "violations_by_kind": v.counts,
         "violations": v.examples,
     })
+}
+
+/// For each slow window (a `slow_on` event up to the next `slow_off`): the ack latency of
+/// the batches sent in it (p50, p99, max, count); a p99 over the bound is a violation.
+fn slow_window_latency(
+    params: CheckParams,
+    records: &[BatchRecord],
+    events: &[Event],
+    v: &mut Violations,
+) -> Value {
+    let mut windows = Vec::new();
+    let mut on: Option<&Event> = None;
+    for event in events {
+        match event.kind.as_str() {
+            SLOW_ON => on = Some(event),
+            SLOW_OFF => {
+                if let Some(start) = on.take() {
+                    windows.push((start, event.t_ms));
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for (start, end) in windows {
+        let mut latencies: Vec<u64> = records
+            .iter()
+            .filter(|r| r.outcome == Outcome::Acked && r.sent_ms >= start.t_ms && r.sent_ms < end)
+            .map(|r| r.done_ms.saturating_sub(r.sent_ms))
+            .collect();
+        latencies.sort_unstable();
+        let at = |q: f64| -> Option<u64> {
+            let last = latencies.len().checked_sub(1)?;
+            latencies.get((last as f64 * q).round() as usize).copied()
+        };
+        let (p50, p99, max) = (at(0.5), at(0.99), latencies.last().copied());
+        if let Some(p99) = p99.filter(|p99| *p99 > params.slow_latency_bound_ms) {
+            v.add(
+                "slow_node_latency",
+                json!({"node": start.node, "t_ms": start.t_ms, "p99_ms": p99,
+                       "bound_ms": params.slow_latency_bound_ms}),
+            );
+        }
+        out.push(
+            json!({"node": start.node, "t_ms": start.t_ms, "batches": latencies.len(),
+                        "p50_ms": p50, "p99_ms": p99, "max_ms": max,
+                        "bound_ms": params.slow_latency_bound_ms}),
+        );
+    }
+    json!(out)
 }
 
 /// For each event: how long until a write sent after it was acknowledged, per
@@ -410,7 +474,8 @@ fn recovery_times(
                            "writes_resumed_ms": slowest, "bound_ms": params.recovery_bound_ms}),
                 ),
             }
-            if let Some(ms) = slowest {
+            let slowing = matches!(event.kind.as_str(), SLOW_ON | SLOW_OFF);
+            if let (Some(ms), false) = (slowest, slowing) {
                 let heal = matches!(
                     event.kind.as_str(),
                     "start" | "start_all" | "link_up" | "netem_off" | "restart"
@@ -418,6 +483,13 @@ fn recovery_times(
                 if heal {
                     recovery.push(ms)
                 } else {
+                    if params.failover_bound_ms > 0 && ms > params.failover_bound_ms {
+                        v.add(
+                            "failover_over_bound",
+                            json!({"event": event.kind, "node": event.node, "t_ms": event.t_ms,
+                                   "writes_resumed_ms": ms, "bound_ms": params.failover_bound_ms}),
+                        );
+                    }
                     failover.push(ms)
                 }
             }
@@ -485,6 +557,8 @@ mod tests {
             seed: SEED,
             partitions: 1,
             recovery_bound_ms: 1_000,
+            failover_bound_ms: 0,
+            slow_latency_bound_ms: 150,
         }
     }
 
@@ -603,9 +677,56 @@ mod tests {
         assert_eq!(fast["failover_ms"], json!([105]));
         let no_quorum = Event {
             expect_writes: false,
-            ..kill
+            ..kill.clone()
         };
         let report = analyze(params(), &records, &[no_quorum], &replicas(3, &[0, 1, 2]));
         assert_eq!(report["ok"], true, "{report}");
+        // A failover bound tighter than the recovery bound: 105 ms passes 200, not 100.
+        let kill = [kill];
+        let bounded = |failover_bound_ms| CheckParams {
+            failover_bound_ms,
+            ..params()
+        };
+        let within = analyze(bounded(200), &slow, &kill, &replicas(3, &[0, 1, 2]));
+        assert_eq!(within["ok"], true, "{within}");
+        let over = analyze(bounded(100), &slow, &kill, &replicas(3, &[0, 1, 2]));
+        assert_eq!(kinds(&over), ["failover_over_bound"], "{over}");
+    }
+
+    #[test]
+    fn acks_while_a_node_is_slowed_must_stay_within_the_latency_bound() {
+        let event = |t_ms, kind: &str| Event {
+            t_ms,
+            kind: kind.into(),
+            node: Some(1),
+            expect_writes: true,
+        };
+        let events = [event(1_000, "slow_on"), event(3_000, "slow_off")];
+        // Batches every 100 ms; in the window each takes 10 ms, or 300 ms (waiting for
+        // the slowed node) when `stalled`.
+        let run = |stalled: bool| -> Vec<BatchRecord> {
+            (0..40u64)
+                .map(|seq| {
+                    let t = seq * 100;
+                    let mut record = acked(0, seq, 1, seq, t);
+                    if stalled && (1_000..3_000).contains(&t) {
+                        record.done_ms = t + 300;
+                    }
+                    record
+                })
+                .collect()
+        };
+        let seqs: Vec<u64> = (0..40).collect();
+        let fine = analyze(params(), &run(false), &events, &replicas(1, &seqs));
+        assert_eq!(fine["ok"], true, "{fine}");
+        assert_eq!(fine["slow_windows"][0]["batches"], 20, "{fine}");
+        assert_eq!(
+            fine["failover_ms"],
+            json!([]),
+            "slow events are no failover: {fine}"
+        );
+        let stalled = analyze(params(), &run(true), &events, &replicas(1, &seqs));
+        assert_eq!(kinds(&stalled), ["slow_node_latency"], "{stalled}");
+        assert_eq!(stalled["slow_windows"][0]["p99_ms"], 300, "{stalled}");
     }
 }

@@ -119,6 +119,13 @@ pub enum Cmd {
         /// Bound on the time to an acknowledged write after a fault that leaves a quorum.
         #[arg(long, default_value_t = 30_000)]
         recovery_bound_ms: u64,
+        /// Tighter bound for a failover (kill, stop, isolation): heartbeat_timeout +
+        /// 500 ms. 0: only --recovery-bound-ms applies.
+        #[arg(long, default_value_t = 0)]
+        failover_bound_ms: u64,
+        /// Bound on the p99 ack latency of batches sent while a node is slowed.
+        #[arg(long, default_value_t = 150)]
+        slow_latency_bound_ms: u64,
         /// A JSON object merged into the report (scenario name, seed, mode...).
         #[arg(long)]
         meta: Option<String>,
@@ -431,6 +438,8 @@ pub fn run(cli: &Cli) -> Result<(Value, bool), String> {
             events,
             settle_ms,
             recovery_bound_ms,
+            failover_bound_ms,
+            slow_latency_bound_ms,
             meta,
             report,
         } => {
@@ -451,6 +460,8 @@ pub fn run(cli: &Cli) -> Result<(Value, bool), String> {
                 seed: *seed,
                 partitions: *partitions,
                 recovery_bound_ms: *recovery_bound_ms,
+                failover_bound_ms: *failover_bound_ms,
+                slow_latency_bound_ms: *slow_latency_bound_ms,
             };
             let mut out = check::analyze(params, &records, &events, &replicas);
             if let Some(meta) = meta {

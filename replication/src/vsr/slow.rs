@@ -10,7 +10,9 @@
 //! primary sends each prepare to the first fast backup after it as well, so the prepares
 //! reach the rest of the quorum without passing through it. Later backups lag only
 //! because of the first, so one is skipped per tick, and at most f at once (more could
-//! not leave a quorum of fast replicas anyway).
+//! not leave a quorum of fast replicas anyway); and only when the backup that takes its
+//! place has acknowledged as far (else that one is the laggard, and the first is only
+//! busy with it: a tail catching up after a stall keeps its predecessor serving repairs).
 //!
 //! A skipped backup still receives every prepare: from its chain predecessor when that
 //! is a backup, else straight from the primary, after the chain's own sends. Its acks
@@ -270,7 +272,16 @@ impl Replica {
         let mut peer = self.config.replica;
         while let Some(next) = self.chain_next_fast(peer) {
             if self.lag_ticks(next, self.slow.rerouted_at) > bound {
-                self.skip_slow_peer(next);
+                // Only if the backup that takes its place is not further behind: when
+                // the one after it is the real laggard (a tail catching up after a stall
+                // keeps its predecessor busy serving repairs), going around the first
+                // would route every prepare to the slower one, and twice.
+                let keeps_pace = self.chain_next_fast(next).is_some_and(|after| {
+                    self.slow.get(after).op_acked >= self.slow.get(next).op_acked
+                });
+                if keeps_pace {
+                    self.skip_slow_peer(next);
+                }
                 return;
             }
             peer = next;

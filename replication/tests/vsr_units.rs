@@ -42,6 +42,16 @@ fn do_view_change(from: u8, prepares: &[Frame], nack: u128, present: u128) -> Fr
     do_view_change_at(from, prepares, nack, present, 0)
 }
 
+/// A StartViewChange of `view` from `from` (metadata group).
+fn start_view_change(from: u8, view: u32) -> Frame {
+    let mut svc = StartViewChangeHeader::new();
+    svc.frame.cluster = cluster();
+    svc.frame.view = view;
+    svc.frame.replica = from;
+    svc.group = METADATA_GROUP;
+    Frame::build(&svc, &[])
+}
+
 /// As `do_view_change`, from a sender whose commit point is `commit`.
 fn do_view_change_at(
     from: u8,
@@ -121,12 +131,7 @@ fn dvcs_from_the_same_log_view_with_different_present_bits_are_merged_by_repair(
     let prepares = metadata_prepares(4);
     // Replica 1 is the primary of view 1; it holds nothing itself.
     let mut r1 = Replica::new(Config::new(cluster(), METADATA_GROUP, 1, 3));
-    let mut svc = StartViewChangeHeader::new();
-    svc.frame.cluster = cluster();
-    svc.frame.view = 1;
-    svc.frame.replica = 2;
-    svc.group = METADATA_GROUP;
-    r1.on_message(Frame::build(&svc, &[]).as_bytes());
+    r1.on_message(start_view_change(2, 1).as_bytes());
     assert_eq!(r1.status(), Status::ViewChange);
     // r2 holds the bodies of ops 1 and 2 (suffix index 3 and 2), r0 those of 3 and 4.
     r1.on_message(do_view_change(2, &prepares, 0, 0b1100).as_bytes());
@@ -169,12 +174,7 @@ fn dvcs_from_the_same_log_view_with_different_present_bits_are_merged_by_repair(
 fn a_forming_primary_asks_every_peer_for_bodies_no_dvc_presents() {
     let prepares = metadata_prepares(4);
     let mut r1 = Replica::new(Config::new(cluster(), METADATA_GROUP, 1, 3));
-    let mut svc = StartViewChangeHeader::new();
-    svc.frame.cluster = cluster();
-    svc.frame.view = 1;
-    svc.frame.replica = 2;
-    svc.group = METADATA_GROUP;
-    r1.on_message(Frame::build(&svc, &[]).as_bytes());
+    r1.on_message(start_view_change(2, 1).as_bytes());
     // r2 committed past every op but presents no body; r0 presents none either, yet holds
     // them all (it knows no identity to vouch with).
     r1.on_message(do_view_change_at(2, &prepares, 0, 0, 4).as_bytes());
@@ -222,12 +222,7 @@ fn a_restarted_replica_serves_prepares_it_holds_below_an_unreadable_one() {
     request.group = METADATA_GROUP;
     // Asked during a view change (a restarted replica answers once it takes part in one),
     // before any StartView taught it the identities below its unreadable entry.
-    let mut svc = StartViewChangeHeader::new();
-    svc.frame.cluster = cluster();
-    svc.frame.view = 2;
-    svc.frame.replica = 0;
-    svc.group = METADATA_GROUP;
-    r2.on_message(Frame::build(&svc, &[]).as_bytes());
+    r2.on_message(start_view_change(0, 2).as_bytes());
     assert_eq!(r2.status(), Status::ViewChange);
     let _ = r2.drain_actions();
     r2.on_message(Frame::build(&request, &[]).as_bytes());
@@ -255,12 +250,7 @@ fn an_op_nacked_by_a_quorum_is_truncated_not_repaired() {
     }
     let (_, _) = pump(&mut r1, &prepares, |_, _| false, 1);
     assert_eq!(r1.op(), 3);
-    let mut svc = StartViewChangeHeader::new();
-    svc.frame.cluster = cluster();
-    svc.frame.view = 1;
-    svc.frame.replica = 2;
-    svc.group = METADATA_GROUP;
-    r1.on_message(Frame::build(&svc, &[]).as_bytes());
+    r1.on_message(start_view_change(2, 1).as_bytes());
     // r2 knows op 4's header but never prepared it (nack, not present); with r1 never
     // having reached op 4 that is a nack quorum: op 4 cannot have committed.
     r1.on_message(do_view_change(2, &prepares, 0b0001, 0b1110).as_bytes());

@@ -17,8 +17,9 @@
 //! A skipped backup still receives every prepare: from its chain predecessor when that
 //! is a backup, else straight from the primary, after the chain's own sends. Its acks
 //! still count toward the quorum; skipping changes routing only, never what commits, so
-//! it cannot affect safety. It is readmitted once it has kept up (every pipeline op older
-//! than the bound acknowledged) for `slow_readmit_ticks`, doubled for each time it was
+//! it cannot affect safety. It is readmitted once it has kept up (every op first sent
+//! more than the bound ago acknowledged, committed ones included) for
+//! `slow_readmit_ticks`, doubled for each time it was
 //! skipped again soon after a readmission: a backup that stalls every second stays out,
 //! one merely slower than the others never reaches the bound.
 

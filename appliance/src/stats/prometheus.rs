@@ -135,6 +135,12 @@ pub fn render(s: &Snapshot) -> String {
             s.storage.free_bytes,
         ),
         (
+            "appliance_storage_total_bytes",
+            "gauge",
+            "Size of the data directory's file system.",
+            s.storage.total_bytes,
+        ),
+        (
             "appliance_storage_used_bytes",
             "gauge",
             "Bytes of the node's data (segments and the metadata journal).",
@@ -145,6 +151,12 @@ pub fn render(s: &Snapshot) -> String {
             "gauge",
             "storage.min_free_bytes: below it new writes are refused.",
             s.storage.min_free_bytes,
+        ),
+        (
+            "appliance_storage_max_used_bytes",
+            "gauge",
+            "storage.max_used_bytes: above it new writes are refused (0: no limit).",
+            s.storage.max_used_bytes,
         ),
         (
             "appliance_storage_full",
@@ -457,6 +469,8 @@ mod tests {
         assert!(text.contains("appliance_peer_skipped_slow_groups{replica=\"0\"} 3"));
         assert!(text.contains("appliance_peer_slow_skips_total{replica=\"2\"} 0"));
         assert!(text.contains("appliance_storage_index_bytes 4096"));
+        assert!(text.contains("appliance_storage_total_bytes 8589934592"));
+        assert!(text.contains("appliance_storage_max_used_bytes 0"));
         assert!(text.contains("appliance_rejected_frames_total{reason=\"frame_seal_mismatch\"} 3"));
         assert!(text.contains("appliance_request_latency_seconds{quantile=\"0.99\"}"));
     }

@@ -374,3 +374,44 @@ fn a_wiped_replica_that_crashes_before_it_decides_still_does_not_vote() {
     lost_disk_costs_no_committed_op(21, 0, 1, 2, 0, true);
     lost_disk_costs_no_committed_op(21, 0, 1, 2, 1, true);
 }
+
+/// Seed 1000236 (partition plane, 50,000 ticks): the primary of view 44 tore its write of
+/// op 201 in a crash, and the one backup of that view tore its own later. A replica
+/// cannot tell a torn entry from an acknowledged prepare that was corrupted, so the
+/// cluster held two unreadable copies of an op that may have committed, on the only
+/// replicas that could have acknowledged it: no nack quorum, no header, a view change
+/// that never ends. The simulator tears a write only where no other replica's entry is
+/// unreadable (as it corrupts one).
+#[test]
+fn a_crash_never_tears_a_write_at_an_op_unreadable_on_another_replica() {
+    let mut cluster = Cluster::scripted(3, 31, 2);
+    run_until(&mut cluster, 5_000, "load", |c| c.replies() >= 10);
+    cluster.set_clients(false);
+    let frame = {
+        let log = cluster.replica(1).expect("up").log();
+        log.slot(log.op())
+            .and_then(|s| s.frame.clone())
+            .expect("held")
+    };
+    // Far above every log: only the storage rule decides what lands there.
+    let (unreadable_elsewhere, clean) = (10_000, 10_001);
+    let mut prng = replication::vsr::Prng::new(7);
+    cluster.storages[2].append(unreadable_elsewhere, &frame, 0);
+    let _ = cluster.storages[2].sync(u64::MAX);
+    assert!(cluster.storages[2].corrupt(unreadable_elsewhere, &mut prng));
+    assert!(cluster.storages[2].faulty_at(unreadable_elsewhere));
+    cluster.crash(0);
+    let mut torn_clean = false;
+    for _ in 0..16 {
+        cluster.storages[0].append(unreadable_elsewhere, &frame, u64::MAX);
+        cluster.crash(0);
+        assert!(
+            cluster.storages[0].entry(unreadable_elsewhere).is_none(),
+            "a second unreadable copy of op {unreadable_elsewhere}"
+        );
+        cluster.storages[0].append(clean, &frame, u64::MAX);
+        cluster.crash(0);
+        torn_clean |= cluster.storages[0].faulty_at(clean);
+    }
+    assert!(torn_clean, "no write was torn at all");
+}

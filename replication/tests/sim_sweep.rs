@@ -159,6 +159,13 @@ fn regression_seeds() {
     // view could form (a fault beyond what 3 replicas survive with one recovering). While
     // a replica may not vote, only the committed prepare itself is corrupted now.
     check(1115469, 3, 20_000, false);
+    // 500166 and 1000236 (50,000 ticks, partition plane): a crash tore the write of an
+    // uncommitted op whose only other copy was corrupted on the second replica of the
+    // view. Neither could vouch for or nack the op, so no view change ended (a fault
+    // beyond what 3 replicas survive). A crash never tears a write at an op unreadable on
+    // another replica now.
+    check(500166, 3, 50_000, true);
+    check(1000236, 3, 50_000, true);
 }
 
 /// Long fault phases (the default alone missed a divergence), with lost disks.

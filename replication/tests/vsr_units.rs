@@ -264,6 +264,53 @@ fn an_op_nacked_by_a_quorum_is_truncated_not_repaired() {
     }
 }
 
+/// Seed 1000236: an op unreadable on every replica that may have acknowledged it (torn
+/// or corrupted, a replica cannot tell) and unknown to the rest may have committed, and
+/// nobody can serve it: the view change waits (the simulator no longer tears a second
+/// copy). Once one of them holds no entry there, its nack truncates the op.
+#[test]
+fn an_op_unreadable_where_it_may_have_committed_holds_the_view_change() {
+    let prepares = metadata_prepares(4);
+    let dvc = |from: u8, op: u64| {
+        let mut h = DoViewChangeHeader::new();
+        h.commit = 4;
+        h.frame.cluster = cluster();
+        h.frame.view = 1;
+        h.frame.replica = from;
+        h.op = op;
+        h.group = METADATA_GROUP;
+        h.present_bitset = 0b1111;
+        let mut body = Vec::new();
+        for prepare in prepares.iter().rev() {
+            body.extend_from_slice(header_of(prepare).as_bytes());
+        }
+        Frame::build(&h, &body)
+    };
+    for r0_op in [5, 4] {
+        // r1, the primary of view 1, never had op 5; r2 has an unreadable entry there.
+        let mut r1 = Replica::new(Config::new(cluster(), METADATA_GROUP, 1, 3));
+        r1.on_message(start_view_change(2, 1).as_bytes());
+        r1.on_message(dvc(2, 5).as_bytes());
+        r1.on_message(dvc(0, r0_op).as_bytes());
+        // Fewer ticks than the view-change timeout.
+        let (start_view, _) = pump(&mut r1, &prepares, |_, _| true, 60);
+        if r0_op == 5 {
+            assert!(
+                start_view.is_none(),
+                "op 5 was truncated without a nack quorum"
+            );
+            continue;
+        }
+        match decode(
+            start_view.expect("view starts").as_bytes(),
+            &Limits::default(),
+        ) {
+            Ok(Message::StartView(h, _)) => assert_eq!(h.op, 4),
+            other => panic!("expected StartView, got {other:?}"),
+        }
+    }
+}
+
 fn partition_group() -> u64 {
     replication::sim::partition_plane_group()
 }

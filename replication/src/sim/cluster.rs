@@ -655,7 +655,17 @@ impl Cluster {
         // While a replica may not vote, the cluster has no fault to spare: a torn entry
         // would be a prepare that one voter may hold and the other never had, which
         // only the non-voter's vote could settle.
-        let tear = self.every_replica_votes();
+        // Nor at an op whose entry is unreadable on another replica (as `corrupt_one`): a
+        // replica cannot tell a torn entry from a corrupted acknowledged prepare, so two
+        // where nobody else holds the op are a prepare that may have committed and that
+        // nobody can serve; no nack quorum truncates it, no view change ends.
+        let tail = self.storages[usize::from(r)].tail();
+        let tear = self.every_replica_votes()
+            && tail.is_none_or(|op| {
+                (0..self.options.replica_count)
+                    .filter(|x| *x != r)
+                    .all(|x| !self.storages[usize::from(x)].faulty_at(op))
+            });
         self.storages[usize::from(r)].crash(&mut self.prng, tear);
         self.crashes += 1;
         // Under random faults a crashed replica restarts by itself; scenarios restart it.

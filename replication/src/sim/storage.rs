@@ -78,6 +78,19 @@ impl Storage {
         self.pending.clear();
     }
 
+    /// The op of the write a crash would tear (the last one not yet durable), if any.
+    pub fn tail(&self) -> Option<u64> {
+        self.pending.last().map(|p| p.op)
+    }
+
+    /// Whether the durable entry at `op` does not read back as a valid prepare.
+    pub fn faulty_at(&self, op: u64) -> bool {
+        let limits = crate::wire::Limits::default();
+        self.durable
+            .get(&op)
+            .is_some_and(|bytes| crate::wire::decode(bytes.as_bytes(), &limits).is_err())
+    }
+
     /// Flips a byte of the durable entry of `op`; false if there is none.
     pub fn corrupt(&mut self, op: u64, prng: &mut Prng) -> bool {
         let Some(bytes) = self.durable.get_mut(&op) else {

@@ -166,6 +166,12 @@ fn regression_seeds() {
     // another replica now.
     check(500166, 3, 50_000, true);
     check(1000236, 3, 50_000, true);
+    // 1011929: a restarted replica of an older log view had an unreadable uncommitted
+    // entry in its DVC window and withheld its DVC until repair, which no peer could
+    // serve (that prepare was never in a later view); the two voters of the latest log
+    // view could neither truncate nor fetch an op only one of them claimed, unreadable.
+    // A DVC now ends below the op its sender cannot vouch for instead.
+    check(1011929, 3, 5_000, false);
 }
 
 /// Long fault phases (the default alone missed a divergence), with lost disks.

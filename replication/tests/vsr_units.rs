@@ -190,6 +190,17 @@ fn a_forming_primary_asks_every_peer_for_bodies_no_dvc_presents() {
 
 /// A replica serves every prepare its journal holds durably, its identity known or not:
 /// the requester takes it only by the identity its own chain gives the op.
+/// A journal holding `prepares` (ops 1..) with the entry of op `unreadable` unreadable.
+fn journal_unreadable_at(prepares: &[Frame], unreadable: u64) -> Vec<JournalEntry> {
+    (1..)
+        .zip(prepares)
+        .map(|(op, frame)| JournalEntry {
+            op,
+            bytes: (op != unreadable).then(|| FrameBuf::from_bytes(frame.as_bytes())),
+        })
+        .collect()
+}
+
 #[test]
 fn a_restarted_replica_serves_prepares_it_holds_below_an_unreadable_one() {
     let prepares = metadata_prepares(6);
@@ -197,14 +208,7 @@ fn a_restarted_replica_serves_prepares_it_holds_below_an_unreadable_one() {
     // Op 5 unreadable, and the superblock of view 1 names only op 6 (the prepares are of
     // view 0): the hash chain from op 6 stops at op 5, so ops 1 to 4 have no known
     // identity here.
-    let journal: Vec<JournalEntry> = prepares
-        .iter()
-        .enumerate()
-        .map(|(i, frame)| JournalEntry {
-            op: i as u64 + 1,
-            bytes: (i != 4).then(|| FrameBuf::from_bytes(frame.as_bytes())),
-        })
-        .collect();
+    let journal = journal_unreadable_at(&prepares, 5);
     let superblock = Superblock {
         view: 1,
         log_view: 1,
@@ -309,6 +313,49 @@ fn an_op_unreadable_where_it_may_have_committed_holds_the_view_change() {
             other => panic!("expected StartView, got {other:?}"),
         }
     }
+}
+
+/// A replica with an unreadable entry inside its DVC window still votes: its DVC ends
+/// below that op, leaving it and the ops above unclaimed (never nacked), and it keeps
+/// repairing the op so that a later DVC covers more. (Withholding the DVC instead let a
+/// view whose other voter also had an op it could not vouch for never form.)
+#[test]
+fn an_unreadable_entry_narrows_the_dvc_instead_of_withholding_it() {
+    let prepares = metadata_prepares(8);
+    let journal = journal_unreadable_at(&prepares, 6);
+    let config = Config::new(cluster(), METADATA_GROUP, 0, 3);
+    let mut r0 = Replica::restart(config, &Superblock::default(), &journal);
+    let _ = r0.drain_actions();
+    r0.on_message(start_view_change(1, 1).as_bytes());
+    r0.on_message(start_view_change(2, 1).as_bytes());
+    assert_eq!(r0.status(), Status::ViewChange);
+    let mut dvc = None;
+    let mut repairs = Vec::new();
+    for _ in 0..200 {
+        for action in r0.drain_actions() {
+            let (Action::Broadcast { frame } | Action::Send { frame, .. }) = action else {
+                continue;
+            };
+            match decode(frame.as_bytes(), &Limits::default()) {
+                Ok(Message::DoViewChange(h, body)) => {
+                    let ops: Vec<u64> = body.iter().map(|h| h.op).collect();
+                    dvc = Some((h.op, h.nack_bitset, h.present_bitset, ops));
+                }
+                Ok(Message::RequestPrepares(h)) => repairs.push((h.from_op, h.to_op)),
+                _ => {}
+            }
+        }
+        r0.on_tick();
+    }
+    let (op, nack, present, ops) = dvc.expect("a DVC despite the unreadable op 6");
+    assert_eq!(op, 8, "the DVC claims the whole log");
+    assert_eq!(ops, [5, 4, 3, 2, 1], "the body ends below op 6");
+    assert_eq!(nack, 0);
+    assert_eq!(present, 0b11111);
+    assert!(
+        repairs.iter().any(|(from, to)| *from <= 6 && 6 <= *to),
+        "op 6 is repaired during the view change: {repairs:?}"
+    );
 }
 
 fn partition_group() -> u64 {

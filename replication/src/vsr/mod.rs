@@ -24,7 +24,8 @@
 //!   numbers) is in that durable state, so when no primary answers (the cluster is itself
 //!   changing views) it may join the view change from it.
 //! - A DoViewChange vouches for a window (commit, top]: ops left out of its body were
-//!   never prepared by the sender; an op it cannot vouch for holds the DVC back.
+//!   never prepared by the sender; the window ends below the lowest op it cannot vouch
+//!   for, which stays unclaimed (never nacked) while repair fetches it.
 
 mod client_table;
 mod groups;

@@ -27,9 +27,9 @@ impl Replica {
     /// Periodic repair: ask a peer for the first range of ops we lack.
     pub(crate) fn on_repair_timeout(&mut self) {
         let forming = self.status == Status::ViewChange && self.merged && self.is_primary();
-        // In a view change, an op that holds our DVC back is repaired from any peer.
+        // In a view change, an op our DVC cannot vouch for is repaired from any peer.
         let blocked =
-            self.status == Status::ViewChange && !forming && self.dvc_blocked_by().is_some();
+            self.status == Status::ViewChange && !forming && self.dvc_unvouched().is_some();
         if self.status != Status::Normal && !forming && !blocked {
             return;
         }

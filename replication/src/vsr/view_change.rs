@@ -90,16 +90,58 @@ impl Replica {
     /// The commit point a DVC reports, the top op of its body and the low end of the
     /// window below it.
     /// Every op of the window (low, top] that the body leaves out is claimed never
-    /// prepared, so the sender checks that claim before sending (`dvc_blocked_by`).
+    /// prepared, so the window ends below the lowest op we cannot vouch for
+    /// (`dvc_unvouched`): that op and the ones above it are left unclaimed, neither
+    /// nacked nor offered.
     fn dvc_bounds(&self) -> (u64, u64, u64) {
-        let commit = self.commit_max.min(self.log.op).max(self.commit);
-        let floor = commit.max(self.log.op_checkpoint);
-        let top = (floor + 1..=self.log.op)
+        let (commit, mut top, mut low) = self.dvc_full_bounds();
+        while let Some(op) = self.unvouched_in(low, top).min() {
+            top = self.top_below(op);
+            low = dvc_window_low(commit.max(self.dvc_floor()), top);
+        }
+        (commit, top, low)
+    }
+
+    /// The window a DVC would cover if every op of it could be vouched for.
+    fn dvc_full_bounds(&self) -> (u64, u64, u64) {
+        let commit = self.dvc_commit();
+        let top = self.top_below(self.log.op + 1);
+        (
+            commit,
+            top,
+            dvc_window_low(commit.max(self.dvc_floor()), top),
+        )
+    }
+
+    fn dvc_commit(&self) -> u64 {
+        self.commit_max.min(self.log.op).max(self.commit)
+    }
+
+    fn dvc_floor(&self) -> u64 {
+        self.dvc_commit().max(self.log.op_checkpoint)
+    }
+
+    /// The highest op below `op` (and at most `SUFFIX_MAX` below the log's head) whose
+    /// header we know, or the floor of the window.
+    fn top_below(&self, op: u64) -> u64 {
+        let floor = self.dvc_floor();
+        (floor + 1..op.min(self.log.op + 1))
             .rev()
             .take(SUFFIX_MAX)
             .find(|op| self.log.header(*op).is_some())
-            .unwrap_or(floor);
-        (commit, top, dvc_window_low(commit.max(floor), top))
+            .unwrap_or(floor)
+    }
+
+    /// Ops of the window (low, top] without a header that we may have prepared (an
+    /// unreadable entry, or a body held unverified).
+    fn unvouched_in(&self, low: u64, top: u64) -> impl Iterator<Item = u64> + '_ {
+        (low + 1..=top).filter(|op| {
+            self.log.header(*op).is_none()
+                && self
+                    .log
+                    .slot(*op)
+                    .is_some_and(|slot| slot.prepared || slot.frame.is_some())
+        })
     }
 
     /// This replica's DVC: the headers it knows in its window, highest op first, with
@@ -155,25 +197,15 @@ impl Replica {
         self.send_do_view_change();
     }
 
-    /// An op of our DVC window we cannot vouch for: no header to send, yet maybe
-    /// prepared (an unreadable entry) or held unverified. Leaving it out would claim we
-    /// never prepared it, so it holds our DVC back until repair or a StartView settles it.
-    pub(crate) fn dvc_blocked_by(&self) -> Option<u64> {
-        let (_, top, low) = self.dvc_bounds();
-        (low + 1..=top).rev().find(|op| {
-            self.log.header(*op).is_none()
-                && self
-                    .log
-                    .slot(*op)
-                    .is_some_and(|slot| slot.prepared || slot.frame.is_some())
-        })
+    /// An op we cannot vouch for in the window our DVC would cover in full: no header to
+    /// send, yet maybe prepared. Our DVC leaves it and the ops above it unclaimed, and
+    /// repair keeps fetching it during the view change, so that a later DVC covers more.
+    pub(crate) fn dvc_unvouched(&self) -> Option<u64> {
+        let (_, top, low) = self.dvc_full_bounds();
+        self.unvouched_in(low, top).next()
     }
 
     fn send_do_view_change(&mut self) {
-        if self.dvc_blocked_by().is_some() {
-            self.dvc_sent = false;
-            return;
-        }
         let dvc = self.own_do_view_change();
         if self.is_primary() {
             if !self.merged {

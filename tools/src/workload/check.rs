@@ -442,7 +442,13 @@ fn recovery_times(
     let mut out_events = Vec::new();
     let mut failover = Vec::new();
     let mut recovery = Vec::new();
-    for event in events {
+    for (i, event) in events.iter().enumerate() {
+        // A later event that left no quorum, before writes resumed, takes this one over:
+        // the wait then includes an outage the scenario made on purpose, and the events
+        // after it (the restarts) measure the recovery.
+        let quorum_lost = events[i + 1..]
+            .iter()
+            .find(|e| !e.expect_writes && e.t_ms >= event.t_ms);
         let mut slowest: Option<u64> = Some(0);
         let mut measured = true;
         for p in 0..params.partitions {
@@ -464,7 +470,12 @@ fn recovery_times(
         }
         let mut entry = json!({"t_ms": event.t_ms, "kind": event.kind, "node": event.node,
                                "expect_writes": event.expect_writes, "writes_resumed_ms": slowest});
-        if event.expect_writes {
+        let superseded = quorum_lost.filter(|lost| {
+            slowest.is_none_or(|ms| event.t_ms + ms > lost.t_ms) && event.expect_writes
+        });
+        if let Some(lost) = superseded {
+            entry["superseded_by"] = json!({"kind": lost.kind, "t_ms": lost.t_ms});
+        } else if event.expect_writes {
             match slowest {
                 Some(ms) if ms <= params.recovery_bound_ms => {}
                 None if !measured => entry["unmeasured"] = json!(true),
@@ -691,6 +702,44 @@ mod tests {
         assert_eq!(within["ok"], true, "{within}");
         let over = analyze(bounded(100), &slow, &kill, &replicas(3, &[0, 1, 2]));
         assert_eq!(kinds(&over), ["failover_over_bound"], "{over}");
+    }
+
+    #[test]
+    fn a_fault_followed_by_the_loss_of_the_quorum_is_measured_from_the_restart() {
+        // A backup wiped at 1 s (a quorum left), the primary killed 10 ms later (none
+        // left), the primary back at 5 s: writes resume at 5.1 s.
+        let event = |t_ms, kind: &str, expect_writes| Event {
+            t_ms,
+            kind: kind.into(),
+            node: Some(1),
+            expect_writes,
+        };
+        let events = [
+            event(1_000, "wipe", true),
+            event(1_010, "kill", false),
+            event(5_000, "start", true),
+        ];
+        let mut records = vec![
+            acked(0, 0, 1, 0, 500),
+            acked(0, 1, 1, 1, 1_050),
+            acked(0, 2, 1, 2, 5_050),
+        ];
+        records[1].done_ms = 5_100;
+        let bounded = CheckParams {
+            failover_bound_ms: 2_000,
+            recovery_bound_ms: 1_000,
+            ..params()
+        };
+        let report = analyze(bounded, &records, &events, &replicas(3, &[0, 1, 2]));
+        assert_eq!(report["ok"], true, "{report}");
+        assert_eq!(report["failover_ms"], json!([]), "{report}");
+        assert_eq!(report["recovery_ms"], json!([55]), "{report}");
+        assert_eq!(report["faults"][0]["superseded_by"]["kind"], "kill");
+        // Writes that resumed before the quorum was lost still count as a failover.
+        records[1].sent_ms = 1_002;
+        records[1].done_ms = 1_005;
+        let report = analyze(bounded, &records, &events, &replicas(3, &[0, 1, 2]));
+        assert_eq!(report["failover_ms"], json!([5]), "{report}");
     }
 
     #[test]

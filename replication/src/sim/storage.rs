@@ -85,10 +85,7 @@ impl Storage {
 
     /// Whether the durable entry at `op` does not read back as a valid prepare.
     pub fn faulty_at(&self, op: u64) -> bool {
-        let limits = crate::wire::Limits::default();
-        self.durable
-            .get(&op)
-            .is_some_and(|bytes| crate::wire::decode(bytes.as_bytes(), &limits).is_err())
+        self.durable.get(&op).is_some_and(unreadable)
     }
 
     /// Flips a byte of the durable entry of `op`; false if there is none.
@@ -117,10 +114,7 @@ impl Storage {
     /// Whether some durable entry does not read back as a valid prepare (torn or
     /// corrupted): the replica cannot tell whether it acknowledged that op.
     pub fn holds_faulty(&self) -> bool {
-        let limits = crate::wire::Limits::default();
-        self.durable
-            .values()
-            .any(|bytes| crate::wire::decode(bytes.as_bytes(), &limits).is_err())
+        self.durable.values().any(unreadable)
     }
 
     /// Whether the durable entry at `op` reads back as the prepare `identity` (another
@@ -145,4 +139,9 @@ impl Storage {
             })
             .collect()
     }
+}
+
+/// Whether durable bytes do not read back as a valid prepare (torn or corrupted).
+fn unreadable(bytes: &FrameBuf) -> bool {
+    crate::wire::decode(bytes.as_bytes(), &crate::wire::Limits::default()).is_err()
 }

@@ -95,9 +95,9 @@ impl Replica {
     /// nacked nor offered.
     fn dvc_bounds(&self) -> (u64, u64, u64) {
         let (commit, mut top, mut low) = self.dvc_full_bounds();
-        while let Some(op) = self.unvouched_in(low, top).min() {
+        while let Some(op) = self.unvouched_in(low, top).next() {
             top = self.top_below(op);
-            low = dvc_window_low(commit.max(self.dvc_floor()), top);
+            low = dvc_window_low(self.dvc_floor(), top);
         }
         (commit, top, low)
     }
@@ -106,11 +106,7 @@ impl Replica {
     fn dvc_full_bounds(&self) -> (u64, u64, u64) {
         let commit = self.dvc_commit();
         let top = self.top_below(self.log.op + 1);
-        (
-            commit,
-            top,
-            dvc_window_low(commit.max(self.dvc_floor()), top),
-        )
+        (commit, top, dvc_window_low(self.dvc_floor(), top))
     }
 
     fn dvc_commit(&self) -> u64 {
@@ -132,8 +128,8 @@ impl Replica {
             .unwrap_or(floor)
     }
 
-    /// Ops of the window (low, top] without a header that we may have prepared (an
-    /// unreadable entry, or a body held unverified).
+    /// Ops of the window (low, top], lowest first, without a header that we may have
+    /// prepared (an unreadable entry, or a body held unverified).
     fn unvouched_in(&self, low: u64, top: u64) -> impl Iterator<Item = u64> + '_ {
         (low + 1..=top).filter(|op| {
             self.log.header(*op).is_none()

@@ -9,6 +9,7 @@
 //! written only once its prepare is durable (in a later flush), which is what lets
 //! recovery (`crate::recovery`) tell a torn tail from a corrupt entry.
 
+use std::cell::Cell;
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -129,6 +130,19 @@ pub enum RepairServe<'a> {
     RangeEvicted { op_min: u64 },
 }
 
+/// Counts of the IO a [`Journal`] has issued since it was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JournalIo {
+    /// Writes submitted (a prepare, a header-ring sector, an invalidating zero sector).
+    pub writes: u64,
+    /// fdatasyncs of the journal file.
+    pub syncs: u64,
+}
+
+fn bump(counter: &Cell<u64>) {
+    counter.set(counter.get() + 1);
+}
+
 /// An open metadata journal. Not `Send`: it lives on one glommio executor.
 pub struct Journal {
     path: PathBuf,
@@ -144,6 +158,9 @@ pub struct Journal {
     headers_pending: BTreeSet<u64>,
     /// Whether an append ran since the last `tick`.
     appended_since_tick: bool,
+    /// Writes and fdatasyncs issued since open (see [`Journal::io`]).
+    writes_issued: Cell<u64>,
+    syncs_issued: Cell<u64>,
     op_checkpoint: u64,
     op_head: u64,
     faulty: BTreeSet<u64>,
@@ -284,6 +301,8 @@ impl Journal {
             prepare_buffers: BufferPool::new(PREPARE_BUFFERS_POOLED, PREPARE_POOL_BYTES),
             headers_pending: BTreeSet::new(),
             appended_since_tick: false,
+            writes_issued: Cell::new(0),
+            syncs_issued: Cell::new(0),
             op_checkpoint,
             op_head: recovery.op_head,
             faulty: recovery.faulty.iter().copied().collect(),
@@ -508,6 +527,14 @@ impl Journal {
         Ok(())
     }
 
+    /// The writes and fdatasyncs this journal has issued since it was opened.
+    pub fn io(&self) -> JournalIo {
+        JournalIo {
+            writes: self.writes_issued.get(),
+            syncs: self.syncs_issued.get(),
+        }
+    }
+
     /// Removes every op after `op` (a view change discarding an uncommitted suffix):
     /// clears their redundant headers, then invalidates their prepares, durably.
     pub async fn truncate_after(&mut self, op: u64) -> Result<()> {
@@ -673,6 +700,7 @@ impl Journal {
         let mut inflight = Concurrent::with_capacity(pending.len() + headers.len());
         for sector in &pending {
             let (buffer, offset) = self.ring_sector_write(sector * HEADERS_PER_SECTOR);
+            bump(&self.writes_issued);
             inflight.push(write_all(&self.file, &self.path, buffer, offset));
         }
         inflight.start().await;
@@ -687,6 +715,7 @@ impl Journal {
                 }
             };
             let offset = self.layout.prepare_offset(self.layout.slot_of(header.op));
+            bump(&self.writes_issued);
             inflight.push(write_all(&self.file, &self.path, buffer.clone(), offset));
             used.push((buffer, offset));
             if copying {
@@ -751,6 +780,7 @@ impl Journal {
     async fn write_concurrently(&self, writes: Vec<(Rc<DmaBuffer>, u64)>) -> Result<()> {
         let mut futures = Concurrent::with_capacity(writes.len());
         for (buffer, offset) in writes {
+            bump(&self.writes_issued);
             futures.push(write_all(&self.file, &self.path, buffer, offset));
         }
         futures.join().await.into_iter().collect()
@@ -791,6 +821,7 @@ impl Journal {
 
     /// Forces completed writes to stable storage.
     async fn sync(&self) -> Result<()> {
+        bump(&self.syncs_issued);
         self.file
             .fdatasync()
             .await

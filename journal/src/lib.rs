@@ -26,7 +26,7 @@ pub mod superblock;
 
 pub use durability::Durability;
 pub use error::{JournalError, Result};
-pub use journal::{join_all, Durable, Journal, PrepareBuffer, RepairServe};
+pub use journal::{join_all, Durable, Journal, JournalIo, PrepareBuffer, RepairServe};
 pub use layout::JournalLayout;
 pub use recovery::{FaultReason, Recovery, SlotStatus};
 pub use superblock::{Superblock, SuperblockFile};

@@ -106,14 +106,26 @@ fn redundant_headers_follow_their_prepares_by_one_flush() {
         let image = std::fs::read(&crashed).unwrap();
         assert!((1..=4).all(|op| header_on_disk(&image, op)));
         assert!((5..=7).all(|op| !header_on_disk(&image, op)));
-        // A tick right after an append leaves them to the next append; a tick that
-        // finds the journal idle writes them.
+        // A tick right after an append leaves them to the next append and does no IO
+        // at all; a tick that finds the journal idle writes them with one fdatasync;
+        // the tick after that has nothing to do.
+        let before = journal.io();
         journal.tick().await.unwrap();
+        assert_eq!(journal.io(), before, "a tick right after an append did IO");
         let image = std::fs::read(&path).unwrap();
         assert!((5..=7).all(|op| !header_on_disk(&image, op)));
         journal.tick().await.unwrap();
+        let flushed = journal.io();
+        assert_eq!(flushed.syncs, before.syncs + 1);
+        assert!(flushed.writes > before.writes);
         let image = std::fs::read(&path).unwrap();
         assert!((1..=7).all(|op| header_on_disk(&image, op)));
+        journal.tick().await.unwrap();
+        assert_eq!(
+            journal.io(),
+            flushed,
+            "an idle tick with nothing pending did IO"
+        );
         journal.sync_headers().await.unwrap();
         let _ = journal.append_batch(&refs[7..]).await.unwrap();
         journal.close().await.unwrap();

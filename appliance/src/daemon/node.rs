@@ -608,20 +608,14 @@ impl Node {
         self.checkpoint_metadata().await?;
         slow_step("metadata checkpoint", started);
         // Redundant headers of the last appends ride on the next append's flush; an idle
-        // journal writes them within two ticks.
+        // journal writes them within two ticks (once per tick: a second call would always
+        // find the journal idle and flush a busy journal every tick).
         self.data
             .journal
             .tick()
             .await
             .map_err(|e| DaemonError::Runtime(format!("journal header flush: {e}")))?;
         self.groups.on_tick();
-        // Appends carry the previous append's redundant headers with their own flush; an
-        // idle journal writes them here (see journal/README.md).
-        self.data
-            .journal
-            .tick()
-            .await
-            .map_err(|e| DaemonError::Runtime(format!("journal header sync: {e}")))?;
         let mut full = Vec::new();
         for (group, partition) in self.partitions.by_group.iter_mut() {
             if self.paused.contains_key(group) {

@@ -39,6 +39,7 @@ use replication::wire::batch;
 use replication::wire::PartitionKey;
 use serde_json::{json, Value};
 
+use super::probe::{self, AckWindow, DiskProbe};
 use super::produce::{build_batch, check_batch_shape};
 use super::{connect_with, derive, CliError, Global, Report};
 
@@ -113,6 +114,11 @@ pub struct BenchArgs {
     /// epoch), the node that answered, partition, base offset, count.
     #[arg(long)]
     pub ack_log: Option<std::path::PathBuf>,
+    /// produce: while producing, write 4 KiB and fdatasync every 50 ms to this new file
+    /// (put it on the nodes' disk; it is removed at the end), and report every ack slower
+    /// than 50 ms with whether the probe stalled at the same time.
+    #[arg(long, value_name = "FILE")]
+    pub disk_probe: Option<std::path::PathBuf>,
     /// Longest backoff between retries, milliseconds (short, so a failover is measured
     /// by the cluster's recovery rather than by the client's backoff).
     #[arg(long, default_value_t = 50)]
@@ -270,7 +276,7 @@ fn latency_text(h: &Histogram<u64>) -> String {
     )
 }
 
-fn epoch_us() -> u64 {
+pub(super) fn epoch_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
@@ -284,8 +290,12 @@ struct Ack {
     base_offset: u64,
     count: u32,
     first_index: u64,
+    /// When the batch was due (open loop: its latency runs from here), sent and acked.
+    due_us: u64,
     sent_us: u64,
     acked_us: u64,
+    /// Due after the warm-up: counted in the figures.
+    measured: bool,
     node: std::net::SocketAddr,
 }
 
@@ -432,6 +442,7 @@ fn drive(
         let key = target.key(partition);
         sleep_until(due);
         let sent_us = epoch_us();
+        let due_us = sent_us.saturating_sub(due.elapsed().as_micros() as u64);
         let reply = client.send_messages(key, &prepared).map_err(|e| {
             format!("partition {partition}, batch {k} (message index {next_index}): {e}")
         })?;
@@ -446,8 +457,10 @@ fn drive(
             base_offset: reply.base_offset,
             count: reply.count,
             first_index: next_index,
+            due_us,
             sent_us,
             acked_us: epoch_us(),
+            measured: due >= schedule.warm_end,
             node: client.target(key.pack().map_err(|e| e.to_string())?),
         };
         settle(client, key, &ack)?;
@@ -469,10 +482,51 @@ fn drive(
 
 fn produce(global: &Global, args: &BenchArgs, target: &Target) -> Result<Report, CliError> {
     let (a, t) = (args.clone(), target.clone());
-    let (results, start) = spawn_workers(global, args, true, move |w, mut client, start| {
+    let probe = args
+        .disk_probe
+        .as_deref()
+        .map(DiskProbe::start)
+        .transpose()?;
+    let workers = spawn_workers(global, args, true, move |w, mut client, start| {
         drive(&a, w, &mut client, start, &t, |_, _, _| Ok(()))
-    })?;
-    producers_report("produce", global, args, target, results, start)
+    });
+    let samples = probe.map(DiskProbe::stop).transpose()?;
+    let (results, start) = workers?;
+    let windows: Vec<AckWindow> = results
+        .iter()
+        .flat_map(|r| &r.acks)
+        .filter(|a| a.measured)
+        .map(|a| AckWindow {
+            due_us: a.due_us,
+            acked_us: a.acked_us,
+        })
+        .collect();
+    let mut report = producers_report("produce", global, args, target, results, start);
+    if let Some(samples) = samples {
+        let attributed = probe::attribute(&samples, &windows);
+        let line = format!(
+            "\ndisk probe: {} writes, p99 {} ms, {} stalls; {} acks over {} ms, {} of them during a probe stall; slowest ack with the probe quiet {} ms",
+            attributed["probe"]["samples"],
+            attributed["probe"]["p99_ms"],
+            attributed["probe"]["stalls"],
+            attributed["slow_acks"],
+            attributed["stall_ms"],
+            attributed["slow_acks_with_host_stall"],
+            attributed["max_quiet_ms"],
+        );
+        let add = |r: &mut Report| {
+            r.text.push_str(&line);
+            r.json["disk_probe"] = attributed.clone();
+        };
+        match &mut report {
+            Ok(r) => add(r),
+            Err(CliError::Runtime {
+                report: Some(r), ..
+            }) => add(r),
+            Err(_) => {}
+        }
+    }
+    report
 }
 
 /// Merges the producers' results, writes --ack-log, checks the acks and reports.

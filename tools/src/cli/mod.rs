@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod consume;
 pub mod derive;
+pub mod probe;
 pub mod produce;
 pub mod status;
 pub mod topic;

@@ -477,6 +477,9 @@ impl Node {
         let mut numbered = *header;
         numbered.request = partition_request_number(session, request);
         numbered.user_id = user;
+        if self.partition_starting(key) {
+            return self.answer(connection, header, Status::Unavailable, &[]);
+        }
         if self.groups.get(group).is_none() {
             // Unknown here: gone, or created by metadata this node has not applied yet.
             // A backup cannot tell (the create may not even have reached it: a quorum
@@ -705,7 +708,7 @@ impl Node {
                     .ok()
                     .and_then(|g| self.partitions.by_group.get(&g))
                 else {
-                    return (Status::NotFound, Vec::new());
+                    return (self.missing_partition(*partition), Vec::new());
                 };
                 // The log also holds prepared, uncommitted batches: reads stop at the
                 // commit point. Reads start at the first retained offset (retention).
@@ -784,7 +787,7 @@ impl Node {
                     .ok()
                     .and_then(|g| self.partitions.by_group.get(&g))
                 else {
-                    return (Status::NotFound, Vec::new());
+                    return (self.missing_partition(*partition), Vec::new());
                 };
                 match stored.offsets.get(partitions::consumer_key(*consumer)) {
                     Some(offset) => {

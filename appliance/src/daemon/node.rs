@@ -176,6 +176,9 @@ const EVENTS_PER_ROUND_MAX: usize = 256;
 /// checkpoints one partition per tick, so that no tick stalls the loop with the file
 /// syncs of every partition at once.
 const CHECKPOINT_TICKS: u64 = 100;
+/// Time per tick (and per applied metadata op) spent starting partition groups: about
+/// five groups, so a tick's heartbeats and timeouts are never late by more than this.
+pub(super) const PARTITION_START_BUDGET: Duration = Duration::from_millis(10);
 
 /// A request unanswered for this long no longer counts toward the request latency.
 const REQUEST_LATENCY_AGE_MAX: Duration = Duration::from_secs(60);
@@ -240,6 +243,9 @@ pub struct Node {
     /// Metadata ops up to this one were applied here before this node's metadata group
     /// voted again after losing its state (persisted before the group votes).
     pub(super) replaced_upto: u64,
+    /// Partitions of the committed metadata may still wait for their group to start
+    /// ([`Node::sync_partitions`] starts them a tick's budget at a time).
+    pub(super) partitions_pending: bool,
 }
 
 /// The committed ops (and their sizes) a partition group keeps for repair, oldest first.
@@ -413,8 +419,12 @@ impl Node {
             paused: BTreeMap::new(),
             retention: Default::default(),
             replaced_upto,
+            partitions_pending: true,
         };
-        node.sync_partitions().await?;
+        // At start every group opens before the node serves (nothing waits on it yet).
+        while node.partitions_pending {
+            node.sync_partitions(Duration::MAX).await?;
+        }
         node.pump().await?;
         Ok(node)
     }
@@ -616,6 +626,7 @@ impl Node {
             .await
             .map_err(|e| DaemonError::Runtime(format!("journal header flush: {e}")))?;
         self.groups.on_tick();
+        self.sync_partitions(PARTITION_START_BUDGET).await?;
         let mut full = Vec::new();
         for (group, partition) in self.partitions.by_group.iter_mut() {
             if self.paused.contains_key(group) {
@@ -880,7 +891,8 @@ impl Node {
         };
         self.remember_reply(METADATA_GROUP, header.client, op, status, reply_body);
         self.metadata_applied = op;
-        self.sync_partitions().await
+        self.partitions_pending = true;
+        self.sync_partitions(PARTITION_START_BUDGET).await
     }
 
     async fn commit_partition(
@@ -1000,8 +1012,16 @@ impl Node {
         }
     }
 
-    /// Opens storage and a VSR group for every partition the committed metadata holds.
-    pub(super) async fn sync_partitions(&mut self) -> Result<(), DaemonError> {
+    /// Opens storage and a VSR group for the partitions the committed metadata holds that
+    /// have none yet, for at most `budget` (then the next tick goes on): a topic of
+    /// thousands of partitions starts over many ticks instead of stalling the node loop,
+    /// so no group's heartbeats or timeouts wait on it. Until its group starts, a
+    /// partition answers its clients Unavailable (they retry).
+    pub(super) async fn sync_partitions(&mut self, budget: Duration) -> Result<(), DaemonError> {
+        if !self.partitions_pending {
+            return Ok(());
+        }
+        let started = Instant::now();
         for key in self.state.partitions() {
             let Ok(group) = key.pack() else {
                 continue;
@@ -1009,9 +1029,33 @@ impl Node {
             if self.partitions.by_group.contains_key(&group) {
                 continue;
             }
+            if started.elapsed() >= budget {
+                return Ok(());
+            }
             self.start_partition_group(key, group).await?;
         }
+        self.partitions_pending = false;
         Ok(())
+    }
+
+    /// The answer for a partition without storage here: Unavailable while its group is
+    /// starting (the client retries), else NotFound.
+    pub(super) fn missing_partition(&self, key: PartitionKey) -> Status {
+        if self.partition_starting(key) {
+            Status::Unavailable
+        } else {
+            Status::NotFound
+        }
+    }
+
+    /// Whether `key` is a partition of the committed metadata whose group has not
+    /// started here yet.
+    pub(super) fn partition_starting(&self, key: PartitionKey) -> bool {
+        self.partitions_pending
+            && self.state.has_partition(key)
+            && key
+                .pack()
+                .is_ok_and(|g| !self.partitions.by_group.contains_key(&g))
     }
 
     /// Opens a partition's storage and starts its VSR group as the storage left it

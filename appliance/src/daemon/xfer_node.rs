@@ -15,7 +15,7 @@ use statexfer::{ArtifactKind, Manifest};
 use zerocopy::FromBytes;
 
 use super::files::{self, ClientTableArtifact};
-use super::node::Node;
+use super::node::{Node, PARTITION_START_BUDGET};
 use super::xfer::{self, Arm, Content, FetchRequest, FromXfer, Frozen, ToXfer};
 use super::DaemonError;
 use crate::state::MetadataState;
@@ -404,7 +404,10 @@ impl Node {
         self.state = state;
         self.metadata_applied = commit_op;
         self.prepared_at.retain(|(g, _), _| *g != METADATA_GROUP);
-        self.sync_partitions().await.map_err(Refusal::Fatal)
+        self.partitions_pending = true;
+        self.sync_partitions(PARTITION_START_BUDGET)
+            .await
+            .map_err(Refusal::Fatal)
     }
 }
 

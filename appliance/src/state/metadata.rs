@@ -197,6 +197,14 @@ impl MetadataState {
         self.streams.get_mut(&stream_id)?.topics.get_mut(&topic_id)
     }
 
+    /// Whether the cluster holds this partition.
+    pub fn has_partition(&self, key: PartitionKey) -> bool {
+        self.streams
+            .get(&key.stream)
+            .and_then(|s| s.topics.get(&key.topic))
+            .is_some_and(|t| key.partition < t.partition_count)
+    }
+
     /// Every partition key the cluster holds, in order (one VSR group each).
     pub fn partitions(&self) -> Vec<PartitionKey> {
         let mut keys = Vec::new();

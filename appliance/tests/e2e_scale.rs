@@ -1,0 +1,157 @@
+//! Many partitions on a 3-node cluster: three real `appliance` processes on 127.0.0.1.
+//! Creating a topic of many partitions starts their groups a tick's budget at a time, so
+//! no node loop stalls past the heartbeat timeout: the metadata group keeps its view
+//! through the creation, every partition group elects its primary, and a message produced to each partition reads back. While a
+//! group has not started on a node, that node answers its partition Unavailable (the
+//! client retries), never NotFound.
+//!
+//! E2E_SCALE_PARTITIONS sets the partition count (default 300 in a debug build, 2,000 in
+//! release: started all at once, either stalled a node past the heartbeat timeout).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use appliance::protocol::reply::split_poll_body;
+use appliance::protocol::{Consumer, PollStrategy};
+use common::*;
+use replication::wire::{batch, PartitionKey};
+
+const NODES: usize = 3;
+
+fn partitions() -> u32 {
+    std::env::var("E2E_SCALE_PARTITIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if cfg!(debug_assertions) { 300 } else { 2_000 })
+}
+
+/// Each group's (name, view, status, is_primary) as `replica` reports it.
+fn groups(files: &ClusterFiles, replica: usize) -> Vec<(String, u64, String, bool)> {
+    let stats = stats(files, replica);
+    let Some(list) = stats["groups"].as_array() else {
+        return Vec::new();
+    };
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
+    list.iter()
+        .map(|g| {
+            let primary = g["is_primary"] == true;
+            (
+                text(&g["name"]),
+                g["view"].as_u64().unwrap_or(0),
+                text(&g["status"]),
+                primary,
+            )
+        })
+        .collect()
+}
+
+fn metadata_view(files: &ClusterFiles, replica: usize) -> u64 {
+    groups(files, replica)
+        .into_iter()
+        .find(|g| g.0 == "metadata")
+        .map(|g| g.1)
+        .expect("the metadata group in /stats")
+}
+
+#[test]
+fn a_topic_of_many_partitions_starts_without_stalling_any_node() {
+    let count = partitions();
+    let files = ClusterFiles::new(NODES);
+    let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
+    for daemon in &mut daemons {
+        wait_healthy(&files, daemon, Duration::from_secs(60));
+    }
+    let all: Vec<usize> = (0..NODES).collect();
+    let mut client = library_client(&files, &all);
+    client.register().expect("register");
+    let stream = client.create_stream("scale").expect("stream");
+    let views_before: Vec<u64> = (0..NODES).map(|r| metadata_view(&files, r)).collect();
+
+    let created = Instant::now();
+    let topic = client.create_topic(stream, "many", count).expect("topic");
+    // Every node starts every group, and each group elects a primary.
+    let deadline = created + Duration::from_secs(if cfg!(debug_assertions) { 240 } else { 120 });
+    let mut started = vec![None; NODES];
+    loop {
+        for (replica, done) in started.iter_mut().enumerate() {
+            if done.is_none()
+                && groups(&files, replica)
+                    .iter()
+                    .filter(|g| g.0 != "metadata")
+                    .count()
+                    == count as usize
+            {
+                *done = Some(created.elapsed());
+            }
+        }
+        if started.iter().all(Option::is_some) {
+            let primaries: usize = (0..NODES)
+                .map(|r| {
+                    groups(&files, r)
+                        .iter()
+                        .filter(|g| g.0 != "metadata" && g.3 && g.2 == "normal")
+                        .count()
+                })
+                .sum();
+            if primaries == count as usize {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after {:?}: groups started per node {started:?}",
+            created.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    println!(
+        "{count} partitions: every group started on each node after {:?}, with a primary after {:?}",
+        started,
+        created.elapsed()
+    );
+
+    let views_after: Vec<u64> = (0..NODES).map(|r| metadata_view(&files, r)).collect();
+    assert_eq!(
+        views_before, views_after,
+        "the metadata group changed views while the partition groups started"
+    );
+    // The partition groups' own views, for the record: a group whose primary's node
+    // started it more than a heartbeat timeout after its backups did changes views.
+    let moved: usize = (0..NODES)
+        .map(|r| {
+            groups(&files, r)
+                .iter()
+                .filter(|g| g.0 != "metadata" && g.1 > 0)
+                .count()
+        })
+        .sum();
+    println!(
+        "partition group replicas past their first view: {moved} of {}",
+        count as usize * NODES
+    );
+
+    // Every partition takes a message, and it reads back.
+    for partition in 0..count {
+        let key = PartitionKey {
+            stream,
+            topic,
+            partition,
+        };
+        let batch = numbered_batch(u64::from(partition), 1, 64);
+        let reply = client.send_messages(key, &batch).expect("send");
+        assert_eq!(reply.base_offset, 0, "partition {partition}");
+        let read = client
+            .poll_messages(key, Consumer::Single(1), PollStrategy::Offset(0), 1)
+            .expect("poll");
+        let batches = split_poll_body(&read).expect("poll body");
+        assert_eq!(batches.len(), 1, "partition {partition}");
+        let message = batch::messages(batches[0].0).next().expect("a message");
+        assert_eq!(message.offset, 0, "partition {partition}");
+        assert_eq!(
+            message.payload,
+            &numbered_payload(u64::from(partition), 64)[..],
+            "partition {partition}"
+        );
+    }
+}

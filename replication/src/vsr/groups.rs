@@ -2,7 +2,7 @@
 //! metadata plane (group 1 << 63) and one group per partition, routed by the group field
 //! every consensus header carries.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::wire::decode::group_of;
 use crate::wire::{decode, decode_trusted, Frame, FrameError, Limits, Message};
@@ -24,6 +24,11 @@ pub enum RouteError {
 #[derive(Debug, Default)]
 pub struct Groups {
     replicas: BTreeMap<u64, Replica>,
+    /// Groups that may have queued actions since the last drain: every group reached
+    /// mutably (a routed frame, `get_mut`, a tick that queued something). Draining visits
+    /// only these, so a node with thousands of idle groups does not walk all of them
+    /// after every event.
+    touched: BTreeSet<u64>,
     limits: Limits,
 }
 
@@ -35,11 +40,14 @@ impl Groups {
 
     /// Hosts `replica` under its configured group (replacing a previous one).
     pub fn insert(&mut self, replica: Replica) {
-        self.replicas.insert(replica.config().group, replica);
+        let group = replica.config().group;
+        self.replicas.insert(group, replica);
+        self.touched.insert(group);
     }
 
     /// Stops hosting `group` (its replica, with whatever it held in memory, is returned).
     pub fn remove(&mut self, group: u64) -> Option<Replica> {
+        self.touched.remove(&group);
         self.replicas.remove(&group)
     }
 
@@ -50,7 +58,9 @@ impl Groups {
 
     /// The replica of `group`, mutable (journal completions, client requests).
     pub fn get_mut(&mut self, group: u64) -> Option<&mut Replica> {
-        self.replicas.get_mut(&group)
+        let replica = self.replicas.get_mut(&group)?;
+        self.touched.insert(group);
+        Some(replica)
     }
 
     /// Routes a replica-plane frame to its group's replica by the group field.
@@ -81,21 +91,27 @@ impl Groups {
             .replicas
             .get_mut(&group)
             .ok_or(RouteError::UnknownGroup { group })?;
+        self.touched.insert(group);
         Ok((group, replica))
     }
 
     /// Ticks every group.
     pub fn on_tick(&mut self) {
-        for replica in self.replicas.values_mut() {
+        for (group, replica) in &mut self.replicas {
             replica.on_tick();
+            if replica.has_actions() {
+                self.touched.insert(*group);
+            }
         }
     }
 
     /// Every group's queued actions, tagged with the group, in group order.
     pub fn drain_actions(&mut self) -> Vec<(u64, Action)> {
         let mut actions = Vec::new();
-        for (group, replica) in &mut self.replicas {
-            actions.extend(replica.drain_actions().into_iter().map(|a| (*group, a)));
+        for group in std::mem::take(&mut self.touched) {
+            if let Some(replica) = self.replicas.get_mut(&group) {
+                actions.extend(replica.drain_actions().into_iter().map(|a| (group, a)));
+            }
         }
         actions
     }
@@ -142,5 +158,64 @@ mod tests {
             groups.on_message(frame.as_bytes()),
             Err(RouteError::UnknownGroup { .. })
         ));
+    }
+
+    /// Drains see every action, however it was queued (a routed frame, a replica reached
+    /// with `get_mut`, a tick), in group order, and nothing twice.
+    #[test]
+    fn every_queued_action_is_drained_once_in_group_order() {
+        let cluster = cluster_id("groups");
+        let partitions: Vec<u64> = (0..3)
+            .map(|partition| {
+                PartitionKey {
+                    stream: 1,
+                    topic: 1,
+                    partition,
+                }
+                .pack()
+                .expect("valid")
+            })
+            .collect();
+        let mut groups = Groups::new();
+        for group in partitions.iter().copied().chain([METADATA_GROUP]) {
+            // Replica 1 of 3: a backup in view 0, which times out its primary.
+            groups.insert(Replica::new(Config::new(cluster, group, 1, 3)));
+        }
+        let _ = groups.drain_actions();
+        assert!(groups.drain_actions().is_empty());
+        // A frame for one group, a direct call on another.
+        let mut svc = StartViewChangeHeader::new();
+        svc.frame.cluster = cluster;
+        svc.frame.view = 1;
+        svc.frame.replica = 2;
+        svc.group = partitions[2];
+        let frame = Frame::build(&svc, &[]);
+        assert_eq!(groups.on_message(frame.as_bytes()), Ok(partitions[2]));
+        svc.group = partitions[0];
+        let frame = Frame::build(&svc, &[]);
+        groups
+            .get_mut(partitions[0])
+            .expect("hosted")
+            .on_message(frame.as_bytes());
+        let drained: Vec<u64> = groups.drain_actions().iter().map(|(g, _)| *g).collect();
+        assert!(
+            drained.contains(&partitions[0]) && drained.contains(&partitions[2]),
+            "{drained:?} {partitions:?}"
+        );
+        assert!(!drained.contains(&partitions[1]));
+        assert!(drained.windows(2).all(|w| w[0] <= w[1]), "{drained:?}");
+        assert!(groups.drain_actions().is_empty());
+        // Ticks until every partition group times out its primary: each queues its view
+        // change.
+        let mut ticked = Vec::new();
+        for _ in 0..10_000 {
+            groups.on_tick();
+            ticked.extend(groups.drain_actions().into_iter().map(|(g, _)| g));
+            if partitions.iter().all(|p| ticked.contains(p)) {
+                break;
+            }
+        }
+        assert!(partitions.iter().all(|p| ticked.contains(p)), "{ticked:?}");
+        assert!(groups.drain_actions().is_empty());
     }
 }

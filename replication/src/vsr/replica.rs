@@ -320,6 +320,11 @@ impl Replica {
         self.actions.drain(..).collect()
     }
 
+    /// Whether actions are queued (what [`Replica::drain_actions`] would return).
+    pub fn has_actions(&self) -> bool {
+        !self.actions.is_empty()
+    }
+
     /// The bus reports a peer's link up or down (chain replication skips down peers).
     pub fn set_connected(&mut self, peer: u8, connected: bool) {
         if peer >= self.config.replica_count || peer == self.config.replica {

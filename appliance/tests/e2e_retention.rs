@@ -230,8 +230,21 @@ fn retention_by_size_and_age_leaves_every_replica_the_same_range() {
     assert_eq!(rejoined.first_offset, range.first_offset);
     assert_eq!(rejoined_segments, segments);
     reads_from(&files, wiped, key(sized), range.first_offset, end);
-    let transfers = stats(&files, wiped)["state_transfer"]["transfers_completed"]
-        .as_u64()
-        .unwrap_or(0);
-    assert!(transfers >= 1, "the wiped node caught up by state transfer");
+    // /stats is a snapshot published about every 100 ms, and the transfer's counter
+    // reaches it from the transfer executor: the data may be served before the counter
+    // shows, so give it a moment.
+    let counted = Instant::now() + Duration::from_secs(5);
+    loop {
+        let transfers = stats(&files, wiped)["state_transfer"]["transfers_completed"]
+            .as_u64()
+            .unwrap_or(0);
+        if transfers >= 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < counted,
+            "the wiped node caught up by state transfer"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -443,6 +443,7 @@ fn drive(
         sleep_until(due);
         let sent_us = epoch_us();
         let due_us = sent_us.saturating_sub(due.elapsed().as_micros() as u64);
+        let measured = due >= schedule.warm_end;
         let reply = client.send_messages(key, &prepared).map_err(|e| {
             format!("partition {partition}, batch {k} (message index {next_index}): {e}")
         })?;
@@ -460,13 +461,13 @@ fn drive(
             due_us,
             sent_us,
             acked_us: epoch_us(),
-            measured: due >= schedule.warm_end,
+            measured,
             node: client.target(key.pack().map_err(|e| e.to_string())?),
         };
         settle(client, key, &ack)?;
         let done = Instant::now();
         result.acks.push(ack);
-        if due >= schedule.warm_end {
+        if measured {
             record(&mut result.histogram, done - due);
             result.measured_messages += u64::from(reply.count);
             result.last_measured_ack = Some(done);

@@ -110,14 +110,11 @@ pub struct AckWindow {
     pub acked_us: u64,
 }
 
-/// Whether a probe write that stalled overlaps `window`.
-fn host_stalled(samples: &[Sample], window: AckWindow) -> bool {
-    let stall = STALL.as_micros() as u64;
-    samples.iter().any(|s| {
-        s.latency_us > stall
-            && s.start_us < window.acked_us
-            && s.start_us + s.latency_us > window.due_us
-    })
+/// Whether one of the stalled probe writes overlaps `window`.
+fn host_stalled(stalls: &[Sample], window: AckWindow) -> bool {
+    stalls
+        .iter()
+        .any(|s| s.start_us < window.acked_us && s.start_us + s.latency_us > window.due_us)
 }
 
 /// The probe's figures and every ack slower than [`STALL`], each marked with whether the
@@ -134,11 +131,18 @@ pub fn attribute(samples: &[Sample], acks: &[AckWindow]) -> Value {
         let at = ((latencies.len() as f64 * q).ceil() as usize).clamp(1, latencies.len()) - 1;
         latencies[at] as f64 / 1000.0
     };
+    // Only the stalled writes can excuse an ack: each ack is held against those few,
+    // not against every sample of the run.
+    let stalls: Vec<Sample> = samples
+        .iter()
+        .filter(|s| s.latency_us > stall)
+        .copied()
+        .collect();
     let mut slow = Vec::new();
     let (mut with_host, mut max_quiet_us) = (0u64, 0u64);
     for ack in acks {
         let latency = ack.acked_us.saturating_sub(ack.due_us);
-        let host = host_stalled(samples, *ack);
+        let host = host_stalled(&stalls, *ack);
         if !host {
             max_quiet_us = max_quiet_us.max(latency);
         }
@@ -161,7 +165,7 @@ pub fn attribute(samples: &[Sample], acks: &[AckWindow]) -> Value {
             "p50_ms": quantile(0.5),
             "p99_ms": quantile(0.99),
             "max_ms": latencies.last().map_or(0.0, |l| *l as f64 / 1000.0),
-            "stalls": samples.iter().filter(|s| s.latency_us > stall).count(),
+            "stalls": stalls.len(),
         },
         "stall_ms": STALL.as_millis() as u64,
         "slow_acks": slow.len(),

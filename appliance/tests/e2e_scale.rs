@@ -5,6 +5,9 @@
 //! group has not started on a node, that node answers its partition Unavailable (the
 //! client retries), never NotFound.
 //!
+//! `/stats` and `/metrics` list at most `limits.stats_groups_max` groups one by one (the
+//! metadata group and the unhealthy ones first) with counts over all of them.
+//!
 //! E2E_SCALE_PARTITIONS sets the partition count (default 300 in a debug build, 2,000 in
 //! release: started all at once, either stalled a node past the heartbeat timeout).
 
@@ -28,7 +31,7 @@ fn partitions() -> u32 {
 
 /// Each group's (name, view, status, is_primary) as `replica` reports it.
 fn groups(files: &ClusterFiles, replica: usize) -> Vec<(String, u64, String, bool)> {
-    let stats = stats(files, replica);
+    let stats = stats_at(files, replica, "/stats?groups=all").0;
     let Some(list) = stats["groups"].as_array() else {
         return Vec::new();
     };
@@ -46,6 +49,16 @@ fn groups(files: &ClusterFiles, replica: usize) -> Vec<(String, u64, String, boo
         .collect()
 }
 
+/// `path` of node `replica`'s stats endpoint as JSON, and its size in bytes.
+fn stats_at(files: &ClusterFiles, replica: usize, path: &str) -> (serde_json::Value, usize) {
+    let (code, body) = http_get(files.http_addr(replica), path).expect("GET /stats");
+    assert_eq!(code, 200, "{path}: {body}");
+    (serde_json::from_str(&body).expect("JSON"), body.len())
+}
+
+/// Groups listed one by one in a bounded /stats or /metrics answer.
+const STATS_GROUPS_MAX: usize = 100;
+
 fn metadata_view(files: &ClusterFiles, replica: usize) -> u64 {
     groups(files, replica)
         .into_iter()
@@ -58,6 +71,10 @@ fn metadata_view(files: &ClusterFiles, replica: usize) -> u64 {
 fn a_topic_of_many_partitions_starts_without_stalling_any_node() {
     let count = partitions();
     let files = ClusterFiles::new(NODES);
+    files.edit_configs(&[(
+        "[limits]\n",
+        &format!("[limits]\nstats_groups_max = {STATS_GROUPS_MAX}\n"),
+    )]);
     let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
     for daemon in &mut daemons {
         wait_healthy(&files, daemon, Duration::from_secs(60));
@@ -148,6 +165,45 @@ fn a_topic_of_many_partitions_starts_without_stalling_any_node() {
         println!("node {pid}: {rss}, {fds} open files");
     }
     println!("idle, {count} partitions: the three nodes use {cores:.2} cores");
+
+    // /stats and /metrics stay bounded: the metadata group first, counts over every
+    // group; the full list on request.
+    for replica in 0..NODES {
+        let (bounded, bounded_bytes) = stats_at(&files, replica, "/stats");
+        let listed = bounded["groups"].as_array().expect("groups").len();
+        assert_eq!(listed, STATS_GROUPS_MAX.min(count as usize + 1));
+        assert_eq!(bounded["groups"][0]["name"], "metadata");
+        let summary = &bounded["group_summary"];
+        assert_eq!(summary["total"], u64::from(count) + 1, "{summary}");
+        assert_eq!(summary["listed"], listed as u64, "{summary}");
+        assert_eq!(summary["without_quorum"], 0, "{summary}");
+        let by_status: u64 = ["normal", "view_change", "recovering", "state_transfer"]
+            .iter()
+            .map(|s| summary[s].as_u64().unwrap_or(0))
+            .sum();
+        assert_eq!(by_status, u64::from(count) + 1, "{summary}");
+        let (all, all_bytes) = stats_at(&files, replica, "/stats?groups=all");
+        assert_eq!(
+            all["groups"].as_array().expect("groups").len(),
+            count as usize + 1
+        );
+        let (code, metrics) = http_get(files.http_addr(replica), "/metrics").expect("metrics");
+        assert_eq!(code, 200);
+        let series = metrics
+            .lines()
+            .filter(|l| l.starts_with("appliance_group_op{"))
+            .count();
+        assert_eq!(
+            series, listed,
+            "appliance_group_op series on node {replica}"
+        );
+        assert!(metrics.contains(&format!("appliance_groups_listed {listed}\n")));
+        println!(
+            "node {replica}: /stats {bounded_bytes} bytes ({listed} groups listed), \
+             ?groups=all {all_bytes} bytes, /metrics {} bytes",
+            metrics.len()
+        );
+    }
 
     // Every partition takes a message, and it reads back.
     for partition in 0..count {

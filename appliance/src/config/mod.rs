@@ -250,6 +250,10 @@ pub struct LimitsConfig {
     pub sessions_max: u32,
     /// Memory for buffered frames across all connections.
     pub frame_memory_max: ByteSize,
+    /// Groups listed one by one in `GET /stats`, `GET /metrics` and `appliance-cli
+    /// status`: the metadata group and the groups that need attention first; counts by
+    /// status cover every group. `?groups=all` lists every group.
+    pub stats_groups_max: u32,
 }
 
 /// `[runtime]`: executors.
@@ -361,6 +365,7 @@ impl Default for LimitsConfig {
             request_body_max: ByteSize(8 << 20),
             sessions_max: 10_000,
             frame_memory_max: ByteSize(1 << 30),
+            stats_groups_max: 1_000,
         }
     }
 }

@@ -338,6 +338,7 @@ fn validate_limits(config: &Config) -> Result<(), ConfigError> {
             limits.requests_in_flight_per_session,
         ),
         ("limits.sessions_max", limits.sessions_max),
+        ("limits.stats_groups_max", limits.stats_groups_max),
     ] {
         if value == 0 {
             return err(key, value, "must be at least 1");

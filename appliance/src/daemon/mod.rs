@@ -297,6 +297,7 @@ fn settings(config: &Config, replica_id: u8) -> Result<Settings, DaemonError> {
                 / TICK.as_millis() as u64)
                 .max(1),
         },
+        stats_groups_max: config.limits.stats_groups_max as usize,
     })
 }
 

@@ -63,6 +63,8 @@ pub struct Settings {
     pub budget: super::storage::Budget,
     /// The retention defaults and cadence ([retention]).
     pub retention: super::retention::RetentionSettings,
+    /// `limits.stats_groups_max`: groups a bounded `/stats` or `/metrics` lists.
+    pub stats_groups_max: usize,
 }
 
 /// Input to the node task.

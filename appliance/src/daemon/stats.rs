@@ -2,8 +2,8 @@
 //! from the snapshot the replica executor publishes (every ~10 ticks), so a slow HTTP
 //! client never touches the consensus path.
 
-use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
@@ -104,6 +104,9 @@ pub fn snapshot(node: &Node) -> Snapshot {
             skipped_slow: (0..replica.config().replica_count)
                 .filter(|p| replica.slow_peers() & (1 << p) != 0)
                 .collect(),
+            commit_max: replica.commit_max(),
+            view_changed_unix_ms: None,
+            attention: Default::default(),
         });
     }
     let slow = slow_peers(node);
@@ -174,6 +177,7 @@ pub fn snapshot(node: &Node) -> Snapshot {
         },
         client_connections: node.connections.len() as u64,
         sessions: node.metadata().map_or(0, |r| r.clients().len() as u64),
+        groups_max: node.settings.stats_groups_max,
         ..Snapshot::default()
     }
 }
@@ -227,9 +231,38 @@ pub struct Transitions {
     seen: RefCell<BTreeMap<String, GroupLook>>,
     /// Peers skipped as slow at the last publish.
     slow: RefCell<BTreeMap<u8, bool>>,
+    /// Per group: its view at the last publish and when this node saw it change.
+    views: RefCell<HashMap<String, (u32, Option<u64>)>>,
+    /// View changes seen since start, summed over the groups.
+    view_changes: Cell<u64>,
 }
 
 impl Transitions {
+    /// Fills each group's `view_changed_unix_ms` and the summary's `view_changes` from
+    /// the views seen at earlier publishes; forgets deleted groups.
+    fn track_views(&self, snapshot: &mut Snapshot, now_unix_ms: u64) {
+        let mut views = self.views.borrow_mut();
+        let mut next = HashMap::with_capacity(snapshot.groups.len());
+        for g in &mut snapshot.groups {
+            let changed_at = match views.remove(&g.group) {
+                Some((view, at)) if view == g.view => at,
+                Some((view, _)) => {
+                    let changes = u64::from(g.view.saturating_sub(view));
+                    self.view_changes.set(self.view_changes.get() + changes);
+                    Some(now_unix_ms)
+                }
+                None => None,
+            };
+            g.view_changed_unix_ms = changed_at;
+            next.insert(g.group.clone(), (g.view, changed_at));
+        }
+        *views = next;
+        snapshot.group_summary.view_changes = self.view_changes.get();
+        self.seen
+            .borrow_mut()
+            .retain(|group, _| views.contains_key(group));
+    }
+
     /// Logs one line per group whose status, view, primary or quorum changed since the
     /// last snapshot (view changes, elections, quorum lost and regained), with the
     /// group, view and op.
@@ -293,6 +326,11 @@ pub fn publish(
         Ok(guard) => guard.clone(),
         Err(poisoned) => poisoned.into_inner().clone(),
     };
+    let now_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    transitions.track_views(&mut next, now_unix_ms);
+    next.rank_groups(now_unix_ms);
     transitions.log_changes(&next);
     match shared.lock() {
         Ok(mut guard) => *guard = next,

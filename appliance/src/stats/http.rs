@@ -104,13 +104,16 @@ pub fn handle(head: &[u8], snapshot: &Snapshot) -> Parsed {
             if request.method != Some("GET") {
                 return Parsed::Done(Response::text(405, "only GET\n"));
             }
-            let path = request.path.unwrap_or("/");
-            let path = path.split('?').next().unwrap_or(path);
+            let target = request.path.unwrap_or("/");
+            let (path, query) = target.split_once('?').unwrap_or((target, ""));
+            // `?groups=all` lists every group; otherwise up to limits.stats_groups_max.
+            let all_groups = query.split('&').any(|pair| pair == "groups=all");
             Parsed::Done(match path {
                 "/stats" => Response {
                     status: 200,
                     content_type: "application/json",
-                    body: serde_json::to_vec(snapshot).unwrap_or_default(),
+                    body: serde_json::to_vec(&snapshot.clone().bounded(all_groups))
+                        .unwrap_or_default(),
                 },
                 "/health" => match snapshot.health() {
                     Ok(()) => Response::text(200, "ok\n"),
@@ -119,7 +122,7 @@ pub fn handle(head: &[u8], snapshot: &Snapshot) -> Parsed {
                 "/metrics" => Response {
                     status: 200,
                     content_type: "text/plain; version=0.0.4; charset=utf-8",
-                    body: prometheus::render(snapshot).into_bytes(),
+                    body: prometheus::render(&snapshot.clone().bounded(all_groups)).into_bytes(),
                 },
                 _ => Response::text(404, "try /stats, /health or /metrics\n"),
             })
@@ -229,6 +232,40 @@ mod tests {
             handle(b"GET /stats HTTP/1.1\r\nHost", &sample()),
             Parsed::Partial
         );
+    }
+
+    #[test]
+    fn stats_and_metrics_list_groups_up_to_the_limit_unless_asked_for_all() {
+        let mut snapshot = sample();
+        snapshot.groups_max = 1;
+        snapshot.groups[1].quorum = false;
+        let get = |target: &str| {
+            let head = format!("GET {target} HTTP/1.1\r\n\r\n");
+            let Parsed::Done(response) = handle(head.as_bytes(), &snapshot) else {
+                panic!("partial")
+            };
+            String::from_utf8(response.body).unwrap()
+        };
+        let bounded: serde_json::Value = serde_json::from_str(&get("/stats")).unwrap();
+        assert_eq!(bounded["groups"].as_array().unwrap().len(), 1);
+        assert_eq!(bounded["group_summary"]["listed"], 1);
+        assert_eq!(bounded["group_summary"]["total"], 2);
+        let all: serde_json::Value = serde_json::from_str(&get("/stats?x=1&groups=all")).unwrap();
+        assert_eq!(all["groups"].as_array().unwrap().len(), 2);
+        assert_eq!(all["group_summary"]["listed"], 2);
+
+        let count = |text: &str| {
+            text.lines()
+                .filter(|l| l.starts_with("appliance_group_op{"))
+                .count()
+        };
+        let metrics = get("/metrics");
+        assert_eq!(count(&metrics), 1);
+        assert!(metrics.contains("appliance_groups_listed 1"));
+        assert!(metrics.contains("appliance_groups{status=\"normal\"} 2"));
+        assert_eq!(count(&get("/metrics?groups=all")), 2);
+        // Health judges every group, listed or not.
+        assert!(get("/health").contains("1/1/0 has no replication quorum"));
     }
 
     #[test]

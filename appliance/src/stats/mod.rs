@@ -56,6 +56,92 @@ pub struct GroupStats {
     /// The backups this primary's chain skips as slow.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub skipped_slow: Vec<u8>,
+    /// The highest commit this replica knows the group reached (its own on a primary).
+    pub commit_max: u64,
+    /// When this node last saw the group's view change (absent: not since it started).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub view_changed_unix_ms: Option<u64>,
+    /// Why the group is listed ahead of the healthy ones (absent when healthy).
+    #[serde(skip_serializing_if = "Attention::is_none")]
+    pub attention: Attention,
+}
+
+impl GroupStats {
+    /// Ops this replica is behind the group: its highest op or the highest commit it
+    /// knows of, less its own commit.
+    pub fn commit_lag(&self) -> u64 {
+        self.op.max(self.commit_max).saturating_sub(self.commit)
+    }
+}
+
+/// Why a group needs an operator's eye, most urgent first; `groups` in `/stats` lists
+/// groups in this order (the metadata group always first), so a bounded list keeps the
+/// ones that matter.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Attention {
+    NoQuorum,
+    /// Status other than normal: view change, recovering, state transfer.
+    NotNormal,
+    /// Its chain skips a backup as slow.
+    SkipsSlowPeer,
+    /// Its view changed within `VIEW_CHANGE_RECENT`.
+    ViewChanged,
+    /// Its commit is more than `COMMIT_LAG_LISTED` ops behind.
+    CommitLag,
+    #[default]
+    None,
+}
+
+impl Attention {
+    /// A view change this recent lists the group (the window of the views-rising alert).
+    pub const VIEW_CHANGE_RECENT_MS: u64 = 15 * 60 * 1000;
+    /// A commit lag above this lists the group (the commit-lag alert's threshold).
+    pub const COMMIT_LAG_LISTED: u64 = 1000;
+
+    pub fn is_none(&self) -> bool {
+        *self == Attention::None
+    }
+
+    /// The most urgent reason `group` needs attention at `now_unix_ms`.
+    pub fn of(group: &GroupStats, now_unix_ms: u64) -> Attention {
+        let recent = group
+            .view_changed_unix_ms
+            .is_some_and(|at| now_unix_ms.saturating_sub(at) <= Self::VIEW_CHANGE_RECENT_MS);
+        if !group.quorum {
+            Attention::NoQuorum
+        } else if group.status != GroupStatus::Normal {
+            Attention::NotNormal
+        } else if !group.skipped_slow.is_empty() {
+            Attention::SkipsSlowPeer
+        } else if recent {
+            Attention::ViewChanged
+        } else if group.commit_lag() > Self::COMMIT_LAG_LISTED {
+            Attention::CommitLag
+        } else {
+            Attention::None
+        }
+    }
+}
+
+/// Counts over every group of the node, however many `groups` lists.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct GroupSummary {
+    pub total: u64,
+    /// Groups in `groups` (all of them with `?groups=all` or up to
+    /// `limits.stats_groups_max`).
+    pub listed: u64,
+    pub normal: u64,
+    pub view_change: u64,
+    pub recovering: u64,
+    pub state_transfer: u64,
+    pub without_quorum: u64,
+    /// Groups this node is primary of.
+    pub primary: u64,
+    /// Groups with a reason in `attention`.
+    pub needing_attention: u64,
+    /// View changes this node saw, summed over its groups, since it started.
+    pub view_changes: u64,
 }
 
 /// One replica-plane peer.
@@ -198,6 +284,10 @@ pub struct Snapshot {
     pub client_connections: u64,
     pub sessions: u64,
     pub storage: StorageStats,
+    pub group_summary: GroupSummary,
+    /// `limits.stats_groups_max`: how many groups a bounded answer lists.
+    #[serde(skip)]
+    pub groups_max: usize,
 }
 
 /// The partition logs' segments and what their in-memory indexes take.
@@ -232,6 +322,40 @@ pub struct StorageStats {
 }
 
 impl Snapshot {
+    /// Marks every group's `attention` at `now_unix_ms`, orders `groups` the metadata
+    /// group first, then by attention (most urgent first), then by group, and counts
+    /// them into `group_summary` (`view_changes` is the publisher's).
+    pub fn rank_groups(&mut self, now_unix_ms: u64) {
+        let summary = &mut self.group_summary;
+        summary.total = self.groups.len() as u64;
+        summary.listed = summary.total;
+        for g in &mut self.groups {
+            g.attention = Attention::of(g, now_unix_ms);
+            match g.status {
+                GroupStatus::Normal => summary.normal += 1,
+                GroupStatus::ViewChange => summary.view_change += 1,
+                GroupStatus::Recovering => summary.recovering += 1,
+                GroupStatus::StateTransfer => summary.state_transfer += 1,
+            }
+            summary.without_quorum += u64::from(!g.quorum);
+            summary.primary += u64::from(g.is_primary);
+            summary.needing_attention += u64::from(!g.attention.is_none());
+        }
+        // Stable: groups keep their id order within a class.
+        self.groups
+            .sort_by_key(|g| (g.name != "metadata", g.attention));
+    }
+
+    /// The snapshot as a bounded answer: `groups` cut to `groups_max` (the most urgent
+    /// first, see `rank_groups`) unless `all`.
+    pub fn bounded(mut self, all: bool) -> Snapshot {
+        if !all {
+            self.groups.truncate(self.groups_max.max(1));
+        }
+        self.group_summary.listed = self.groups.len() as u64;
+        self
+    }
+
     /// `GET /health`: healthy when every group is normal with a quorum; otherwise the
     /// first reason it is not.
     pub fn health(&self) -> Result<(), String> {
@@ -290,6 +414,9 @@ pub(crate) mod tests {
                     voter: true,
                     recovery: None,
                     skipped_slow: Vec::new(),
+                    commit_max: 118,
+                    view_changed_unix_ms: None,
+                    attention: Attention::None,
                 },
                 GroupStats {
                     group: (1u64 << 32 | 1 << 20).to_string(),
@@ -305,6 +432,9 @@ pub(crate) mod tests {
                     voter: true,
                     recovery: None,
                     skipped_slow: Vec::new(),
+                    commit_max: 4999,
+                    view_changed_unix_ms: Some(1_700_000_000_000),
+                    attention: Attention::None,
                 },
             ],
             peers: vec![
@@ -363,6 +493,14 @@ pub(crate) mod tests {
                 min_free_bytes: 1 << 30,
                 ..StorageStats::default()
             },
+            group_summary: GroupSummary {
+                total: 2,
+                listed: 2,
+                normal: 2,
+                view_changes: 6,
+                ..GroupSummary::default()
+            },
+            groups_max: 1000,
         }
     }
 
@@ -389,6 +527,71 @@ pub(crate) mod tests {
         assert!(Snapshot::default().health().is_err());
     }
 
+    /// A partition group named after `partition`, healthy unless changed.
+    fn partition_group(partition: u32) -> GroupStats {
+        let mut g = sample().groups[1].clone();
+        g.group = (1u64 << 32 | u64::from(partition)).to_string();
+        g.name = format!("1/1/{partition}");
+        g.view_changed_unix_ms = None;
+        g
+    }
+
+    #[test]
+    fn a_bounded_answer_keeps_metadata_and_the_groups_needing_attention() {
+        let now = 1_800_000_000_000;
+        let mut s = sample();
+        s.groups.truncate(1);
+        s.groups.extend((0..10).map(partition_group));
+        // Listed in id order; the urgent ones sit at the end.
+        s.groups[9].view_changed_unix_ms = Some(now - 60_000);
+        s.groups[10].quorum = false;
+        s.groups[8].status = GroupStatus::StateTransfer;
+        s.groups[7].commit_max = s.groups[7].commit + Attention::COMMIT_LAG_LISTED + 1;
+        s.groups[6].skipped_slow = vec![2];
+        // A view change past the window no longer counts.
+        s.groups[5].view_changed_unix_ms = Some(now - Attention::VIEW_CHANGE_RECENT_MS - 1);
+        s.groups[0].quorum = false;
+        s.group_summary = GroupSummary::default();
+        s.groups_max = 4;
+        s.rank_groups(now);
+
+        let summary = &s.group_summary;
+        assert_eq!(
+            (summary.total, summary.normal, summary.state_transfer),
+            (11, 10, 1)
+        );
+        assert_eq!(summary.without_quorum, 2);
+        assert_eq!(summary.needing_attention, 6);
+        let order: Vec<(&str, Attention)> = s
+            .groups
+            .iter()
+            .map(|g| (g.name.as_str(), g.attention))
+            .collect();
+        assert_eq!(
+            order[..7],
+            [
+                ("metadata", Attention::NoQuorum),
+                ("1/1/9", Attention::NoQuorum),
+                ("1/1/7", Attention::NotNormal),
+                ("1/1/5", Attention::SkipsSlowPeer),
+                ("1/1/8", Attention::ViewChanged),
+                ("1/1/6", Attention::CommitLag),
+                ("1/1/0", Attention::None),
+            ]
+        );
+
+        let bounded = s.clone().bounded(false);
+        assert_eq!(bounded.groups.len(), 4);
+        assert_eq!(bounded.group_summary.listed, 4);
+        assert_eq!(bounded.group_summary.total, 11);
+        assert_eq!(bounded.groups[..], s.groups[..4]);
+        let all = s.clone().bounded(true);
+        assert_eq!(all.groups.len(), 11);
+        assert_eq!(all.group_summary.listed, 11);
+        // Health still sees every group: it is asked of the whole snapshot.
+        assert!(s.health().unwrap_err().contains("metadata"));
+    }
+
     #[test]
     fn latency_summary_reads_percentiles() {
         let l = sample().latency_us.request;
@@ -412,11 +615,19 @@ pub(crate) mod tests {
             "repair",
             "state_transfer",
             "latency_us",
+            "group_summary",
         ] {
             assert!(json.get(key).is_some(), "missing {key}");
         }
         for key in [
-            "group", "status", "view", "log_view", "primary", "op", "commit",
+            "group",
+            "status",
+            "view",
+            "log_view",
+            "primary",
+            "op",
+            "commit",
+            "commit_max",
         ] {
             assert!(
                 json["groups"][0].get(key).is_some(),

@@ -186,7 +186,56 @@ pub fn render(s: &Snapshot) -> String {
         out.one(name, kind, help, value);
     }
 
-    let group_gauges: [GroupSeries; 6] = [
+    let summary = &s.group_summary;
+    out.family(
+        "appliance_groups",
+        "gauge",
+        "Consensus groups on the node by status (every group, listed or not).",
+    );
+    for (status, count) in [
+        ("normal", summary.normal),
+        ("view_change", summary.view_change),
+        ("recovering", summary.recovering),
+        ("state_transfer", summary.state_transfer),
+    ] {
+        out.sample("appliance_groups", &[("status", status)], count);
+    }
+    for (name, kind, help, value) in [
+        (
+            "appliance_groups_without_quorum",
+            "gauge",
+            "Groups that cannot reach a replication quorum.",
+            summary.without_quorum,
+        ),
+        (
+            "appliance_groups_primary",
+            "gauge",
+            "Groups this node is primary of.",
+            summary.primary,
+        ),
+        (
+            "appliance_groups_needing_attention",
+            "gauge",
+            "Groups without quorum, not normal, skipping a slow peer, with a view change in the last 15 minutes or a commit lag above 1000 ops.",
+            summary.needing_attention,
+        ),
+        (
+            "appliance_groups_listed",
+            "gauge",
+            "Groups with appliance_group_* series in this scrape (limits.stats_groups_max; ?groups=all for every group).",
+            summary.listed,
+        ),
+        (
+            "appliance_group_view_changes_total",
+            "counter",
+            "View changes seen, summed over the node's groups.",
+            summary.view_changes,
+        ),
+    ] {
+        out.one(name, kind, help, value);
+    }
+
+    let group_gauges: [GroupSeries; 7] = [
         ("appliance_group_view", "Current view of the group.", |g| {
             u64::from(g.view)
         }),
@@ -204,6 +253,11 @@ pub fn render(s: &Snapshot) -> String {
             "appliance_group_commit",
             "Highest committed op of the group.",
             |g| g.commit,
+        ),
+        (
+            "appliance_group_commit_lag",
+            "Ops this node's commit is behind its highest op or the highest commit it knows of.",
+            |g| g.commit_lag(),
         ),
         (
             "appliance_group_primary",

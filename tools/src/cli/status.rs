@@ -29,6 +29,10 @@ pub struct StatusArgs {
     /// Per-request HTTP timeout, milliseconds.
     #[arg(long, default_value_t = 1_000)]
     pub timeout_ms: u64,
+    /// List every group of every node, not only the metadata group and those that need
+    /// attention up to the node's `limits.stats_groups_max`.
+    #[arg(long)]
+    pub all_groups: bool,
 }
 
 /// "1s", "500ms" (the config's duration syntax), 50ms to 1h.
@@ -56,11 +60,11 @@ pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<(u16,
     stream
         .write_all(head.as_bytes())
         .map_err(|e| e.to_string())?;
-    // Bounded: a stats reply is a few KiB; a hostile or broken server cannot grow this
-    // past 4 MiB.
+    // Bounded: a stats reply is a few KiB (some MiB for every group of a node with
+    // thousands); a hostile or broken server cannot grow this past 32 MiB.
     let mut raw = Vec::new();
     stream
-        .take(4 << 20)
+        .take(32 << 20)
         .read_to_end(&mut raw)
         .map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&raw);
@@ -93,8 +97,13 @@ struct NodeView {
 }
 
 impl NodeView {
-    fn read(http: SocketAddr, timeout: Duration) -> NodeView {
-        let stats = http_get(http, "/stats", timeout).and_then(|(code, body)| {
+    fn read(http: SocketAddr, timeout: Duration, all_groups: bool) -> NodeView {
+        let path = if all_groups {
+            "/stats?groups=all"
+        } else {
+            "/stats"
+        };
+        let stats = http_get(http, path, timeout).and_then(|(code, body)| {
             if code != 200 {
                 return Err(format!("/stats answered {code}"));
             }
@@ -134,8 +143,8 @@ fn members(seed: &Value, seed_addr: SocketAddr) -> Vec<(u64, String, SocketAddr)
 }
 
 /// Reads every node the seed knows about (the seed alone when it lists none).
-fn survey(seed_addr: SocketAddr, timeout: Duration) -> Vec<NodeView> {
-    let seed = NodeView::read(seed_addr, timeout);
+fn survey(seed_addr: SocketAddr, timeout: Duration, all_groups: bool) -> Vec<NodeView> {
+    let seed = NodeView::read(seed_addr, timeout, all_groups);
     let list = seed
         .stats
         .as_ref()
@@ -151,7 +160,7 @@ fn survey(seed_addr: SocketAddr, timeout: Duration) -> Vec<NodeView> {
         let mut view = if Some(replica) == seed_replica {
             seed.take().expect("one seed")
         } else {
-            NodeView::read(http, timeout)
+            NodeView::read(http, timeout, all_groups)
         };
         view.replica = Some(replica);
         view.name = name;
@@ -216,6 +225,24 @@ fn report(seed: SocketAddr, views: &[NodeView]) -> Report {
             view.http,
             u(&stats["uptime_s"])
         ));
+        let summary = &stats["group_summary"];
+        let listed = stats["groups"].as_array().map_or(0, Vec::len) as u64;
+        let total = summary["total"].as_u64().unwrap_or(listed);
+        if total > 0 {
+            let mut counts: Vec<String> = ["normal", "view_change", "recovering", "state_transfer"]
+                .iter()
+                .filter(|status| u(&summary[**status]) > 0)
+                .map(|status| format!("{} {status}", u(&summary[*status])))
+                .collect();
+            for (key, what) in [
+                ("without_quorum", "without quorum"),
+                ("needing_attention", "needing attention"),
+                ("primary", "led here"),
+            ] {
+                counts.push(format!("{} {what}", u(&summary[key])));
+            }
+            text.push_str(&format!("  groups: {total} ({})\n", counts.join(", ")));
+        }
         let mut groups = Vec::new();
         for g in stats["groups"].as_array().into_iter().flatten() {
             let key = g["group"].as_str().unwrap_or("");
@@ -240,6 +267,12 @@ fn report(seed: SocketAddr, views: &[NodeView]) -> Report {
                 "view": u(&g["view"]), "primary": u(&g["primary"]),
                 "op": op, "commit": commit, "op_lag": op_lag, "commit_lag": commit_lag,
             }));
+        }
+        if listed < total {
+            text.push_str(&format!(
+                "  ... {} more groups not listed (--all-groups lists them)\n",
+                total - listed
+            ));
         }
         let mut links = Vec::new();
         let mut dropped_total = 0;
@@ -273,6 +306,7 @@ fn report(seed: SocketAddr, views: &[NodeView]) -> Report {
             "healthy": healthy,
             "health": health_reason,
             "uptime_s": u(&stats["uptime_s"]),
+            "group_summary": summary.clone(),
             "groups": groups,
             "peers": stats["peers"].clone(),
             "dropped": dropped_total,
@@ -295,8 +329,8 @@ fn report(seed: SocketAddr, views: &[NodeView]) -> Report {
 }
 
 /// One refresh: the report, or a failure (with the report) when no node answered.
-fn once(seed: SocketAddr, timeout: Duration) -> Result<Report, CliError> {
-    let views = survey(seed, timeout);
+fn once(seed: SocketAddr, timeout: Duration, all_groups: bool) -> Result<Report, CliError> {
+    let views = survey(seed, timeout, all_groups);
     let report = report(seed, &views);
     if views.iter().all(|v| v.stats.is_err()) {
         let error = views
@@ -316,13 +350,13 @@ pub fn run(global: &Global, args: &StatusArgs) -> Result<Report, CliError> {
     let seed = resolve_http(&args.http)?;
     let timeout = Duration::from_millis(args.timeout_ms.max(1));
     if !args.watch {
-        return once(seed, timeout);
+        return once(seed, timeout, args.all_groups);
     }
     let clear = !global.json && std::io::stdout().is_terminal();
     let mut refreshes = 0u64;
     loop {
         let started = Instant::now();
-        let report = match once(seed, timeout) {
+        let report = match once(seed, timeout, args.all_groups) {
             Ok(report) => report,
             Err(CliError::Runtime {
                 report: Some(report),
@@ -367,13 +401,13 @@ mod tests {
         let addr = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port");
-        let views = survey(addr, Duration::from_millis(300));
+        let views = survey(addr, Duration::from_millis(300), false);
         assert_eq!(views.len(), 1);
         let report = report(addr, &views);
         assert_eq!(report.json["nodes_up"], 0);
         assert_eq!(report.json["nodes"][0]["up"], false);
         assert!(report.text.contains("DOWN"), "{}", report.text);
-        assert!(once(addr, Duration::from_millis(300)).is_err());
+        assert!(once(addr, Duration::from_millis(300), true).is_err());
     }
 
     #[test]
@@ -388,6 +422,46 @@ mod tests {
         assert_eq!(list.len(), 2);
         assert_eq!(list[0].2, "127.0.0.7:3000".parse().unwrap());
         assert_eq!(list[1].2, "127.0.0.2:3001".parse().unwrap());
+    }
+
+    #[test]
+    fn a_node_listing_some_of_its_groups_shows_the_counts_and_what_is_left_out() {
+        let view = NodeView {
+            replica: Some(0),
+            name: "n0".into(),
+            http: "127.0.0.1:3000".parse().unwrap(),
+            stats: Ok(json!({
+                "cluster": "c", "uptime_s": 5,
+                "group_summary": {"total": 10001, "listed": 2, "normal": 10000,
+                    "state_transfer": 1, "without_quorum": 0, "needing_attention": 1,
+                    "primary": 3334},
+                "groups": [
+                    {"group": "9", "name": "metadata", "status": "normal", "op": 5, "commit": 5},
+                    {"group": "7", "name": "1/1/6", "status": "state_transfer", "op": 1, "commit": 1},
+                ],
+            })),
+            health: Some((503, "group 1/1/6 is state_transfer".into())),
+        };
+        let report = report("127.0.0.1:3000".parse().unwrap(), &[view]);
+        assert!(
+            report.text.contains(
+                "groups: 10001 (10000 normal, 1 state_transfer, 0 without quorum, \
+                 1 needing attention, 3334 led here)"
+            ),
+            "{}",
+            report.text
+        );
+        assert!(
+            report.text.contains("9999 more groups not listed"),
+            "{}",
+            report.text
+        );
+        assert!(report.text.contains("1/1/6"), "{}", report.text);
+        assert_eq!(report.json["nodes"][0]["group_summary"]["total"], 10001);
+        assert_eq!(
+            report.json["nodes"][0]["groups"].as_array().unwrap().len(),
+            2
+        );
     }
 
     #[test]

@@ -366,7 +366,7 @@ fn wait_healthy(http: &[String], timeout: Duration) -> Result<Value, String> {
 fn primary(http: &[String]) -> Result<u32, String> {
     let mut votes: HashMap<String, HashMap<u64, usize>> = HashMap::new();
     for addr in http {
-        let Some((200, body)) = http_get(addr, "/stats") else {
+        let Some((200, body)) = http_get(addr, "/stats?groups=all") else {
             continue;
         };
         let Ok(stats) = serde_json::from_str::<Value>(&body) else {

@@ -415,3 +415,49 @@ fn a_crash_never_tears_a_write_at_an_op_unreadable_on_another_replica() {
     }
     assert!(torn_clean, "no write was torn at all");
 }
+
+/// An idle group whose replicas all sleep (nobody ticks them) fails over from a crashed
+/// primary as fast as an awake group: the backups hear the primary's node, not the group,
+/// and time the group's primary out once that node is silent for a heartbeat timeout.
+#[test]
+fn a_sleeping_idle_group_fails_over_within_the_heartbeat_timeout() {
+    let mut cluster = Cluster::scripted(3, 31, 2);
+    cluster.options.hibernate = true;
+    run_until(&mut cluster, 5_000, "load", |c| c.replies() >= 20);
+    cluster.set_clients(false);
+    run_until(&mut cluster, 2_000, "every replica asleep", |c| {
+        (0..3).all(|r| c.asleep(r))
+    });
+    // Asleep, the group stays put: nobody times anyone out while the nodes are heard.
+    let view = cluster.replica(1).map(|r| r.view());
+    cluster.run_ticks(300).expect("idle");
+    assert!(
+        (0..3).all(|r| cluster.asleep(r)),
+        "{}",
+        cluster.status_line()
+    );
+    assert_eq!(cluster.replica(1).map(|r| r.view()), view);
+
+    let primary = cluster.primary().expect("a primary");
+    let timeout = cluster
+        .replica(primary)
+        .map(|r| r.config().heartbeat_timeout_ticks)
+        .expect("up");
+    cluster.crash(primary);
+    let crashed_at = cluster.now;
+    run_until(&mut cluster, 10 * timeout, "failover", |c| {
+        c.primary().is_some_and(|p| p != primary)
+    });
+    let failover = cluster.now - crashed_at;
+    // The heartbeat timeout, its jitter (1/8) and the view change's few round trips.
+    assert!(
+        failover <= timeout + timeout / 8 + 40,
+        "failover took {failover} ticks (heartbeat timeout {timeout})"
+    );
+    cluster.set_clients(true);
+    let before = cluster.replies();
+    run_until(&mut cluster, 5_000, "writes after failover", |c| {
+        c.replies() >= before + 10
+    });
+    converge(&mut cluster);
+}

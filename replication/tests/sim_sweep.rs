@@ -15,6 +15,7 @@ fn check_without_wipes(seed: u64, replicas: u8, ticks: u64, partition: bool) {
     options.wipe_percent = 0;
     options.formation = false;
     options.slow_per_10k = 0;
+    options.hibernate = false;
     run(options, partition);
 }
 
@@ -22,6 +23,7 @@ fn check_without_wipes(seed: u64, replicas: u8, ticks: u64, partition: bool) {
 fn check_without_slow_nodes(seed: u64, replicas: u8, ticks: u64, partition: bool) {
     let mut options = SimOptions::from_seed(seed, replicas, ticks);
     options.slow_per_10k = 0;
+    options.hibernate = false;
     run(options, partition);
 }
 
@@ -172,6 +174,28 @@ fn regression_seeds() {
     // view could neither truncate nor fetch an op only one of them claimed, unreadable.
     // A DVC now ends below the op its sender cannot vouch for instead.
     check(1011929, 3, 5_000, false);
+}
+
+/// Sleeping idle replicas (`vsr/hibernate.rs`): seeds that found liveness bugs.
+#[test]
+fn sleeping_replicas_regressions() {
+    // 2336, 11243: a wiped replica restarted as the primary of the current view, and
+    // the sleeping backups, hearing its node, never timed it out (it only probed). A
+    // peer's restart now starts a new epoch: a backup sleeps only once it heard its
+    // primary's Commit in the primary's current epoch (and a Commit sent just before
+    // the crash no longer arrives after the restart, as on a real connection).
+    check(2336, 3, 5_000, false);
+    check(11243, 5, 5_000, false);
+    // 4671: a new primary re-prepared an op its backups had committed in an earlier
+    // view; they never ack such an op, its pipeline stalled and it stopped its Commits,
+    // but its node was heard, so the sleeping backups never replaced it. The node no
+    // longer vouches for a primary whose Prepare came after its last Commit.
+    check(4671, 3, 5_000, true);
+    // 157: a replica cut off during a view change slept in the old view while the new
+    // primary slept too, with no client request to wake either (the clients' idle
+    // stretch outlived the fault phase). Sleeping replicas now wake to refresh their
+    // view, and the clients resume when the faults stop.
+    check(157, 3, 5_000, false);
 }
 
 /// Long fault phases (the default alone missed a divergence), with lost disks.

@@ -35,6 +35,10 @@ struct Args {
     /// No slow stretches (the fault mix of seeds before slow nodes existed).
     #[arg(long)]
     no_slow: bool,
+    /// No sleeping idle replicas (every replica ticks, as before hibernation existed;
+    /// implied by --no-wipes and --no-slow).
+    #[arg(long)]
+    no_hibernate: bool,
     /// Print a trace for passing runs too.
     #[arg(long)]
     trace: bool,
@@ -65,6 +69,10 @@ fn options(args: &Args, seed: u64) -> SimOptions {
     }
     if args.partition {
         options.group = partition_plane_group();
+    }
+    // Seeds replayed as they ran before slow nodes or hibernation existed.
+    if args.no_hibernate || args.no_wipes || args.no_slow {
+        options.hibernate = false;
     }
     options
 }
@@ -102,6 +110,8 @@ fn main() -> ExitCode {
     let mut wipes = 0u64;
     let mut slow_stretches = 0u64;
     let mut slow_skips = 0u64;
+    let mut sleeps = 0u64;
+    let mut silent_wakes = 0u64;
     for seed in from..to {
         match run_seed(options(&args, seed)) {
             Ok(summary) => {
@@ -114,6 +124,8 @@ fn main() -> ExitCode {
                 wipes += summary.wipes;
                 slow_stretches += summary.slow_stretches;
                 slow_skips += summary.slow_skips;
+                sleeps += summary.sleeps;
+                silent_wakes += summary.silent_wakes;
                 if to - from == 1 || args.trace {
                     println!("seed {seed}: ok {summary:?}");
                 }
@@ -131,13 +143,18 @@ fn main() -> ExitCode {
                 }
                 eprintln!(
                     "appliance-sim: FAILED seed {seed} (replay: appliance-sim --seed {seed} \
-                     --replicas {} --ticks {}{}{}{})",
+                     --replicas {} --ticks {}{}{}{}{})",
                     args.replicas,
                     args.ticks,
                     if args.partition { " --partition" } else { "" },
                     if args.no_wipes { " --no-wipes" } else { "" },
                     if args.no_slow && !args.no_wipes {
                         " --no-slow"
+                    } else {
+                        ""
+                    },
+                    if args.no_hibernate && !args.no_wipes && !args.no_slow {
+                        " --no-hibernate"
                     } else {
                         ""
                     }
@@ -159,7 +176,8 @@ fn main() -> ExitCode {
              \"view_changes\": {view_changes}, \"crashes\": {crashes}, \
              \"checkpoint_restarts\": {checkpoint_restarts}, \"state_transfers\": \
              {state_transfers}, \"wipes\": {wipes}, \"slow_stretches\": {slow_stretches}, \
-             \"slow_skips\": {slow_skips}, \"seconds\": {:.1}}}",
+             \"slow_skips\": {slow_skips}, \"sleeps\": {sleeps}, \"silent_wakes\": \
+             {silent_wakes}, \"seconds\": {:.1}}}",
             args.replicas,
             args.ticks,
             args.partition,
@@ -171,7 +189,8 @@ fn main() -> ExitCode {
         "appliance-sim: {passed} seeds passed ({}..{}, {} replicas, {} ticks): {commits} ops \
          committed, {view_changes} view changes, {crashes} crashes ({checkpoint_restarts} \
          restarts from a checkpoint, {state_transfers} state transfers, {wipes} lost disks), \
-         {slow_stretches} slow stretches ({slow_skips} backups skipped as slow), {:.1}s",
+         {slow_stretches} slow stretches ({slow_skips} backups skipped as slow), {sleeps} \
+         sleeps of idle replicas ({silent_wakes} woken by a silent primary), {:.1}s",
         from,
         to,
         args.replicas,

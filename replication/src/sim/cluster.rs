@@ -6,7 +6,9 @@ use std::collections::VecDeque;
 
 use zerocopy::FromBytes;
 
-use crate::vsr::{Action, Config, Prng, Replica, RequestOutcome, Status, Superblock};
+use crate::vsr::{
+    Action, Config, PeerLiveness, Prng, Replica, RequestOutcome, Sleep, Status, Superblock, Woke,
+};
 use crate::wire::batch::{BatchBuilder, NewMessage};
 use crate::wire::{
     cluster_id, decode, Frame, FrameBuf, Header, Limits, Message, Operation, PrepareHeader,
@@ -55,6 +57,14 @@ pub struct SimOptions {
     /// the slow-backup bounds), so the network's latency is small beside them as on
     /// real links (1 = the defaults of `Config::new`).
     pub time_scale: u64,
+    /// Quiescent replicas sleep (are not ticked) until a frame, request or completion
+    /// arrives or their primary's node goes silent (`vsr/hibernate.rs`); every node sends
+    /// a liveness packet to each peer per commit broadcast interval, standing for the
+    /// Commits of the groups it keeps awake.
+    pub hibernate: bool,
+    /// Chance per tick of the fault phase, out of 10_000, that the clients pause for a
+    /// stretch (so the group goes idle and sleeps under faults; 0 = never).
+    pub idle_per_10k: u64,
 }
 
 /// How a restart lost a replica's state.
@@ -135,6 +145,8 @@ impl SimOptions {
             slow_per_10k: Prng::new(seed ^ 0x0051_0e55).below(12),
             latency_samples: false,
             time_scale: 1,
+            hibernate: Prng::new(seed ^ 0x0051_ee95).chance(1, 2),
+            idle_per_10k: 10,
         }
     }
 }
@@ -156,6 +168,9 @@ pub struct Summary {
     /// Slow stretches, and backups the primaries skipped as slow.
     pub slow_stretches: u64,
     pub slow_skips: u64,
+    /// Times a replica fell asleep, and woke because its primary's node went silent.
+    pub sleeps: u64,
+    pub silent_wakes: u64,
 }
 
 /// A failed run: the seed, what broke, and the last lines of trace (when traced).
@@ -233,6 +248,15 @@ pub struct Cluster {
     slow_skips_retired: u64,
     /// Latency of each client request in ticks (with `latency_samples`).
     pub latencies: Vec<u64>,
+    /// With `hibernate`: each replica's sleep, each node's view of its peers, and counts.
+    pub(super) sleeps: Vec<Sleep>,
+    liveness: Vec<PeerLiveness>,
+    pub sleeps_count: u64,
+    pub silent_wakes: u64,
+    /// Clients send nothing new before this tick (an idle stretch), and the stream that
+    /// decides the stretches.
+    clients_idle_until: u64,
+    idle_prng: Prng,
 }
 
 impl Cluster {
@@ -307,6 +331,15 @@ impl Cluster {
             slow_stretches: 0,
             slow_skips_retired: 0,
             latencies: Vec::new(),
+            sleeps: vec![Sleep::default(); usize::from(n)],
+            liveness: configs
+                .iter()
+                .map(|c| PeerLiveness::new(n, c.heartbeat_timeout_ticks, 0))
+                .collect(),
+            sleeps_count: 0,
+            silent_wakes: 0,
+            clients_idle_until: 0,
+            idle_prng: Prng::new(options.seed ^ 0x001d_1e55),
             configs,
             options,
         }
@@ -336,8 +369,9 @@ impl Cluster {
         for _ in 0..self.options.ticks {
             self.step().map_err(|r| self.fail(r))?;
         }
-        // Liveness: faults stop, every replica restarts, links heal.
+        // Liveness: faults stop, every replica restarts, links heal, clients resume.
         self.faults_on = false;
+        self.clients_idle_until = 0;
         for packet in self.slow_end() {
             self.deliver(packet).map_err(|r| self.fail(r))?;
         }
@@ -374,6 +408,8 @@ impl Cluster {
                     wipes: self.wipes,
                     slow_stretches: self.slow_stretches,
                     slow_skips: self.slow_skips(),
+                    sleeps: self.sleeps_count,
+                    silent_wakes: self.silent_wakes,
                 });
             }
         }
@@ -462,6 +498,16 @@ impl Cluster {
         self.now += 1;
         if self.faults_on {
             self.inject_faults()?;
+            if self.options.hibernate
+                && self.now >= self.clients_idle_until
+                && self.idle_prng.chance(self.options.idle_per_10k, 10_000)
+            {
+                self.clients_idle_until = self.now + 200 + self.idle_prng.below(3_000);
+                self.log(|| "clients pause".to_string());
+            }
+        }
+        if self.options.hibernate {
+            self.send_liveness();
         }
         self.slow_tick()?;
         for (r, from) in std::mem::take(&mut self.transfers) {
@@ -487,14 +533,40 @@ impl Cluster {
             if self.paused(r) {
                 continue;
             }
-            let done = self.storages[usize::from(r)].sync(self.now);
-            if let Some(replica) = self.replicas[usize::from(r)].as_mut() {
+            let i = usize::from(r);
+            let done = self.storages[i].sync(self.now);
+            if let Some(replica) = self.replicas[i].as_mut() {
+                if !done.is_empty() {
+                    self.sleeps[i].wake(replica, &self.liveness[i], self.now);
+                }
                 for (op, checksum) in done {
                     replica.on_journal_durable(op, checksum);
                 }
             }
-            if let Some(replica) = self.replicas[usize::from(r)].as_mut() {
-                replica.on_tick();
+            if let Some(replica) = self.replicas[i].as_mut() {
+                if !self.options.hibernate {
+                    replica.on_tick();
+                } else {
+                    match self.sleeps[i].check(replica, &self.liveness[i], self.now) {
+                        Some(Woke::PrimarySilent) => {
+                            self.silent_wakes += 1;
+                            self.log(|| format!("r{r} wakes: its primary's node is silent"));
+                        }
+                        Some(Woke::Refresh) => self.log(|| format!("r{r} wakes to refresh")),
+                        Some(Woke::PrimaryReconnected) => {
+                            self.log(|| format!("r{r} wakes: its primary's node reconnected"))
+                        }
+                        None => {}
+                    }
+                    if !self.sleeps[i].asleep() {
+                        let replica = self.replicas[i].as_mut().expect("checked above");
+                        replica.on_tick();
+                        if self.sleeps[i].after_tick(replica, &self.liveness[i], self.now) {
+                            self.sleeps_count += 1;
+                            self.log(|| format!("r{r} sleeps"));
+                        }
+                    }
+                }
             }
             self.drain(r)?;
         }
@@ -502,12 +574,49 @@ impl Cluster {
         Ok(())
     }
 
+    /// Every live node tells each peer it is up, once per commit broadcast interval (the
+    /// Commits of the groups a node keeps awake, `hibernate`).
+    fn send_liveness(&mut self) {
+        let n = self.options.replica_count;
+        let interval = self.configs[0].commit_broadcast_interval_ticks;
+        if !self.now.is_multiple_of(interval) {
+            return;
+        }
+        for from in 0..n {
+            if self.replicas[usize::from(from)].is_none() || self.paused(from) {
+                continue;
+            }
+            for to in (0..n).filter(|to| *to != from) {
+                let packet = Packet {
+                    from: Node::Replica(from),
+                    to: Node::Replica(to),
+                    bytes: FrameBuf::from_bytes(&[]),
+                };
+                self.network.send(self.now, packet, &mut self.prng);
+            }
+        }
+    }
+
     pub(super) fn deliver(&mut self, packet: Packet) -> Result<(), String> {
         match packet.to {
             Node::Replica(r) => {
-                let Some(replica) = self.replicas[usize::from(r)].as_mut() else {
+                let i = usize::from(r);
+                let Some(replica) = self.replicas[i].as_mut() else {
                     return Ok(());
                 };
+                if let Node::Replica(from) = packet.from {
+                    // An empty packet is a node's liveness (`send_liveness`); a Commit
+                    // of the group counts the same.
+                    let bytes = packet.bytes.as_bytes();
+                    if bytes.is_empty() {
+                        self.liveness[i].heard(from, self.now);
+                        return Ok(());
+                    }
+                    if matches!(decode(bytes, &Limits::default()), Ok(Message::Commit(_))) {
+                        self.liveness[i].heard(from, self.now);
+                    }
+                }
+                self.sleeps[i].wake(replica, &self.liveness[i], self.now);
                 match packet.from {
                     Node::Replica(_) => replica.on_message(packet.bytes.as_bytes()),
                     Node::Client(c) => {
@@ -644,6 +753,7 @@ impl Cluster {
 
     /// Crashes replica `r`: its memory is gone and its storage loses unsynced writes.
     pub fn crash(&mut self, r: u8) {
+        self.sleeps[usize::from(r)] = Sleep::default();
         if let Some(replica) = self.replicas[usize::from(r)].take() {
             self.view_changes_retired += replica.counters().view_changes;
             self.slow_skips_retired += replica.slow_counts().0;
@@ -736,6 +846,24 @@ impl Cluster {
     ) -> Result<(), String> {
         let i = usize::from(r);
         self.replicas[i] = Some(replica);
+        self.sleeps[i] = Sleep::default();
+        self.liveness[i].reset(self.now);
+        // The others see it connect: a new epoch of it, after whatever its old
+        // connections carried, and each wakes its groups (their Commits reach the
+        // newcomer).
+        if self.options.hibernate {
+            self.network.drop_from(r);
+            self.held.retain(|packet| {
+                !(packet.from == Node::Replica(r) && matches!(packet.to, Node::Replica(_)))
+            });
+        }
+        for p in (0..self.options.replica_count).filter(|p| *p != r) {
+            let p = usize::from(p);
+            self.liveness[p].reconnected(r, self.now);
+            if let Some(peer) = self.replicas[p].as_mut() {
+                self.sleeps[p].wake(peer, &self.liveness[p], self.now);
+            }
+        }
         self.restart_at[i] = 0;
         self.checker.restarted(r, from);
         self.log(line);
@@ -880,7 +1008,7 @@ impl Cluster {
         for c in 0..self.clients.len() {
             let client = &self.clients[c];
             let due = match &client.outstanding {
-                None => self.clients_on,
+                None => self.clients_on && self.now >= self.clients_idle_until,
                 Some(_) => self.now - client.sent_at >= CLIENT_RETRY_TICKS,
             };
             if !due {

@@ -143,6 +143,17 @@ impl Network {
         due.into_values().collect()
     }
 
+    /// Drops every packet in flight from replica `r` to the other replicas: its
+    /// connections of before a restart are gone, and nothing sent on them arrives once
+    /// the restarted replica is connected again.
+    pub fn drop_from(&mut self, r: u8) {
+        let before = self.queue.len();
+        self.queue.retain(|_, packet| {
+            !(packet.from == Node::Replica(r) && matches!(packet.to, Node::Replica(_)))
+        });
+        self.dropped += (before - self.queue.len()) as u64;
+    }
+
     /// Packets in flight.
     pub fn in_flight(&self) -> usize {
         self.queue.len()

@@ -42,6 +42,8 @@ impl Cluster {
             slow_per_10k: 0,
             latency_samples: false,
             time_scale,
+            hibernate: false,
+            idle_per_10k: 0,
         };
         let mut cluster = Cluster::new(options);
         cluster.faults_on = false;
@@ -74,6 +76,11 @@ impl Cluster {
             self.step()?;
         }
         Ok(done(self))
+    }
+
+    /// Whether replica `r` sleeps (with `options.hibernate`).
+    pub fn asleep(&self, r: u8) -> bool {
+        self.sleeps[usize::from(r)].asleep()
     }
 
     /// Clients start new requests (true) or only finish outstanding ones (false).

@@ -5,9 +5,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::wire::decode::group_of;
-use crate::wire::{decode, decode_trusted, Frame, FrameError, Limits, Message};
+use crate::wire::{decode, decode_trusted, Frame, FrameError, Limits, Message, METADATA_GROUP};
 
+use super::hibernate::{PeerLiveness, Sleep, Woke};
 use super::{Action, Replica};
+
+/// Sleeping groups looked at per tick for their refresh (`hibernate.rs`): a share such
+/// that each is seen every this many ticks.
+const SLEEP_SCAN_TICKS: usize = 50;
 
 /// Why a frame could not be routed to a group.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,6 +35,180 @@ pub struct Groups {
     /// after every event.
     touched: BTreeSet<u64>,
     limits: Limits,
+    /// Idle groups that sleep, when enabled (`hibernate`).
+    hibernation: Option<Hibernation>,
+}
+
+/// Which groups sleep, and what the node knows of its peers (`hibernate.rs`).
+#[derive(Debug)]
+struct Hibernation {
+    /// This node's replica id.
+    replica: u8,
+    now: u64,
+    peers: PeerLiveness,
+    sleeps: BTreeMap<u64, Sleep>,
+    /// Groups not asleep: the ones ticked.
+    awake: BTreeSet<u64>,
+    /// Sleeping groups by the replica they take for their primary.
+    asleep_by_primary: BTreeMap<u8, BTreeSet<u64>>,
+    /// Where the refresh scan of sleeping groups resumes.
+    scan_from: u64,
+    /// Times groups fell asleep, and woke because their primary's node was silent.
+    pub sleeps_total: u64,
+    pub silent_wakes: u64,
+}
+
+/// Counts of sleeping groups.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SleepStats {
+    /// Groups asleep now.
+    pub asleep: u64,
+    /// Times a group fell asleep, and woke because its primary's node was silent.
+    pub sleeps: u64,
+    pub silent_wakes: u64,
+}
+
+impl Hibernation {
+    /// Wakes `group` if it sleeps (a frame, request or completion arrived for it).
+    fn wake(&mut self, group: u64, replica: &mut Replica) {
+        let Some(asleep) = self.sleeps.get(&group).map(Sleep::asleep) else {
+            return;
+        };
+        if asleep {
+            self.unfile(group, replica);
+            self.awake.insert(group);
+        }
+        if let Some(sleep) = self.sleeps.get_mut(&group) {
+            sleep.wake(replica, &self.peers, self.now);
+        }
+    }
+
+    /// Takes `group` out of the sleeping index (it is about to wake).
+    fn unfile(&mut self, group: u64, replica: &Replica) {
+        let leader = replica.config().primary_of(replica.view());
+        if let Some(set) = self.asleep_by_primary.get_mut(&leader) {
+            set.remove(&group);
+        }
+    }
+
+    /// Forgets `group` (removed or replaced).
+    fn forget(&mut self, group: u64, replica: Option<&Replica>) {
+        if let Some(replica) = replica {
+            self.unfile(group, replica);
+        }
+        for set in self.asleep_by_primary.values_mut() {
+            set.remove(&group);
+        }
+        self.sleeps.remove(&group);
+        self.awake.remove(&group);
+    }
+
+    /// Every sleeping group whose primary's node went silent wakes and times it out.
+    fn wake_for_silence(
+        &mut self,
+        replicas: &mut BTreeMap<u64, Replica>,
+        touched: &mut BTreeSet<u64>,
+    ) {
+        let silent: Vec<u8> = self
+            .asleep_by_primary
+            .iter()
+            .filter(|(peer, set)| {
+                **peer != self.replica && !set.is_empty() && !self.peers.alive(**peer, self.now)
+            })
+            .map(|(peer, _)| *peer)
+            .collect();
+        for peer in silent {
+            let groups = std::mem::take(self.asleep_by_primary.entry(peer).or_default());
+            for group in groups {
+                self.check(group, replicas, touched);
+            }
+        }
+    }
+
+    /// A share of the sleeping groups each tick: their refresh, and a primary that
+    /// reconnected since they heard it.
+    fn scan(&mut self, replicas: &mut BTreeMap<u64, Replica>, touched: &mut BTreeSet<u64>) {
+        let asleep = self.sleeps.len() - self.awake.len();
+        if asleep == 0 {
+            return;
+        }
+        let share = asleep / SLEEP_SCAN_TICKS + 1;
+        let mut due: Vec<u64> = self
+            .sleeps
+            .range(self.scan_from..)
+            .filter(|(_, s)| s.asleep())
+            .map(|(g, _)| *g)
+            .take(share)
+            .collect();
+        if due.len() < share {
+            due.extend(
+                self.sleeps
+                    .range(..self.scan_from)
+                    .filter(|(_, s)| s.asleep())
+                    .map(|(g, _)| *g)
+                    .take(share - due.len()),
+            );
+        }
+        self.scan_from = due.last().map_or(0, |g| g.wrapping_add(1));
+        for group in due {
+            self.check(group, replicas, touched);
+        }
+    }
+
+    /// `Sleep::check` of one sleeping group, keeping the indexes.
+    fn check(
+        &mut self,
+        group: u64,
+        replicas: &mut BTreeMap<u64, Replica>,
+        touched: &mut BTreeSet<u64>,
+    ) {
+        let (Some(sleep), Some(replica)) = (self.sleeps.get_mut(&group), replicas.get_mut(&group))
+        else {
+            return;
+        };
+        let leader = replica.config().primary_of(replica.view());
+        match sleep.check(replica, &self.peers, self.now) {
+            None => {
+                // Still asleep (the silence pass took it out of the index).
+                self.asleep_by_primary
+                    .entry(leader)
+                    .or_default()
+                    .insert(group);
+            }
+            Some(woke) => {
+                if woke == Woke::PrimarySilent {
+                    self.silent_wakes += 1;
+                }
+                if let Some(set) = self.asleep_by_primary.get_mut(&leader) {
+                    set.remove(&group);
+                }
+                self.awake.insert(group);
+                touched.insert(group);
+            }
+        }
+    }
+
+    /// When no awake group has this node for its primary, one that sleeps wakes: the
+    /// peers hear this node by its Commits.
+    fn keep_a_beacon(&mut self, replicas: &mut BTreeMap<u64, Replica>) {
+        let leads_awake = self
+            .awake
+            .iter()
+            .any(|g| replicas.get(g).is_some_and(Replica::is_primary));
+        if leads_awake {
+            return;
+        }
+        let Some(group) = self
+            .asleep_by_primary
+            .get(&self.replica)
+            .and_then(|set| set.iter().next().copied())
+        else {
+            return;
+        };
+        if let Some(replica) = replicas.get_mut(&group) {
+            self.wake(group, replica);
+        }
+    }
 }
 
 impl Groups {
@@ -38,9 +217,35 @@ impl Groups {
         Groups::default()
     }
 
+    /// Lets idle partition groups sleep (`hibernate.rs`): this node is replica
+    /// `replica` of `replica_count`, and a peer not heard for `heartbeat_timeout_ticks`
+    /// is silent. The metadata group never sleeps.
+    pub fn hibernate(&mut self, replica: u8, replica_count: u8, heartbeat_timeout_ticks: u64) {
+        let mut hibernation = Hibernation {
+            replica,
+            now: 0,
+            peers: PeerLiveness::new(replica_count, heartbeat_timeout_ticks, 0),
+            sleeps: BTreeMap::new(),
+            awake: self.replicas.keys().copied().collect(),
+            asleep_by_primary: BTreeMap::new(),
+            scan_from: 0,
+            sleeps_total: 0,
+            silent_wakes: 0,
+        };
+        for group in self.replicas.keys() {
+            hibernation.sleeps.insert(*group, Sleep::default());
+        }
+        self.hibernation = Some(hibernation);
+    }
+
     /// Hosts `replica` under its configured group (replacing a previous one).
     pub fn insert(&mut self, replica: Replica) {
         let group = replica.config().group;
+        if let Some(h) = self.hibernation.as_mut() {
+            h.forget(group, self.replicas.get(&group));
+            h.sleeps.insert(group, Sleep::of_new(&replica, &h.peers));
+            h.awake.insert(group);
+        }
         self.replicas.insert(group, replica);
         self.touched.insert(group);
     }
@@ -48,7 +253,46 @@ impl Groups {
     /// Stops hosting `group` (its replica, with whatever it held in memory, is returned).
     pub fn remove(&mut self, group: u64) -> Option<Replica> {
         self.touched.remove(&group);
+        if let Some(h) = self.hibernation.as_mut() {
+            h.forget(group, self.replicas.get(&group));
+        }
         self.replicas.remove(&group)
+    }
+
+    /// Whether `group` sleeps.
+    pub fn asleep(&self, group: u64) -> bool {
+        self.hibernation
+            .as_ref()
+            .and_then(|h| h.sleeps.get(&group))
+            .is_some_and(Sleep::asleep)
+    }
+
+    /// How many groups sleep, and how often they fell asleep and were woken by silence.
+    pub fn sleep_stats(&self) -> SleepStats {
+        self.hibernation
+            .as_ref()
+            .map_or_else(SleepStats::default, |h| SleepStats {
+                asleep: h.asleep_by_primary.values().map(|s| s.len() as u64).sum(),
+                sleeps: h.sleeps_total,
+                silent_wakes: h.silent_wakes,
+            })
+    }
+
+    /// The bus reports `peer`'s link up or down, and every replica hears of it. A link
+    /// that comes up starts a new epoch of the peer: every group wakes, so the ones this
+    /// node leads send their Commits to it and the ones it leads hear from it again.
+    pub fn set_connected(&mut self, peer: u8, up: bool) {
+        if up {
+            if let Some(h) = self.hibernation.as_mut() {
+                h.peers.reconnected(peer, h.now);
+            }
+        }
+        let groups: Vec<u64> = self.replicas.keys().copied().collect();
+        for group in groups {
+            if let Some(replica) = self.get_mut(group) {
+                replica.set_connected(peer, up);
+            }
+        }
     }
 
     /// The replica of `group`.
@@ -59,6 +303,9 @@ impl Groups {
     /// The replica of `group`, mutable (journal completions, client requests).
     pub fn get_mut(&mut self, group: u64) -> Option<&mut Replica> {
         let replica = self.replicas.get_mut(&group)?;
+        if let Some(h) = self.hibernation.as_mut() {
+            h.wake(group, replica);
+        }
         self.touched.insert(group);
         Some(replica)
     }
@@ -84,25 +331,71 @@ impl Groups {
         decoded: Result<Message<'_>, FrameError>,
     ) -> Result<(u64, &mut Replica), RouteError> {
         let group = match decoded {
-            Ok(message) => group_of(&message).ok_or(RouteError::NoGroup)?,
+            Ok(message) => {
+                if let (Message::Commit(commit), Some(h)) = (&message, self.hibernation.as_mut()) {
+                    // Liveness is the Commit broadcast: any group's proves the node.
+                    h.peers.heard(commit.frame.replica, h.now);
+                }
+                group_of(&message).ok_or(RouteError::NoGroup)?
+            }
             Err(_) => return Err(RouteError::Invalid),
         };
         let replica = self
             .replicas
             .get_mut(&group)
             .ok_or(RouteError::UnknownGroup { group })?;
+        if let Some(h) = self.hibernation.as_mut() {
+            h.wake(group, replica);
+        }
         self.touched.insert(group);
         Ok((group, replica))
     }
 
-    /// Ticks every group.
+    /// Ticks every group (every awake one, with `hibernate`).
     pub fn on_tick(&mut self) {
-        for (group, replica) in &mut self.replicas {
+        let Some(h) = self.hibernation.as_mut() else {
+            for (group, replica) in &mut self.replicas {
+                replica.on_tick();
+                if replica.has_actions() {
+                    self.touched.insert(*group);
+                }
+            }
+            return;
+        };
+        h.now += 1;
+        h.wake_for_silence(&mut self.replicas, &mut self.touched);
+        h.scan(&mut self.replicas, &mut self.touched);
+        let awake: Vec<u64> = h.awake.iter().copied().collect();
+        let mut leads_awake = awake
+            .iter()
+            .filter(|g| self.replicas.get(g).is_some_and(Replica::is_primary))
+            .count();
+        for group in awake {
+            let Some(replica) = self.replicas.get_mut(&group) else {
+                continue;
+            };
             replica.on_tick();
             if replica.has_actions() {
-                self.touched.insert(*group);
+                self.touched.insert(group);
+            }
+            // The metadata group never sleeps; nor the last group this node leads that
+            // is awake: its Commits tell the peers this node is up.
+            let primary = replica.is_primary();
+            if group == METADATA_GROUP || (primary && leads_awake <= 1) {
+                continue;
+            }
+            let Some(sleep) = h.sleeps.get_mut(&group) else {
+                continue;
+            };
+            if sleep.after_tick(replica, &h.peers, h.now) {
+                h.sleeps_total += 1;
+                h.awake.remove(&group);
+                let leader = replica.config().primary_of(replica.view());
+                h.asleep_by_primary.entry(leader).or_default().insert(group);
+                leads_awake -= usize::from(primary);
             }
         }
+        h.keep_a_beacon(&mut self.replicas);
     }
 
     /// Every group's queued actions, tagged with the group, in group order.
@@ -158,6 +451,158 @@ mod tests {
             groups.on_message(frame.as_bytes()),
             Err(RouteError::UnknownGroup { .. })
         ));
+    }
+
+    /// Three nodes of 1 + `partitions` groups each, wired without loss: frames and
+    /// journal writes are delivered on the next tick.
+    struct Nodes {
+        nodes: Vec<Groups>,
+        up: Vec<bool>,
+        inbox: Vec<Vec<Frame>>,
+    }
+
+    impl Nodes {
+        fn new(partitions: u32) -> Nodes {
+            let cluster = cluster_id("hibernate");
+            let mut nodes = Vec::new();
+            for replica in 0..3 {
+                let mut groups = Groups::new();
+                groups.insert(Replica::new(Config::new(
+                    cluster,
+                    METADATA_GROUP,
+                    replica,
+                    3,
+                )));
+                for partition in 0..partitions {
+                    let group = PartitionKey {
+                        stream: 1,
+                        topic: 1,
+                        partition,
+                    }
+                    .pack()
+                    .expect("valid");
+                    groups.insert(Replica::new(Config::new(cluster, group, replica, 3)));
+                }
+                let timeout = groups
+                    .get(METADATA_GROUP)
+                    .expect("metadata")
+                    .config()
+                    .heartbeat_timeout_ticks;
+                groups.hibernate(replica, 3, timeout);
+                nodes.push(groups);
+            }
+            Nodes {
+                nodes,
+                up: vec![true; 3],
+                inbox: vec![Vec::new(); 3],
+            }
+        }
+
+        fn tick(&mut self) {
+            for (r, inbox) in self.inbox.iter_mut().enumerate() {
+                for frame in std::mem::take(inbox) {
+                    if self.up[r] {
+                        let _ = self.nodes[r].on_message(frame.as_bytes());
+                    }
+                }
+            }
+            for r in 0..3 {
+                if !self.up[r] {
+                    continue;
+                }
+                self.nodes[r].on_tick();
+                for (group, action) in self.nodes[r].drain_actions() {
+                    match action {
+                        Action::Send { to, frame } => self.inbox[usize::from(to)].push(frame),
+                        Action::Broadcast { frame } => {
+                            for to in (0..3).filter(|to| *to != r) {
+                                self.inbox[to].push(frame.clone());
+                            }
+                        }
+                        Action::JournalAppend { op, frame } => {
+                            if let Some(replica) = self.nodes[r].get_mut(group) {
+                                replica.on_journal_durable(op, frame.checksum());
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+
+        fn asleep(&self, r: usize) -> u64 {
+            self.nodes[r].sleep_stats().asleep
+        }
+    }
+
+    /// Idle partition groups sleep on every node but for one each primary keeps awake
+    /// (its Commits are the node's liveness); when the primary's node stops, the sleeping
+    /// groups it led wake and elect another primary within the heartbeat timeout.
+    #[test]
+    fn idle_groups_sleep_and_fail_over_when_their_primary_node_stops() {
+        let partitions = 40;
+        let mut nodes = Nodes::new(partitions);
+        for _ in 0..300 {
+            nodes.tick();
+        }
+        // Node 0 leads every group of view 0; the metadata group (which never sleeps)
+        // carries its Commits, so every partition group sleeps, on the backups too.
+        assert_eq!(nodes.asleep(0), u64::from(partitions));
+        for r in 1..3 {
+            assert!(nodes.asleep(r) >= u64::from(partitions) - 1, "node {r}");
+        }
+        // Asleep, nothing changes for a long time (the refreshes wake some briefly).
+        for _ in 0..2_000 {
+            nodes.tick();
+        }
+        for r in 0..3 {
+            assert!(nodes.asleep(r) >= u64::from(partitions) - 3, "node {r}");
+            assert_eq!(nodes.nodes[r].sleep_stats().silent_wakes, 0);
+        }
+        let views = |nodes: &Nodes, r: usize| -> Vec<u32> {
+            nodes.nodes[r]
+                .replicas
+                .values()
+                .map(Replica::view)
+                .collect()
+        };
+        assert!(views(&nodes, 1).iter().all(|v| *v == 0));
+
+        nodes.up[0] = false;
+        let timeout = nodes.nodes[1]
+            .get(METADATA_GROUP)
+            .expect("hosted")
+            .config()
+            .heartbeat_timeout_ticks;
+        let mut elected = None;
+        for tick in 1..=4 * timeout {
+            nodes.tick();
+            let normal_elsewhere = (1..3).all(|r| {
+                nodes.nodes[r]
+                    .replicas
+                    .values()
+                    .all(|x| x.view() > 0 && x.status() == crate::vsr::Status::Normal)
+            });
+            if normal_elsewhere {
+                elected = Some(tick);
+                break;
+            }
+        }
+        let elected = elected.expect("every group elected a primary without node 0");
+        assert!(
+            elected <= timeout + timeout / 8 + 20,
+            "{elected} ticks (timeout {timeout})"
+        );
+        assert!(nodes.nodes[1].sleep_stats().silent_wakes >= u64::from(partitions) - 1);
+        // The new primaries' groups go back to sleep.
+        for _ in 0..300 {
+            nodes.tick();
+        }
+        assert!(
+            nodes.asleep(1) >= u64::from(partitions) - 1,
+            "{:?}",
+            nodes.nodes[1].sleep_stats()
+        );
     }
 
     /// Drains see every action, however it was queued (a routed frame, a replica reached

@@ -29,6 +29,7 @@
 
 mod client_table;
 mod groups;
+mod hibernate;
 mod log;
 mod partition;
 mod recovery;
@@ -41,7 +42,8 @@ mod timeout;
 mod view_change;
 
 pub use client_table::{ClientTable, Session, CLIENTS_MAX_DEFAULT};
-pub use groups::{Groups, RouteError};
+pub use groups::{Groups, RouteError, SleepStats};
+pub use hibernate::{PeerLiveness, Sleep, Woke, BROADCASTS_BEFORE_SLEEP, REFRESH_HEARTBEATS};
 pub use log::{Log, Slot};
 pub use recovery::{Checkpoint, JournalEntry, Superblock};
 pub use replacement::RecoveryWait;

@@ -99,6 +99,12 @@ pub struct Replica {
     pub(crate) superblock: super::Superblock,
     pub(crate) heartbeat_sent: u64,
     pub(crate) heartbeat_seen: u64,
+    /// Primary: the commit point of its latest Commit broadcasts with an empty pipeline,
+    /// and how many carried it (`hibernate.rs`).
+    pub(crate) commit_broadcasts: (u64, u32),
+    /// Backup: a Prepare of this view arrived since the primary's last Commit, so the
+    /// primary is at work and must be heard by its own Commits (`hibernate.rs`).
+    pub(crate) primary_preparing: bool,
     pub(crate) now: u64,
     pub(crate) prng: Prng,
     pub(crate) actions: VecDeque<Action>,
@@ -188,6 +194,8 @@ impl Replica {
             superblock: super::Superblock::default(),
             heartbeat_sent: 0,
             heartbeat_seen: 0,
+            commit_broadcasts: (0, 0),
+            primary_preparing: false,
             now: 0,
             prng,
             actions: VecDeque::new(),
@@ -523,6 +531,7 @@ impl Replica {
         if self.status != Status::Normal || header.frame.view < self.view || self.is_primary() {
             return;
         }
+        self.primary_preparing = true;
         // Chain form: forward to our successor before our own (slower) journal write. A
         // received Prepare is byte for byte what sealing header and body again gives.
         let frame = match received {
@@ -742,6 +751,11 @@ impl Replica {
         header.group = self.config.group;
         let frame = Frame::build(&header, &[]);
         self.actions.push_back(Action::Broadcast { frame });
+        self.commit_broadcasts = match self.commit_broadcasts {
+            _ if !self.pipeline.is_empty() => (self.commit, 0),
+            (commit, sent) if commit == self.commit => (commit, sent + 1),
+            _ => (self.commit, 1),
+        };
     }
 
     fn on_commit_message(&mut self, header: &CommitHeader) {
@@ -759,6 +773,7 @@ impl Replica {
         if header.timestamp_monotonic > self.heartbeat_seen {
             self.heartbeat_seen = header.timestamp_monotonic;
             self.timeout_heartbeat.start(self.now, &mut self.prng);
+            self.primary_preparing = false;
         }
         self.commit_max = self.commit_max.max(header.commit);
         self.commit_backup();
@@ -826,7 +841,7 @@ impl Replica {
         }
     }
 
-    fn on_heartbeat_timeout(&mut self) {
+    pub(crate) fn on_heartbeat_timeout(&mut self) {
         if !self.voter {
             if self.status == Status::Normal && self.census.is_none() {
                 self.probe_as_non_voter();
@@ -867,6 +882,7 @@ impl Replica {
     /// Timeouts of a Normal replica (primary or backup).
     pub(crate) fn start_normal_timeouts(&mut self) {
         let now = self.now;
+        self.primary_preparing = false;
         self.slow.reset(now);
         self.timeout_view_change.stop();
         self.timeout_view_change_retransmit.stop();

@@ -67,6 +67,23 @@ fn metadata_view(files: &ClusterFiles, replica: usize) -> u64 {
         .expect("the metadata group in /stats")
 }
 
+/// The cluster's nodes, healthy, and a registered client of all of them that created
+/// stream `name`.
+fn start_with_stream(
+    files: &ClusterFiles,
+    name: &str,
+) -> (Vec<Daemon>, appliance::client::Client, u32) {
+    let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(files, r)).collect();
+    for daemon in &mut daemons {
+        wait_healthy(files, daemon, Duration::from_secs(60));
+    }
+    let all: Vec<usize> = (0..NODES).collect();
+    let mut client = library_client(files, &all);
+    client.register().expect("register");
+    let stream = client.create_stream(name).expect("stream");
+    (daemons, client, stream)
+}
+
 #[test]
 fn a_topic_of_many_partitions_starts_without_stalling_any_node() {
     let count = partitions();
@@ -75,14 +92,7 @@ fn a_topic_of_many_partitions_starts_without_stalling_any_node() {
         "[limits]\n",
         &format!("[limits]\nstats_groups_max = {STATS_GROUPS_MAX}\n"),
     )]);
-    let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
-    for daemon in &mut daemons {
-        wait_healthy(&files, daemon, Duration::from_secs(60));
-    }
-    let all: Vec<usize> = (0..NODES).collect();
-    let mut client = library_client(&files, &all);
-    client.register().expect("register");
-    let stream = client.create_stream("scale").expect("stream");
+    let (daemons, mut client, stream) = start_with_stream(&files, "scale");
     let views_before: Vec<u64> = (0..NODES).map(|r| metadata_view(&files, r)).collect();
 
     let created = Instant::now();
@@ -198,6 +208,11 @@ fn a_topic_of_many_partitions_starts_without_stalling_any_node() {
             "appliance_group_op series on node {replica}"
         );
         assert!(metrics.contains(&format!("appliance_groups_listed {listed}\n")));
+        let asleep = summary["asleep"].as_u64().unwrap_or(0);
+        println!(
+            "node {replica}: {asleep} of {} groups asleep, {} silent-primary wakes",
+            summary["total"], summary["silent_wakes"]
+        );
         println!(
             "node {replica}: /stats {bounded_bytes} bytes ({listed} groups listed), \
              ?groups=all {all_bytes} bytes, /metrics {} bytes",
@@ -243,4 +258,140 @@ fn cpu_ticks(pid: i32) -> u64 {
     };
     // Fields 14 and 15 of /proc/PID/stat, counted from the state (field 3) here.
     field(11) + field(12)
+}
+
+/// The (name, is_primary, asleep, view, status) of every group `replica` reports.
+fn group_states(files: &ClusterFiles, replica: usize) -> Vec<(String, bool, bool, u64, String)> {
+    let Some((200, body)) = http_get(files.http_addr(replica), "/stats?groups=all") else {
+        return Vec::new();
+    };
+    let stats: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
+    stats["groups"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .map(|g| {
+                    (
+                        text(&g["name"]),
+                        g["is_primary"] == true,
+                        g["asleep"] == true,
+                        g["view"].as_u64().unwrap_or(0),
+                        text(&g["status"]),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Idle partition groups sleep (their nodes stop ticking them), and a sleeping group
+/// still fails over within heartbeat_timeout + 500 ms when the node of its primary dies:
+/// the backups hear that node's Commits, not the group's, and time the group's primary
+/// out once the node is silent.
+#[test]
+fn a_sleeping_partition_group_fails_over_when_its_primary_node_dies() {
+    const PARTITIONS: u32 = 30;
+    // heartbeat_timeout of the test configs (common::ClusterFiles).
+    const HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(500);
+    let files = ClusterFiles::new(NODES);
+    let (mut daemons, mut client, stream) = start_with_stream(&files, "idle");
+    let topic = client
+        .create_topic(stream, "sleepy", PARTITIONS)
+        .expect("topic");
+    let key = PartitionKey {
+        stream,
+        topic,
+        partition: 7,
+    };
+    let batch = numbered_batch(1, 1, 64);
+    assert_eq!(
+        client.send_messages(key, &batch).expect("send").base_offset,
+        0
+    );
+    let name = format!("{stream}/{topic}/7");
+
+    // Every node puts the idle partition groups to sleep.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let primary = loop {
+        let states: Vec<_> = (0..NODES).map(|r| group_states(&files, r)).collect();
+        let asleep = |r: usize| {
+            states[r]
+                .iter()
+                .filter(|g| g.0 != "metadata" && g.2)
+                .count()
+        };
+        let primary = (0..NODES).find(|r| states[*r].iter().any(|g| g.0 == name && g.1));
+        let group_asleep = (0..NODES).all(|r| states[r].iter().any(|g| g.0 == name && g.2));
+        if (0..NODES).all(|r| asleep(r) + 2 >= PARTITIONS as usize) && group_asleep {
+            break primary.expect("the partition's primary");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "partition groups asleep per node: {:?}",
+            (0..NODES).map(asleep).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let view_before = group_states(&files, (primary + 1) % NODES)
+        .into_iter()
+        .find(|g| g.0 == name)
+        .map(|g| g.3)
+        .expect("the group");
+
+    daemons[primary].kill();
+    let killed = Instant::now();
+    let others: Vec<usize> = (0..NODES).filter(|r| *r != primary).collect();
+    let failover = loop {
+        let elected = others.iter().any(|r| {
+            group_states(&files, *r)
+                .iter()
+                .any(|g| g.0 == name && g.1 && g.3 > view_before && g.4 == "normal")
+        });
+        if elected {
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "no new primary for {name} within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    println!(
+        "sleeping group {name}: new primary {failover:?} after its primary's node was killed \
+         (heartbeat timeout {HEARTBEAT_TIMEOUT:?})"
+    );
+    // /stats is published every 100 ms: the bound is checked to that precision.
+    assert!(
+        failover <= HEARTBEAT_TIMEOUT + Duration::from_millis(500) + Duration::from_millis(100),
+        "failover took {failover:?}"
+    );
+
+    // The new primary takes writes; the acknowledged message of before reads back.
+    let mut survivors = library_client(&files, &others);
+    survivors.register().expect("register");
+    let batch = numbered_batch(2, 1, 64);
+    assert_eq!(
+        survivors
+            .send_messages(key, &batch)
+            .expect("send")
+            .base_offset,
+        1
+    );
+    let read = survivors
+        .poll_messages(key, Consumer::Single(1), PollStrategy::Offset(0), 2)
+        .expect("poll");
+    let messages: Vec<_> = split_poll_body(&read)
+        .expect("poll body")
+        .iter()
+        .flat_map(|(bytes, _)| {
+            batch::messages(bytes)
+                .map(|m| m.payload.to_vec())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(
+        messages,
+        vec![numbered_payload(1, 64), numbered_payload(2, 64)]
+    );
 }

@@ -106,6 +106,7 @@ pub fn snapshot(node: &Node) -> Snapshot {
                 .collect(),
             commit_max: replica.commit_max(),
             view_changed_unix_ms: None,
+            asleep: node.groups.asleep(group),
             attention: Default::default(),
         });
     }
@@ -178,6 +179,14 @@ pub fn snapshot(node: &Node) -> Snapshot {
         client_connections: node.connections.len() as u64,
         sessions: node.metadata().map_or(0, |r| r.clients().len() as u64),
         groups_max: node.settings.stats_groups_max,
+        group_summary: {
+            let sleep = node.groups.sleep_stats();
+            crate::stats::GroupSummary {
+                sleeps: sleep.sleeps,
+                silent_wakes: sleep.silent_wakes,
+                ..Default::default()
+            }
+        },
         ..Snapshot::default()
     }
 }

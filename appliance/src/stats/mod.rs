@@ -61,6 +61,8 @@ pub struct GroupStats {
     /// When this node last saw the group's view change (absent: not since it started).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub view_changed_unix_ms: Option<u64>,
+    /// Idle, the node does not tick it until traffic or a silent primary wakes it.
+    pub asleep: bool,
     /// Why the group is listed ahead of the healthy ones (absent when healthy).
     #[serde(skip_serializing_if = "Attention::is_none")]
     pub attention: Attention,
@@ -140,6 +142,11 @@ pub struct GroupSummary {
     pub primary: u64,
     /// Groups with a reason in `attention`.
     pub needing_attention: u64,
+    /// Idle groups the node does not tick now; how many times groups fell asleep, and
+    /// woke because the node of their primary went silent, since the node started.
+    pub asleep: u64,
+    pub sleeps: u64,
+    pub silent_wakes: u64,
     /// View changes this node saw, summed over its groups, since it started.
     pub view_changes: u64,
 }
@@ -340,6 +347,7 @@ impl Snapshot {
             summary.without_quorum += u64::from(!g.quorum);
             summary.primary += u64::from(g.is_primary);
             summary.needing_attention += u64::from(!g.attention.is_none());
+            summary.asleep += u64::from(g.asleep);
         }
         // Stable: groups keep their id order within a class.
         self.groups
@@ -416,6 +424,7 @@ pub(crate) mod tests {
                     skipped_slow: Vec::new(),
                     commit_max: 118,
                     view_changed_unix_ms: None,
+                    asleep: false,
                     attention: Attention::None,
                 },
                 GroupStats {
@@ -434,6 +443,7 @@ pub(crate) mod tests {
                     skipped_slow: Vec::new(),
                     commit_max: 4999,
                     view_changed_unix_ms: Some(1_700_000_000_000),
+                    asleep: true,
                     attention: Attention::None,
                 },
             ],

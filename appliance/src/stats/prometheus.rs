@@ -220,6 +220,24 @@ pub fn render(s: &Snapshot) -> String {
             summary.needing_attention,
         ),
         (
+            "appliance_groups_asleep",
+            "gauge",
+            "Idle groups the node does not tick until traffic or a silent primary wakes them.",
+            summary.asleep,
+        ),
+        (
+            "appliance_group_sleeps_total",
+            "counter",
+            "Times an idle group fell asleep.",
+            summary.sleeps,
+        ),
+        (
+            "appliance_group_silent_primary_wakes_total",
+            "counter",
+            "Times a sleeping group woke because the node of its primary went silent.",
+            summary.silent_wakes,
+        ),
+        (
             "appliance_groups_listed",
             "gauge",
             "Groups with appliance_group_* series in this scrape (limits.stats_groups_max; ?groups=all for every group).",

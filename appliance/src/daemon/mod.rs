@@ -298,6 +298,7 @@ fn settings(config: &Config, replica_id: u8) -> Result<Settings, DaemonError> {
                 .max(1),
         },
         stats_groups_max: config.limits.stats_groups_max as usize,
+        partitions_max_by_files: node::partitions_max_by_files(system::open_files_limit()),
     })
 }
 
@@ -379,6 +380,12 @@ fn replica_placement(pin_cpus: bool) -> glommio::Placement {
 pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), DaemonError> {
     system::install_signal_handlers();
     system::tune_allocator();
+    let open_files = system::raise_open_files_limit();
+    tracing::info!(
+        open_files,
+        partitions_max = node::partitions_max_by_files(open_files),
+        "open files limit (two per partition, one per connection)"
+    );
     let settings = settings(&config, replica_id)?;
     let bus_config = bus_config(&config, replica_id)?;
     let node_config = config.node(replica_id).ok_or_else(|| {

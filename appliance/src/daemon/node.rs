@@ -65,6 +65,24 @@ pub struct Settings {
     pub retention: super::retention::RetentionSettings,
     /// `limits.stats_groups_max`: groups a bounded `/stats` or `/metrics` lists.
     pub stats_groups_max: usize,
+    /// Partition groups the open files limit leaves room for, after
+    /// `OPEN_FILES_RESERVE` for connections and the node's own files.
+    pub partitions_max_by_files: usize,
+}
+
+/// Open files kept free of partitions: connections, the stats server, directory syncs.
+pub const OPEN_FILES_RESERVE: u64 = 1024;
+/// Files a started partition holds open: its active segment and its consumer offsets.
+pub const FILES_PER_PARTITION: u64 = 2;
+
+/// Partition groups an open files limit of `limit` leaves room for (unbounded when the
+/// limit is unknown, 0).
+pub fn partitions_max_by_files(limit: u64) -> usize {
+    if limit == 0 {
+        return usize::MAX;
+    }
+    usize::try_from(limit.saturating_sub(OPEN_FILES_RESERVE) / FILES_PER_PARTITION)
+        .unwrap_or(usize::MAX)
 }
 
 /// Input to the node task.
@@ -248,6 +266,9 @@ pub struct Node {
     /// Partitions of the committed metadata may still wait for their group to start
     /// ([`Node::sync_partitions`] starts them a tick's budget at a time).
     pub(super) partitions_pending: bool,
+    /// A partition group could not start for want of file descriptors (logged once
+    /// until one starts again).
+    pub(super) open_files_exhausted: bool,
 }
 
 /// The committed ops (and their sizes) a partition group keeps for repair, oldest first.
@@ -428,6 +449,7 @@ impl Node {
             retention: Default::default(),
             replaced_upto,
             partitions_pending: true,
+            open_files_exhausted: false,
         };
         // At start every group opens before the node serves (nothing waits on it yet).
         while node.partitions_pending {
@@ -1039,7 +1061,33 @@ impl Node {
             if started.elapsed() >= budget {
                 return Ok(());
             }
-            self.start_partition_group(key, group).await?;
+            let room = self.partitions.by_group.len() < self.settings.partitions_max_by_files;
+            let start = if room {
+                self.start_partition_group(key, group).await
+            } else {
+                Err(DaemonError::Runtime(format!(
+                    "partition {key:?}: {} partitions hold the files the open files limit \
+                     leaves them (os error 24)",
+                    self.partitions.by_group.len()
+                )))
+            };
+            match start {
+                Ok(()) => self.open_files_exhausted = false,
+                // Out of file descriptors: the partition stays Unavailable here and its
+                // start is tried again next tick; the node goes on serving the others.
+                Err(DaemonError::Runtime(error)) if super::system::out_of_open_files(&error) => {
+                    self.reject("open_files_limit");
+                    if !std::mem::replace(&mut self.open_files_exhausted, true) {
+                        tracing::error!(
+                            %error,
+                            "out of open files: partition groups wait to start until files \
+                             are free (raise LimitNOFILE: two per partition)"
+                        );
+                    }
+                    return Ok(());
+                }
+                Err(other) => return Err(other),
+            }
         }
         self.partitions_pending = false;
         Ok(())
@@ -1422,6 +1470,31 @@ fn client_operation(operation: u8) -> u8 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_open_files_limit_leaves_room_for_connections_before_partitions() {
+        assert_eq!(
+            super::partitions_max_by_files(0),
+            usize::MAX,
+            "unknown limit"
+        );
+        assert_eq!(super::partitions_max_by_files(20_000), 9_488);
+        assert_eq!(super::partitions_max_by_files(65_536), 32_256);
+        assert_eq!(
+            super::partitions_max_by_files(1_000),
+            0,
+            "below the reserve"
+        );
+        assert!(super::super::system::out_of_open_files(
+            "read x: Too many open files (os error 24)"
+        ));
+        assert!(super::super::system::out_of_open_files(
+            "open y: Too many open files in system (os error 23)"
+        ));
+        assert!(!super::super::system::out_of_open_files(
+            "write z: No space left on device (os error 28)"
+        ));
+    }
+
     use super::RepairWindow;
 
     #[test]

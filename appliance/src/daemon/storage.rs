@@ -105,6 +105,8 @@ pub struct StorageState {
     /// Writes that met a full disk, and requests refused for storage.
     pub no_space_errors: u64,
     pub refused: u64,
+    /// The free space could not be read at the last refresh (logged once per change).
+    space_unreadable: bool,
 }
 
 impl StorageState {
@@ -122,6 +124,7 @@ impl StorageState {
             no_space: false,
             no_space_errors: 0,
             refused: 0,
+            space_unreadable: false,
         }
     }
 
@@ -139,9 +142,14 @@ impl StorageState {
             Ok((free, total)) => {
                 self.free_bytes = free;
                 self.total_bytes = total;
+                if std::mem::replace(&mut self.space_unreadable, false) {
+                    tracing::info!(dir = %self.dir.display(), "free space readable again");
+                }
             }
             Err(error) => {
-                tracing::warn!(dir = %self.dir.display(), %error, "cannot read free space");
+                if !std::mem::replace(&mut self.space_unreadable, true) {
+                    tracing::warn!(dir = %self.dir.display(), %error, "cannot read free space");
+                }
             }
         }
         // Refilled only while as much again stays free besides the budget: a disk that

@@ -86,6 +86,46 @@ pub fn tune_allocator() {
     }
 }
 
+/// The open files limit (soft and hard), if it can be read.
+fn nofile() -> Option<libc::rlimit> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes a plain struct we own.
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0).then_some(limit)
+}
+
+/// Raises the soft limit of open files to the hard one (each partition holds two files
+/// open, and every client and peer connection one) and returns it; 0 if unknown.
+pub fn raise_open_files_limit() -> u64 {
+    let Some(limit) = nofile() else {
+        return 0;
+    };
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit reads a plain struct we own.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return raised.rlim_cur;
+        }
+    }
+    limit.rlim_cur
+}
+
+/// The soft limit of open files (0 if unknown).
+pub fn open_files_limit() -> u64 {
+    nofile().map_or(0, |limit| limit.rlim_cur)
+}
+
+/// Whether an error (as the daemon words it) is the process or system running out of
+/// file descriptors (EMFILE, ENFILE).
+pub fn out_of_open_files(error: &str) -> bool {
+    error.contains("(os error 24)") || error.contains("(os error 23)")
+}
+
 /// Raises RLIMIT_MEMLOCK for glommio's io memory when allowed; returns the io memory to
 /// configure: the configured amount if the limit allows it, else the journal crate's
 /// small default that fits the usual 8 MiB limit.

@@ -853,9 +853,8 @@ impl Cluster {
         // newcomer).
         if self.options.hibernate {
             self.network.drop_from(r);
-            self.held.retain(|packet| {
-                !(packet.from == Node::Replica(r) && matches!(packet.to, Node::Replica(_)))
-            });
+            self.held
+                .retain(|packet| !packet.from_replica_to_replica(r));
         }
         for p in (0..self.options.replica_count).filter(|p| *p != r) {
             let p = usize::from(p);

@@ -21,6 +21,13 @@ pub struct Packet {
     pub bytes: FrameBuf,
 }
 
+impl Packet {
+    /// Whether it goes from replica `r` to another replica (over `r`'s connections).
+    pub fn from_replica_to_replica(&self, r: u8) -> bool {
+        self.from == Node::Replica(r) && matches!(self.to, Node::Replica(_))
+    }
+}
+
 /// Fault rates of the network.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NetworkFaults {
@@ -148,9 +155,8 @@ impl Network {
     /// the restarted replica is connected again.
     pub fn drop_from(&mut self, r: u8) {
         let before = self.queue.len();
-        self.queue.retain(|_, packet| {
-            !(packet.from == Node::Replica(r) && matches!(packet.to, Node::Replica(_)))
-        });
+        self.queue
+            .retain(|_, packet| !packet.from_replica_to_replica(r));
         self.dropped += (before - self.queue.len()) as u64;
     }
 

@@ -92,10 +92,7 @@ impl Hibernation {
     }
 
     /// Forgets `group` (removed or replaced).
-    fn forget(&mut self, group: u64, replica: Option<&Replica>) {
-        if let Some(replica) = replica {
-            self.unfile(group, replica);
-        }
+    fn forget(&mut self, group: u64) {
         for set in self.asleep_by_primary.values_mut() {
             set.remove(&group);
         }
@@ -125,10 +122,15 @@ impl Hibernation {
         }
     }
 
+    /// Groups asleep now (every hosted group is in `sleeps`, the awake ones in `awake`).
+    fn asleep_count(&self) -> usize {
+        self.sleeps.len() - self.awake.len()
+    }
+
     /// A share of the sleeping groups each tick: their refresh, and a primary that
     /// reconnected since they heard it.
     fn scan(&mut self, replicas: &mut BTreeMap<u64, Replica>, touched: &mut BTreeSet<u64>) {
-        let asleep = self.sleeps.len() - self.awake.len();
+        let asleep = self.asleep_count();
         if asleep == 0 {
             return;
         }
@@ -242,7 +244,7 @@ impl Groups {
     pub fn insert(&mut self, replica: Replica) {
         let group = replica.config().group;
         if let Some(h) = self.hibernation.as_mut() {
-            h.forget(group, self.replicas.get(&group));
+            h.forget(group);
             h.sleeps.insert(group, Sleep::of_new(&replica, &h.peers));
             h.awake.insert(group);
         }
@@ -254,7 +256,7 @@ impl Groups {
     pub fn remove(&mut self, group: u64) -> Option<Replica> {
         self.touched.remove(&group);
         if let Some(h) = self.hibernation.as_mut() {
-            h.forget(group, self.replicas.get(&group));
+            h.forget(group);
         }
         self.replicas.remove(&group)
     }
@@ -272,7 +274,7 @@ impl Groups {
         self.hibernation
             .as_ref()
             .map_or_else(SleepStats::default, |h| SleepStats {
-                asleep: h.asleep_by_primary.values().map(|s| s.len() as u64).sum(),
+                asleep: h.asleep_count() as u64,
                 sleeps: h.sleeps_total,
                 silent_wakes: h.silent_wakes,
             })

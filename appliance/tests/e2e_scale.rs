@@ -30,6 +30,15 @@ fn partitions() -> u32 {
 }
 
 /// Each group's (name, view, status, is_primary) as `replica` reports it.
+/// How long the idle figures are taken over (E2E_SCALE_IDLE_SECS, default 5): longer for
+/// a profiler to attach.
+fn idle_secs() -> u64 {
+    std::env::var("E2E_SCALE_IDLE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5)
+}
+
 fn groups(files: &ClusterFiles, replica: usize) -> Vec<(String, u64, String, bool)> {
     let stats = stats_at(files, replica, "/stats?groups=all").0;
     let Some(list) = stats["groups"].as_array() else {
@@ -92,7 +101,7 @@ fn a_topic_of_many_partitions_starts_without_stalling_any_node() {
         "[limits]\n",
         &format!("[limits]\nstats_groups_max = {STATS_GROUPS_MAX}\n"),
     )]);
-    let (daemons, mut client, stream) = start_with_stream(&files, "scale");
+    let (mut daemons, mut client, stream) = start_with_stream(&files, "scale");
     let views_before: Vec<u64> = (0..NODES).map(|r| metadata_view(&files, r)).collect();
 
     let created = Instant::now();
@@ -163,7 +172,7 @@ fn a_topic_of_many_partitions_starts_without_stalling_any_node() {
     let cpu = |pids: &[i32]| -> u64 { pids.iter().map(|p| cpu_ticks(*p)).sum() };
     let pids: Vec<i32> = daemons.iter().map(Daemon::pid).collect();
     let (t0, at) = (cpu(&pids), Instant::now());
-    std::thread::sleep(Duration::from_secs(5));
+    std::thread::sleep(Duration::from_secs(idle_secs()));
     let cores = (cpu(&pids) - t0) as f64 / 100.0 / at.elapsed().as_secs_f64();
     for pid in &pids {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -243,6 +252,99 @@ fn a_topic_of_many_partitions_starts_without_stalling_any_node() {
             "partition {partition}"
         );
     }
+
+    // The node leading the most groups dies: the others take over every one of them
+    // within the bound (each group's superblock writes of the view change run together,
+    // not one group after another).
+    let led = |r: usize| groups(&files, r).iter().filter(|g| g.3).count();
+    let victim = (0..NODES).max_by_key(|r| led(*r)).expect("a node");
+    let victims_groups = led(victim);
+    let others: Vec<usize> = (0..NODES).filter(|r| *r != victim).collect();
+    daemons[victim].kill();
+    let killed = Instant::now();
+    let failover = loop {
+        let primaries: usize = others
+            .iter()
+            .map(|r| {
+                groups(&files, *r)
+                    .iter()
+                    .filter(|g| g.3 && g.2 == "normal")
+                    .count()
+            })
+            .sum();
+        if primaries == count as usize + 1 {
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "{primaries} of {} groups with a primary 30 s after node {victim} died",
+            count + 1
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    println!(
+        "node {victim} (primary of {victims_groups} groups) killed: every group led by the \
+         others after {failover:?}"
+    );
+    // heartbeat_timeout (500 ms) + 500 ms, the stats' publication interval (100 ms per
+    // 500 groups) and this test's polling; and 1 ms per group the dead node led: each
+    // of those groups writes its superblock (a file, its sync and its directory's) on
+    // both survivors, in parallel on the blocking pool. One group after another, as the
+    // node loop once wrote them, takes several times that.
+    let published = Duration::from_millis(100 * (u64::from(count) / 500).max(1));
+    let bound = Duration::from_millis(1_000 + 250 + victims_groups as u64) + published;
+    assert!(
+        failover <= bound,
+        "failover of {victims_groups} groups took {failover:?} (bound {bound:?})"
+    );
+
+    // It comes back: its partitions, each holding a message, open off its loop and every
+    // group is normal again.
+    daemons[victim] = Daemon::start(&files, victim);
+    let restarted = Instant::now();
+    loop {
+        // Not serving /stats until it opened its partitions.
+        let serving = http_get(files.http_addr(victim), "/health").is_some();
+        let list = if serving {
+            groups(&files, victim)
+        } else {
+            Vec::new()
+        };
+        if list.len() == count as usize + 1 && list.iter().all(|g| g.2 == "normal") {
+            break;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(120),
+            "node {victim} after {:?}: {} groups, {} normal",
+            restarted.elapsed(),
+            list.len(),
+            list.iter().filter(|g| g.2 == "normal").count()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "node {victim} restarted: every group normal after {:?}",
+        restarted.elapsed()
+    );
+    let views_now: Vec<u64> = others.iter().map(|r| metadata_view(&files, *r)).collect();
+    let mut survivors = library_client(&files, &others);
+    survivors.register().expect("register");
+    for partition in (0..count).step_by(37) {
+        let key = PartitionKey {
+            stream,
+            topic,
+            partition,
+        };
+        let read = survivors
+            .poll_messages(key, Consumer::Single(2), PollStrategy::Offset(0), 1)
+            .expect("poll");
+        assert_eq!(
+            split_poll_body(&read).expect("poll body").len(),
+            1,
+            "partition {partition} after the failover"
+        );
+    }
+    println!("metadata views after the restart: {views_now:?}");
 }
 
 /// utime + stime of process `pid`, in clock ticks (100 a second on Linux).

@@ -319,6 +319,8 @@ impl Node {
         if lane.writing.is_some() || lane.staged.is_empty() {
             return Ok(());
         }
+        self.partitions.unsynced.insert(group);
+        self.partitions.grown = true;
         let planned = match plan_lane(partition, group, &lane.staged)? {
             Some(planned) => planned,
             None => {

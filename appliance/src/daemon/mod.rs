@@ -42,6 +42,8 @@ use crate::state::{auth, MetadataState};
 use crate::stats::NodeAddresses;
 use node::{BusHandler, Node, Settings};
 
+/// Threads of the replica executor's blocking pool.
+const BLOCKING_THREADS: usize = 32;
 /// One consensus tick.
 pub const TICK: Duration = Duration::from_millis(10);
 /// Largest metadata prepare body; larger requests are refused at ingress.
@@ -420,6 +422,10 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
     let placement = replica_placement(config.runtime.pin_cpus);
     let mut builder = journal::runtime::executor_builder_on(placement)
         .io_memory(io_memory)
+        // File writes that wait on the disk (the groups' superblocks of a view change,
+        // segment removal, password checks) run on these threads; the file system
+        // merges their syncs.
+        .blocking_thread_pool_placement(glommio::PoolPlacement::Unbound(BLOCKING_THREADS))
         .name("replica");
     if !config.runtime.spin_before_park.0.is_zero() {
         builder = builder.spin_before_park(config.runtime.spin_before_park.0);

@@ -96,6 +96,12 @@ pub enum Event {
     PeerConnected(u8, bool),
     /// A request from the statexfer executor.
     Xfer(super::xfer::FromXfer),
+    /// A partition's storage opened in the background (`Node::spawn_open`).
+    PartitionOpened {
+        key: PartitionKey,
+        group: u64,
+        opened: Box<Result<(partitions::Opened, Vec<JournalEntry>), String>>,
+    },
     /// A password check finished on the blocking pool.
     LoginChecked {
         connection: ClientId,
@@ -199,6 +205,8 @@ const CHECKPOINT_TICKS: u64 = 100;
 /// Time per tick (and per applied metadata op) spent starting partition groups: about
 /// five groups, so a tick's heartbeats and timeouts are never late by more than this.
 pub(super) const PARTITION_START_BUDGET: Duration = Duration::from_millis(10);
+/// Partitions whose storage opens in the background at once.
+const OPENING_MAX: usize = 32;
 
 /// A request unanswered for this long no longer counts toward the request latency.
 const REQUEST_LATENCY_AGE_MAX: Duration = Duration::from_secs(60);
@@ -488,14 +496,14 @@ impl Node {
             if let Some(input) = input {
                 let round = Instant::now();
                 match input {
-                    Input::Event(event) => self.on_event(event),
+                    Input::Event(event) => self.on_event(event)?,
                     Input::Io(done) => self.on_io_done(done)?,
                 }
                 // Whatever else is already queued joins this round, so the journal
                 // writes of many requests share one write and one sync (group commit).
                 for _ in 0..EVENTS_PER_ROUND_MAX {
                     match futures_lite::future::poll_once(events.recv()).await {
-                        Some(Some(event)) => self.on_event(event),
+                        Some(Some(event)) => self.on_event(event)?,
                         _ => break,
                     }
                 }
@@ -545,16 +553,16 @@ impl Node {
         }
     }
 
-    fn on_event(&mut self, event: Event) {
+    fn on_event(&mut self, event: Event) -> Result<(), DaemonError> {
         match event {
             Event::Replica(peer, frame) => {
                 if super::xfer_node::is_state_transfer(frame.command()) {
                     self.route_to_xfer(peer, frame);
-                    return;
+                    return Ok(());
                 }
                 if self.on_forward_frame(peer, &frame) {
                     self.bus.recycle(frame.into_buf());
-                    return;
+                    return Ok(());
                 }
                 // A Prepare is kept by the core as received (no copy); other frames are
                 // read and their buffers reused.
@@ -600,7 +608,11 @@ impl Node {
             } => self.on_login_checked(connection, &request, user),
             Event::Xfer(message) => self.on_xfer(message),
             Event::PeerConnected(peer, up) => self.groups.set_connected(peer, up),
+            Event::PartitionOpened { key, group, opened } => {
+                return self.on_partition_opened(key, group, *opened);
+            }
         }
+        Ok(())
     }
 
     /// Bounds the latency bookkeeping: ops that will not commit here (truncated by a view
@@ -657,8 +669,22 @@ impl Node {
         self.groups.on_tick();
         self.sync_partitions(PARTITION_START_BUDGET).await?;
         let mut full = Vec::new();
-        for (group, partition) in self.partitions.by_group.iter_mut() {
-            if self.paused.contains_key(group) {
+        if self.ticks.is_multiple_of(CHECKPOINT_TICKS) {
+            // Every write marks its group (the lanes, applied offsets); this sweep only
+            // keeps a write that did not from waiting for a checkpoint.
+            for (group, partition) in &self.partitions.by_group {
+                if partition.log.is_dirty() || partition.offsets.is_dirty() {
+                    self.partitions.unsynced.insert(*group);
+                }
+            }
+        }
+        let unsynced: Vec<u64> = self.partitions.unsynced.iter().copied().collect();
+        for group in unsynced {
+            let Some(partition) = self.partitions.by_group.get_mut(&group) else {
+                self.partitions.unsynced.remove(&group);
+                continue;
+            };
+            if self.paused.contains_key(&group) {
                 continue;
             }
             // Under "every" the group's lane syncs each write (group_commit.rs); a tick's
@@ -666,22 +692,25 @@ impl Node {
             if !partition.log.syncs_every_batch() {
                 if let Err(error) = partition.log.tick().await {
                     match super::storage::no_space_or_runtime(
-                        *group,
+                        group,
                         format!("partition sync: {error}"),
                     ) {
-                        DaemonError::NoSpace { what, .. } => full.push((*group, what)),
+                        DaemonError::NoSpace { what, .. } => full.push((group, what)),
                         other => return Err(other),
                     }
                 }
             }
             if let Err(error) = partition.offsets.tick() {
                 match super::storage::no_space_or_runtime(
-                    *group,
+                    group,
                     format!("consumer offsets sync: {error}"),
                 ) {
-                    DaemonError::NoSpace { what, .. } => full.push((*group, what)),
+                    DaemonError::NoSpace { what, .. } => full.push((group, what)),
                     other => return Err(other),
                 }
+            }
+            if !partition.log.is_dirty() && !partition.offsets.is_dirty() {
+                self.partitions.unsynced.remove(&group);
             }
         }
         for (group, what) in full {
@@ -690,15 +719,25 @@ impl Node {
         Ok(())
     }
 
-    /// Executes queued actions until every group is quiet.
+    /// Executes queued actions until every group is quiet. A partition group's VSR
+    /// superblock write holds back that group's later actions only: the writes of every
+    /// group that reached one in a round run together (a view change of many groups
+    /// costs about one write's time, not one per group), then each group goes on in
+    /// its own order.
     pub(super) async fn pump(&mut self) -> Result<(), DaemonError> {
+        let mut actions = self.groups.drain_actions();
         loop {
-            let actions = self.groups.drain_actions();
             if actions.is_empty() {
                 // The round's journal IO starts once its sends and replies are out.
                 return self.start_journal_io().await;
             }
+            let mut held: BTreeMap<u64, Vec<Action>> = BTreeMap::new();
+            let mut superblocks = Vec::new();
             for (group, action) in actions {
+                if let Some(after) = held.get_mut(&group) {
+                    after.push(action);
+                    continue;
+                }
                 // A group a full disk stops loses its pending actions with its replica,
                 // as in a crash.
                 if self.stopping.contains(&group) || self.paused.contains_key(&group) {
@@ -708,6 +747,16 @@ impl Node {
                 if ordered.is_err() {
                     self.absorb_no_space(ordered)?;
                     continue;
+                }
+                if let Action::PersistSuperblock(superblock) = &action {
+                    if let (true, Some(partition)) = (
+                        group != METADATA_GROUP,
+                        self.partitions.by_group.get(&group),
+                    ) {
+                        superblocks.push((group, partition.dir.clone(), superblock.clone()));
+                        held.insert(group, Vec::new());
+                        continue;
+                    }
                 }
                 let kind = match &action {
                     Action::Send { .. } => "action send",
@@ -725,7 +774,62 @@ impl Node {
                 self.absorb_no_space(executed)?;
                 slow_step(kind, started);
             }
+            let started = Instant::now();
+            for (group, written) in self.write_superblocks(superblocks).await {
+                if written.is_err() {
+                    // Not written: the group's later actions (the messages that promise
+                    // it) are dropped with it.
+                    held.remove(&group);
+                    self.absorb_no_space(written)?;
+                }
+            }
+            slow_step("action superblocks", started);
+            // What the held groups do next comes before anything they queue from now on.
+            actions = held
+                .into_iter()
+                .flat_map(|(group, after)| after.into_iter().map(move |a| (group, a)))
+                .collect();
+            actions.extend(self.groups.drain_actions());
         }
+    }
+
+    /// Writes partition groups' VSR superblocks at once, each on the blocking pool, and
+    /// returns each group's outcome; a write that met a full disk runs once more after
+    /// the reserve went back to the file system.
+    async fn write_superblocks(
+        &mut self,
+        superblocks: Vec<(u64, PathBuf, vsr::Superblock)>,
+    ) -> Vec<(u64, Result<(), DaemonError>)> {
+        // Tasks, so every write is on the pool before the first is awaited.
+        let tasks: Vec<_> = superblocks
+            .into_iter()
+            .map(|(group, dir, superblock)| {
+                glommio::spawn_local(glommio::executor().spawn_blocking(move || {
+                    let written = files::write_vsr_superblock(&dir, &superblock);
+                    (group, dir, superblock, written)
+                }))
+            })
+            .collect();
+        let mut writes = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            writes.push(task.await);
+        }
+        let mut outcomes = Vec::new();
+        for (group, dir, superblock, written) in writes {
+            let written = written.map_err(|e| e.to_string()).or_else(|error| {
+                if !super::storage::is_no_space(&error) {
+                    return Err(error);
+                }
+                // As `with_room`: the reserve goes back to the file system, once more.
+                self.storage
+                    .on_no_space(&format!("partition VSR superblock: {error}"));
+                files::write_vsr_superblock(&dir, &superblock).map_err(|e| e.to_string())
+            });
+            let written =
+                written.map_err(|error| super::storage::no_space_or_runtime(group, error));
+            outcomes.push((group, written));
+        }
+        outcomes
     }
 
     async fn execute(&mut self, group: u64, action: Action) -> Result<(), DaemonError> {
@@ -966,6 +1070,8 @@ impl Node {
                 (Status::Ok, reply)
             }
             Some(Operation::StoreConsumerOffset) | Some(Operation::DeleteConsumerOffset) => {
+                self.partitions.unsynced.insert(group);
+                self.partitions.grown = true;
                 apply_offset_op(partition, header.operation, body).map_err(|e| {
                     DaemonError::Runtime(format!("consumer offsets of op {op}: {e}"))
                 })?
@@ -1050,46 +1156,54 @@ impl Node {
         if !self.partitions_pending {
             return Ok(());
         }
+        // At start (no budget) the groups open here, in order. Later a new partition
+        // (nothing on disk yet: a few files to create) opens here within the budget, so
+        // a small topic is writable when its creation is acknowledged; the others, and
+        // any partition that holds data (its log's tail scan and records' read-back take
+        // a while), open in tasks of their own, a few at a time, while the loop goes on.
+        let inline = budget == Duration::MAX;
         let started = Instant::now();
         for key in self.state.partitions() {
             let Ok(group) = key.pack() else {
                 continue;
             };
-            if self.partitions.by_group.contains_key(&group) {
+            if self.partitions.by_group.contains_key(&group)
+                || self.partitions.opening.contains(&group)
+            {
                 continue;
             }
-            if started.elapsed() >= budget {
+            let here = inline
+                || (started.elapsed() < budget
+                    && !partitions::partition_dir(&self.settings.data_dir, key).exists());
+            if !here && self.partitions.opening.len() >= OPENING_MAX {
                 return Ok(());
             }
-            let room = self.partitions.by_group.len() < self.settings.partitions_max_by_files;
-            let start = if room {
-                self.start_partition_group(key, group).await
-            } else {
-                Err(DaemonError::Runtime(format!(
-                    "partition {key:?}: {} partitions hold the files the open files limit \
-                     leaves them (os error 24)",
-                    self.partitions.by_group.len()
-                )))
-            };
-            match start {
-                Ok(()) => self.open_files_exhausted = false,
+            let held = self.partitions.by_group.len() + self.partitions.opening.len();
+            if held >= self.settings.partitions_max_by_files {
                 // Out of file descriptors: the partition stays Unavailable here and its
                 // start is tried again next tick; the node goes on serving the others.
+                self.out_of_open_files(&format!(
+                    "partition {key:?}: {held} partitions hold the files the open files \
+                     limit leaves them (os error 24)"
+                ));
+                return Ok(());
+            }
+            if !here {
+                self.spawn_open(key, group);
+                continue;
+            }
+            match self.start_partition_group(key, group).await {
+                Ok(()) => self.open_files_exhausted = false,
                 Err(DaemonError::Runtime(error)) if super::system::out_of_open_files(&error) => {
-                    self.reject("open_files_limit");
-                    if !std::mem::replace(&mut self.open_files_exhausted, true) {
-                        tracing::error!(
-                            %error,
-                            "out of open files: partition groups wait to start until files \
-                             are free (raise LimitNOFILE: two per partition)"
-                        );
-                    }
+                    self.out_of_open_files(&error);
                     return Ok(());
                 }
                 Err(other) => return Err(other),
             }
         }
-        self.partitions_pending = false;
+        if self.partitions.opening.is_empty() {
+            self.partitions_pending = false;
+        }
         Ok(())
     }
 
@@ -1124,9 +1238,24 @@ impl Node {
             .open_partition(key, group)
             .await
             .map_err(|e| DaemonError::Runtime(format!("partition {key:?}: {e}")))?;
+        let entries = journal_entries(&opened)
+            .await
+            .map_err(|e| DaemonError::Runtime(format!("partition {key:?}: {e}")))?;
+        self.install_partition_group(group, opened, &entries)
+    }
+
+    /// Starts the VSR group of a partition whose storage `opened` is, replaying `entries`
+    /// (its prepare records read back).
+    fn install_partition_group(
+        &mut self,
+        group: u64,
+        opened: partitions::Opened,
+        entries: &[JournalEntry],
+    ) -> Result<(), DaemonError> {
+        let key = opened.partition.key;
         let mut config = self.settings.vsr.clone();
         config.group = group;
-        let mut replica = self.partition_replica(config, &opened)?;
+        let mut replica = self.partition_replica(config, &opened, entries)?;
         for peer in (0..self.settings.replica_count).filter(|p| *p != self.settings.replica) {
             replica.set_connected(peer, self.bus.is_connected(peer));
         }
@@ -1145,6 +1274,67 @@ impl Node {
         // state transfer): they go once the checkpoint allows.
         self.retention.to_delete.insert(group);
         Ok(())
+    }
+
+    /// Opens a partition's storage in a task of its own, off the node loop (the log's
+    /// tail scan and the prepare records' read-back take a while for a partition that
+    /// holds data); `Event::PartitionOpened` brings it back.
+    fn spawn_open(&mut self, key: PartitionKey, group: u64) {
+        self.partitions.opening.insert(group);
+        let (data_dir, config, offsets) = (
+            self.settings.data_dir.clone(),
+            self.settings.partition,
+            self.settings.offset_durability,
+        );
+        let events = self.events.clone();
+        glommio::spawn_local(async move {
+            let opened = async {
+                let opened = partitions::open(&data_dir, key, group, config, offsets).await?;
+                let entries = journal_entries(&opened).await?;
+                Ok((opened, entries))
+            }
+            .await;
+            // Unbounded: refused only once the node stopped.
+            let _ = events.try_send(Event::PartitionOpened {
+                key,
+                group,
+                opened: Box::new(opened),
+            });
+        })
+        .detach();
+    }
+
+    /// A partition's storage opened by `spawn_open`: its group starts now. A partition
+    /// that met the open files limit waits for the next tick, as in `sync_partitions`.
+    fn on_partition_opened(
+        &mut self,
+        key: PartitionKey,
+        group: u64,
+        opened: Result<(partitions::Opened, Vec<JournalEntry>), String>,
+    ) -> Result<(), DaemonError> {
+        self.partitions.opening.remove(&group);
+        match opened {
+            Ok((opened, entries)) => {
+                self.open_files_exhausted = false;
+                self.install_partition_group(group, opened, &entries)
+            }
+            Err(error) if super::system::out_of_open_files(&error) => {
+                self.out_of_open_files(&error);
+                Ok(())
+            }
+            Err(error) => Err(DaemonError::Runtime(format!("partition {key:?}: {error}"))),
+        }
+    }
+
+    fn out_of_open_files(&mut self, error: &str) {
+        self.reject("open_files_limit");
+        if !std::mem::replace(&mut self.open_files_exhausted, true) {
+            tracing::error!(
+                %error,
+                "out of open files: partition groups wait to start until files \
+                 are free (raise LimitNOFILE: two per partition)"
+            );
+        }
     }
 
     /// Opens a partition's storage (partitions::open) with this node's settings.
@@ -1170,18 +1360,10 @@ impl Node {
         &self,
         config: vsr::Config,
         opened: &partitions::Opened,
+        entries: &[JournalEntry],
     ) -> Result<Replica, DaemonError> {
-        let partition = &opened.partition;
-        let key = partition.key;
+        let key = opened.partition.key;
         let fail = |e: String| DaemonError::Runtime(format!("partition {key:?}: {e}"));
-        let mut entries = Vec::with_capacity(opened.records.len());
-        for record in &opened.records {
-            let bytes = partitions::frame_of(&partition.log, record).map_err(fail)?;
-            entries.push(JournalEntry {
-                op: record.op(),
-                bytes: Some(bytes),
-            });
-        }
         if let Some(stored) = &opened.checkpoint {
             let anchor = entries
                 .iter()
@@ -1204,7 +1386,7 @@ impl Node {
                 config,
                 &opened.superblock,
                 checkpoint,
-                &entries,
+                entries,
             )
             .ok_or_else(|| fail(format!("checkpoint op {} anchor is invalid", stored.op)));
         }
@@ -1232,10 +1414,10 @@ impl Node {
         {
             // Recorded prepares replay from op 1 (their batches are already in the log);
             // with none, a restarted member of a cluster probes for the view and repairs.
-            return Ok(Replica::restart(config, &opened.superblock, &entries));
+            return Ok(Replica::restart(config, &opened.superblock, entries));
         }
         let mut replica = Replica::new(config);
-        replica.seed_partition_position(partition.log.position());
+        replica.seed_partition_position(opened.partition.log.position());
         Ok(replica)
     }
 
@@ -1418,6 +1600,22 @@ impl Node {
 /// A step of the replica executor longer than this is logged at debug (what held up
 /// commits, when an operator looks for it).
 const SLOW_STEP: Duration = Duration::from_millis(15);
+
+/// The prepare records of an opened partition with their frames read back from its
+/// log, for its replica to replay. Yields between reads: a partition that holds many
+/// records does not hold up the node loop.
+async fn journal_entries(opened: &partitions::Opened) -> Result<Vec<JournalEntry>, String> {
+    let mut entries = Vec::with_capacity(opened.records.len());
+    for record in &opened.records {
+        let bytes = partitions::frame_of(&opened.partition.log, record)?;
+        entries.push(JournalEntry {
+            op: record.op(),
+            bytes: Some(bytes),
+        });
+        glommio::yield_if_needed().await;
+    }
+    Ok(entries)
+}
 
 /// Logs `step` at debug if it took SLOW_STEP or longer since `started`.
 pub(super) fn slow_step(step: &'static str, started: Instant) {

@@ -1,7 +1,7 @@
 //! Partition storage on one node: the segment log and consumer offsets of every
 //! partition group, opened when the metadata op that creates the partition commits.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use journal::segment::{ConsumerOffsets, PartitionConfig, PartitionLog};
@@ -64,6 +64,13 @@ impl Partition {
 #[derive(Default)]
 pub struct Partitions {
     pub by_group: BTreeMap<u64, Partition>,
+    /// Groups whose log or consumer offsets may hold writes not yet synced: the tick
+    /// visits these, not every partition (most are idle).
+    pub unsynced: BTreeSet<u64>,
+    /// A partition was written since the node last summed what the partitions store.
+    pub grown: bool,
+    /// Groups whose storage opens in the background (`Node::spawn_open`).
+    pub opening: BTreeSet<u64>,
 }
 
 /// What opening a partition found on disk for its consensus group.

@@ -342,7 +342,16 @@ impl Node {
     /// Reads the free space, decides whether writes are refused, and restarts the
     /// groups a full disk stopped once the budget is met again.
     pub(super) async fn refresh_storage(&mut self) -> Result<(), DaemonError> {
-        let used = self.used_bytes();
+        // Summing every partition is the one cost here that grows with the partition
+        // count: done at once after writes (what fills the budget), and otherwise (what
+        // retention, truncation or a transfer freed) once per 1,000 partitions' refreshes.
+        let every = REFRESH_TICKS * (self.partitions.by_group.len() as u64 / 1000).max(1);
+        let used = if self.partitions.grown || self.ticks.is_multiple_of(every) {
+            self.partitions.grown = false;
+            self.used_bytes()
+        } else {
+            self.storage.used_bytes
+        };
         self.storage.refresh(used);
         if self.storage.full() == Some(Full::NoSpace) || self.paused.is_empty() {
             return Ok(());

@@ -731,6 +731,11 @@ impl PartitionLog {
         }
     }
 
+    /// Whether anything appended is not yet synced.
+    pub fn is_dirty(&self) -> bool {
+        self.schedule.is_dirty()
+    }
+
     /// A `Syncer` of this log completed.
     pub fn note_synced(&mut self) {
         self.schedule.synced();

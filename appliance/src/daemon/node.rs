@@ -748,13 +748,14 @@ impl Node {
                     self.absorb_no_space(ordered)?;
                     continue;
                 }
+                // A partition group's superblock joins the round's writes (below); the
+                // metadata group's goes with its journal superblock (`execute`).
                 if let Action::PersistSuperblock(superblock) = &action {
-                    if let (true, Some(partition)) = (
-                        group != METADATA_GROUP,
-                        self.partitions.by_group.get(&group),
-                    ) {
-                        superblocks.push((group, partition.dir.clone(), superblock.clone()));
-                        held.insert(group, Vec::new());
+                    if group != METADATA_GROUP {
+                        if let Some(partition) = self.partitions.by_group.get(&group) {
+                            superblocks.push((group, partition.dir.clone(), superblock.clone()));
+                            held.insert(group, Vec::new());
+                        }
                         continue;
                     }
                 }
@@ -867,15 +868,10 @@ impl Node {
                     self.partition_truncate(group, op_max).await?;
                 }
             }
+            // Only the metadata group's: `pump` writes the partition groups' together.
             Action::PersistSuperblock(superblock) => {
                 if group == METADATA_GROUP {
                     self.persist_superblock(&superblock).await?;
-                } else if let Some(partition) = self.partitions.by_group.get(&group) {
-                    let dir = partition.dir.clone();
-                    self.with_room("partition VSR superblock", || {
-                        files::write_vsr_superblock(&dir, &superblock).map_err(|e| e.to_string())
-                    })
-                    .map_err(|error| super::storage::no_space_or_runtime(group, error))?;
                 }
             }
             Action::Commit { op, prepare } => {

@@ -205,8 +205,9 @@ const CHECKPOINT_TICKS: u64 = 100;
 /// Time per tick (and per applied metadata op) spent starting partition groups: about
 /// five groups, so a tick's heartbeats and timeouts are never late by more than this.
 pub(super) const PARTITION_START_BUDGET: Duration = Duration::from_millis(10);
-/// Partitions whose storage opens in the background at once.
-const OPENING_MAX: usize = 32;
+/// Partitions whose storage opens in the background at once: each task's file calls
+/// between two yields hold the node loop up, so few.
+const OPENING_MAX: usize = 4;
 
 /// A request unanswered for this long no longer counts toward the request latency.
 const REQUEST_LATENCY_AGE_MAX: Duration = Duration::from_secs(60);
@@ -1153,10 +1154,10 @@ impl Node {
             return Ok(());
         }
         // At start (no budget) the groups open here, in order. Later a new partition
-        // (nothing on disk yet: a few files to create) opens here within the budget, so
-        // a small topic is writable when its creation is acknowledged; the others, and
-        // any partition that holds data (its log's tail scan and records' read-back take
-        // a while), open in tasks of their own, a few at a time, while the loop goes on.
+        // (nothing on disk yet: a few files to create) opens here within the tick's
+        // budget, so a small topic is writable when its creation is acknowledged; a
+        // partition that holds data (its log's tail scan and records' read-back take a
+        // while) opens in a task of its own, a few at a time, while the loop goes on.
         let inline = budget == Duration::MAX;
         let started = Instant::now();
         for key in self.state.partitions() {
@@ -1168,10 +1169,10 @@ impl Node {
             {
                 continue;
             }
-            let here = inline
-                || (started.elapsed() < budget
-                    && !partitions::partition_dir(&self.settings.data_dir, key).exists());
-            if !here && self.partitions.opening.len() >= OPENING_MAX {
+            let here = inline || !partitions::partition_dir(&self.settings.data_dir, key).exists();
+            if (here && started.elapsed() >= budget)
+                || (!here && self.partitions.opening.len() >= OPENING_MAX)
+            {
                 return Ok(());
             }
             let held = self.partitions.by_group.len() + self.partitions.opening.len();
@@ -1598,7 +1599,7 @@ impl Node {
 const SLOW_STEP: Duration = Duration::from_millis(15);
 
 /// The prepare records of an opened partition with their frames read back from its
-/// log, for its replica to replay. Yields between reads: a partition that holds many
+/// log, for its replica to replay. Yields after each read: a partition that holds many
 /// records does not hold up the node loop.
 async fn journal_entries(opened: &partitions::Opened) -> Result<Vec<JournalEntry>, String> {
     let mut entries = Vec::with_capacity(opened.records.len());
@@ -1608,7 +1609,7 @@ async fn journal_entries(opened: &partitions::Opened) -> Result<Vec<JournalEntry
             op: record.op(),
             bytes: Some(bytes),
         });
-        glommio::yield_if_needed().await;
+        futures_lite::future::yield_now().await;
     }
     Ok(entries)
 }

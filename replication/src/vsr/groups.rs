@@ -245,7 +245,8 @@ impl Groups {
         let group = replica.config().group;
         if let Some(h) = self.hibernation.as_mut() {
             h.forget(group);
-            h.sleeps.insert(group, Sleep::of_new(&replica, &h.peers));
+            h.sleeps
+                .insert(group, Sleep::of_new(&replica, &h.peers, h.now));
             h.awake.insert(group);
         }
         self.replicas.insert(group, replica);
@@ -605,6 +606,66 @@ mod tests {
             "{:?}",
             nodes.nodes[1].sleep_stats()
         );
+    }
+
+    /// A node that leads no group sends no Commit, so its peers do not hear it. A new
+    /// group whose view-0 primary is that node must still give the primary a heartbeat
+    /// timeout from the backups' start: nodes start a new group's replicas at their own
+    /// pace, and the backups must not fail it over as soon as they fall asleep.
+    #[test]
+    fn a_new_group_keeps_its_primary_when_that_node_leads_nothing_yet() {
+        let mut nodes = Nodes::new(0);
+        let timeout = nodes.nodes[1]
+            .get(METADATA_GROUP)
+            .expect("hosted")
+            .config()
+            .heartbeat_timeout_ticks;
+        // Node 0 is cut off until the metadata group elects node 1, then comes back
+        // leading nothing.
+        nodes.up[0] = false;
+        for _ in 0..4 * timeout {
+            nodes.tick();
+        }
+        nodes.up[0] = true;
+        for _ in 0..4 * timeout {
+            nodes.tick();
+        }
+        for r in 0..3 {
+            let metadata = nodes.nodes[r].get(METADATA_GROUP).expect("hosted");
+            assert_eq!(
+                (metadata.view(), metadata.status()),
+                (1, crate::vsr::Status::Normal),
+                "node {r}"
+            );
+        }
+        // A new group: its backups start first, its primary (node 0) half a heartbeat
+        // timeout later.
+        let cluster = cluster_id("hibernate");
+        let group = PartitionKey {
+            stream: 1,
+            topic: 2,
+            partition: 0,
+        }
+        .pack()
+        .expect("valid");
+        for r in 1..3 {
+            nodes.nodes[r].insert(Replica::new(Config::new(cluster, group, r as u8, 3)));
+        }
+        for _ in 0..timeout / 2 {
+            nodes.tick();
+        }
+        nodes.nodes[0].insert(Replica::new(Config::new(cluster, group, 0, 3)));
+        for _ in 0..4 * timeout {
+            nodes.tick();
+        }
+        for r in 0..3 {
+            let replica = nodes.nodes[r].get(group).expect("hosted");
+            assert_eq!(
+                (replica.view(), replica.status()),
+                (0, crate::vsr::Status::Normal),
+                "node {r}"
+            );
+        }
     }
 
     /// Drains see every action, however it was queued (a routed frame, a replica reached

@@ -124,12 +124,16 @@ impl Sleep {
         self.asleep
     }
 
-    /// The sleep of a replica the node just created: a new member of a new group (view
-    /// 0, empty log) takes its primary as vouched for by the primary's node in its
-    /// current epoch, as if it had heard its Commit. Nodes start a new group's replicas
-    /// at their own pace; a backup that starts after its primary fell asleep would
-    /// otherwise time it out.
-    pub fn of_new(replica: &Replica, peers: &PeerLiveness) -> Sleep {
+    /// The sleep of a replica the node just created at `now`: a new member of a new
+    /// group (view 0, empty log) whose primary's node is heard takes its primary as
+    /// vouched for by that node in its current epoch, as if it had heard its Commit.
+    /// Nodes start a new group's replicas at their own pace; a backup that starts after
+    /// its primary fell asleep would otherwise time it out. A primary's node that is not
+    /// heard (it leads no group, so it sends no Commit) vouches for nothing: the backup
+    /// keeps its own heartbeat timer, which gives the primary a whole heartbeat timeout
+    /// from the backup's start to be heard; vouching would time it out as soon as the
+    /// backup fell asleep.
+    pub fn of_new(replica: &Replica, peers: &PeerLiveness, now: u64) -> Sleep {
         let mut sleep = Sleep::default();
         let fresh = replica.status == Status::Normal
             && replica.voter
@@ -137,8 +141,8 @@ impl Sleep {
             && replica.log.op == 0
             && replica.commit == 0
             && replica.heartbeat_seen == 0;
-        if fresh {
-            let primary = replica.config().primary_of(0);
+        let primary = replica.config().primary_of(0);
+        if fresh && peers.alive(primary, now) {
             sleep.vouched = Some((0, peers.epoch(primary)));
         }
         sleep

@@ -287,12 +287,14 @@ fn a_topic_of_many_partitions_starts_without_stalling_any_node() {
          others after {failover:?}"
     );
     // heartbeat_timeout (500 ms) + 500 ms, the stats' publication interval (100 ms per
-    // 500 groups) and this test's polling; and 1 ms per group the dead node led: each
+    // 500 groups) and this test's polling; and 2 ms per group the dead node led: each
     // of those groups writes its superblock (a file, its sync and its directory's) on
-    // both survivors, in parallel on the blocking pool. One group after another, as the
-    // node loop once wrote them, takes several times that.
+    // both survivors, in parallel on the blocking pool, twice (its vote, then the new
+    // view). On a 2-core VM the same 2,000 such writes took 0.45-1.6 s from one run to
+    // the next (failovers of 2,001 groups: 2.1-4.7 s over 13 runs); one group after
+    // another, as the node loop once wrote them, takes several times that.
     let published = Duration::from_millis(100 * (u64::from(count) / 500).max(1));
-    let bound = Duration::from_millis(1_000 + 250 + victims_groups as u64) + published;
+    let bound = Duration::from_millis(1_000 + 250 + 2 * victims_groups as u64) + published;
     assert!(
         failover <= bound,
         "failover of {victims_groups} groups took {failover:?} (bound {bound:?})"

@@ -536,6 +536,21 @@ mod tests {
         fn asleep(&self, r: usize) -> u64 {
             self.nodes[r].sleep_stats().asleep
         }
+
+        /// The clusters' heartbeat timeout, in ticks.
+        fn heartbeat_timeout(&self) -> u64 {
+            self.nodes[1]
+                .get(METADATA_GROUP)
+                .expect("hosted")
+                .config()
+                .heartbeat_timeout_ticks
+        }
+
+        /// The view and status of node `r`'s replica of `group`.
+        fn view_status(&self, r: usize, group: u64) -> (u32, crate::vsr::Status) {
+            let replica = self.nodes[r].get(group).expect("hosted");
+            (replica.view(), replica.status())
+        }
     }
 
     /// Idle partition groups sleep on every node but for one each primary keeps awake
@@ -572,11 +587,7 @@ mod tests {
         assert!(views(&nodes, 1).iter().all(|v| *v == 0));
 
         nodes.up[0] = false;
-        let timeout = nodes.nodes[1]
-            .get(METADATA_GROUP)
-            .expect("hosted")
-            .config()
-            .heartbeat_timeout_ticks;
+        let timeout = nodes.heartbeat_timeout();
         let mut elected = None;
         for tick in 1..=4 * timeout {
             nodes.tick();
@@ -615,11 +626,7 @@ mod tests {
     #[test]
     fn a_new_group_keeps_its_primary_when_that_node_leads_nothing_yet() {
         let mut nodes = Nodes::new(0);
-        let timeout = nodes.nodes[1]
-            .get(METADATA_GROUP)
-            .expect("hosted")
-            .config()
-            .heartbeat_timeout_ticks;
+        let timeout = nodes.heartbeat_timeout();
         // Node 0 is cut off until the metadata group elects node 1, then comes back
         // leading nothing.
         nodes.up[0] = false;
@@ -631,12 +638,8 @@ mod tests {
             nodes.tick();
         }
         for r in 0..3 {
-            let metadata = nodes.nodes[r].get(METADATA_GROUP).expect("hosted");
-            assert_eq!(
-                (metadata.view(), metadata.status()),
-                (1, crate::vsr::Status::Normal),
-                "node {r}"
-            );
+            let normal = (1, crate::vsr::Status::Normal);
+            assert_eq!(nodes.view_status(r, METADATA_GROUP), normal, "node {r}");
         }
         // A new group: its backups start first, its primary (node 0) half a heartbeat
         // timeout later.
@@ -659,12 +662,8 @@ mod tests {
             nodes.tick();
         }
         for r in 0..3 {
-            let replica = nodes.nodes[r].get(group).expect("hosted");
-            assert_eq!(
-                (replica.view(), replica.status()),
-                (0, crate::vsr::Status::Normal),
-                "node {r}"
-            );
+            let normal = (0, crate::vsr::Status::Normal);
+            assert_eq!(nodes.view_status(r, group), normal, "node {r}");
         }
     }
 

@@ -1,11 +1,13 @@
 //! Small durable side files of a data directory that the journal crate does not own:
 //! the genesis metadata state written at format (the root user), and the VSR superblock
 //! suffix headers (vsr::Superblock carries the log_view's suffix, which the journal
-//! superblock has no room for). Both are whole-file, XxHash3-64 trailed, written to a
-//! temporary name, fsync'd, renamed and the directory fsync'd before they are trusted.
+//! superblock has no room for). The side files are XxHash3-64 trailed, written to a
+//! temporary name, fsync'd, renamed and the directory fsync'd before they are trusted;
+//! the VSR superblock instead keeps two slots written in turn in place (below).
 
 use std::fs::File;
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use replication::vsr::Superblock as VsrSuperblock;
@@ -65,18 +67,7 @@ fn write_durable(path: &Path, magic: &[u8; 4], payload: &[u8]) -> Result<(), Fil
     bytes.extend_from_slice(payload);
     let sum = checksum(&bytes);
     bytes.extend_from_slice(&sum.to_le_bytes());
-    let temp = path.with_extension("tmp");
-    let mut file = File::create(&temp).map_err(io(&temp))?;
-    file.write_all(&bytes).map_err(io(&temp))?;
-    file.sync_all().map_err(io(&temp))?;
-    drop(file);
-    std::fs::rename(&temp, path).map_err(io(path))?;
-    if let Some(dir) = path.parent() {
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io(dir))?;
-    }
-    Ok(())
+    replace_file(path, &bytes)
 }
 
 /// Reads a file written by `write_durable`; None when it does not exist.
@@ -189,9 +180,162 @@ const VSR_FLAG_REPLACEMENT: u32 = 1;
 /// Formatted, not yet known whether the cluster formed (`vsr::Superblock::unformed`).
 const VSR_FLAG_UNFORMED: u32 = 2;
 
+/// The VSR superblock file holds two slots, written in turn in place: a view change
+/// costs one write and one `fdatasync`, not a temp file, its sync, a rename and the
+/// directory's sync. Each slot is `MAGIC_VSR_SLOT`, a sequence number (u64), the payload
+/// length (u32), the payload and an XxHash3-64 of all of it; the valid slot with the
+/// higher sequence is the superblock. A write always goes to the slot that does not hold
+/// the newest valid copy, so a torn or lost write leaves that copy (nothing was promised
+/// on the new one before its sync returned).
+const MAGIC_VSR_SLOT: &[u8; 4] = b"AVS2";
+/// magic, sequence, payload length.
+const VSR_SLOT_HEAD: usize = 16;
+/// view, log_view, count, the largest suffix, flags.
+const VSR_PAYLOAD_MAX: usize = 12 + SUFFIX_HEADERS_MAX * 256 + 4;
+const VSR_SLOT_BLOCK: usize = 4096;
+/// Room for the largest slot, in whole blocks, so a slot's write never shares a block
+/// with the other slot.
+const VSR_SLOT_SIZE: usize =
+    (VSR_SLOT_HEAD + VSR_PAYLOAD_MAX + 8).div_ceil(VSR_SLOT_BLOCK) * VSR_SLOT_BLOCK;
+
 /// Persists the VSR superblock (view, log_view, suffix headers, then a flags word whose
-/// bit 0 marks a replacement that may not vote yet) durably.
+/// bit 0 marks a replacement that may not vote yet) durably: in place into the slot
+/// not holding the newest valid copy, or as a whole new file when there is none.
 pub fn write_vsr_superblock(dir: &Path, superblock: &VsrSuperblock) -> Result<(), FileError> {
+    let payload = encode_vsr_superblock(superblock);
+    let path = dir.join(VSR_SUPERBLOCK_FILE);
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return replace_file(&path, &vsr_slot(1, &payload));
+        }
+        Err(e) => return Err(io(&path)(e)),
+    };
+    let slots = [read_vsr_slot(&file, 0), read_vsr_slot(&file, 1)];
+    let newest = match (&slots[0], &slots[1]) {
+        (Ok(Some(a)), Ok(Some(b))) => Some(if b.0 > a.0 { (1, b.0) } else { (0, a.0) }),
+        (Ok(Some(a)), _) => Some((0, a.0)),
+        (_, Ok(Some(b))) => Some((1, b.0)),
+        _ => None,
+    };
+    let Some((slot, sequence)) = newest else {
+        // A file from before the slots (or one with no valid slot, which reading
+        // refuses): replaced whole, so it stays readable until the new one is in place.
+        drop(file);
+        return replace_file(&path, &vsr_slot(1, &payload));
+    };
+    let target = 1 - slot;
+    let bytes = vsr_slot(sequence + 1, &payload);
+    file.write_all_at(&bytes, (target * VSR_SLOT_SIZE) as u64)
+        .map_err(io(&path))?;
+    file.sync_data().map_err(io(&path))
+}
+
+/// Writes the default superblock (view 0) into `dir` (created if absent) when it has
+/// none, so the group's first view change writes in place like every later one. An
+/// absent or empty file reads as the same value, so the file needs no sync of its own:
+/// the first write into it syncs its data. A crash before then leaves it empty (or cut
+/// short after its first block, which holds the whole first slot); a file system that
+/// shows unwritten blocks as zeros leaves a file with no valid slot, which reads as
+/// unreadable (the group rejoins as a replacement: slower, never unsafe). Its directory
+/// entry must be durable before that first write: synced here when `sync_dir`, else by
+/// the caller's next sync of `dir` (a new partition log's first segment) before the
+/// group runs.
+pub fn create_vsr_superblock(dir: &Path, sync_dir: bool) -> Result<(), FileError> {
+    let path = dir.join(VSR_SUPERBLOCK_FILE);
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let mut file = match File::create_new(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => return Err(io(&path)(e)),
+    };
+    let payload = encode_vsr_superblock(&VsrSuperblock::default());
+    let mut bytes = vsr_slot(1, &payload);
+    // The second slot's first block is allocated too (zeros: no valid slot), so a view
+    // change's write into it changes no file size or extent and its sync is data only.
+    bytes.resize(VSR_SLOT_SIZE + VSR_SLOT_BLOCK, 0);
+    file.write_all(&bytes).map_err(io(&path))?;
+    if sync_dir {
+        sync_dir_of(&path)?;
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to a temporary name, syncs it, renames it to `path` and syncs the
+/// directory: the file is never seen half written.
+fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
+    let temp = path.with_extension("tmp");
+    let mut file = File::create(&temp).map_err(io(&temp))?;
+    file.write_all(bytes).map_err(io(&temp))?;
+    file.sync_all().map_err(io(&temp))?;
+    drop(file);
+    std::fs::rename(&temp, path).map_err(io(path))?;
+    sync_dir_of(path)
+}
+
+fn sync_dir_of(path: &Path) -> Result<(), FileError> {
+    match path.parent() {
+        Some(dir) => File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir)),
+        None => Ok(()),
+    }
+}
+
+fn vsr_slot(sequence: u64, payload: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(VSR_SLOT_HEAD + payload.len() + 8);
+    bytes.extend_from_slice(MAGIC_VSR_SLOT);
+    bytes.extend_from_slice(&sequence.to_le_bytes());
+    bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(payload);
+    let sum = checksum(&bytes);
+    bytes.extend_from_slice(&sum.to_le_bytes());
+    bytes
+}
+
+/// A slot's sequence and payload; None when the slot is absent, torn or damaged.
+fn parse_vsr_slot(bytes: &[u8]) -> Option<(u64, &[u8])> {
+    let head = bytes.get(..VSR_SLOT_HEAD)?;
+    if &head[..4] != MAGIC_VSR_SLOT {
+        return None;
+    }
+    let sequence = u64::from_le_bytes(head[4..12].try_into().ok()?);
+    let len = u32::from_le_bytes(head[12..16].try_into().ok()?) as usize;
+    if len > VSR_PAYLOAD_MAX {
+        return None;
+    }
+    let content = bytes.get(..VSR_SLOT_HEAD + len)?;
+    let sum = bytes.get(VSR_SLOT_HEAD + len..VSR_SLOT_HEAD + len + 8)?;
+    (checksum(content) == u64::from_le_bytes(sum.try_into().ok()?))
+        .then(|| (sequence, &content[VSR_SLOT_HEAD..]))
+}
+
+/// Reads one slot of an open superblock file: its head, then as much as it says.
+fn read_vsr_slot(file: &File, slot: usize) -> std::io::Result<Option<(u64, Vec<u8>)>> {
+    let at = (slot * VSR_SLOT_SIZE) as u64;
+    let mut head = [0u8; VSR_SLOT_HEAD];
+    let read = file.read_at(&mut head, at)?;
+    if read < VSR_SLOT_HEAD || &head[..4] != MAGIC_VSR_SLOT {
+        return Ok(None);
+    }
+    let len = u32::from_le_bytes([head[12], head[13], head[14], head[15]]) as usize;
+    if len > VSR_PAYLOAD_MAX {
+        return Ok(None);
+    }
+    let mut bytes = vec![0u8; VSR_SLOT_HEAD + len + 8];
+    let mut filled = 0;
+    while filled < bytes.len() {
+        match file.read_at(&mut bytes[filled..], at + filled as u64)? {
+            0 => return Ok(None),
+            n => filled += n,
+        }
+    }
+    Ok(parse_vsr_slot(&bytes).map(|(sequence, payload)| (sequence, payload.to_vec())))
+}
+
+fn encode_vsr_superblock(superblock: &VsrSuperblock) -> Vec<u8> {
     let mut payload = Vec::with_capacity(16 + superblock.headers.len() * 256);
     payload.extend_from_slice(&superblock.view.to_le_bytes());
     payload.extend_from_slice(&superblock.log_view.to_le_bytes());
@@ -207,15 +351,36 @@ pub fn write_vsr_superblock(dir: &Path, superblock: &VsrSuperblock) -> Result<()
         flags |= VSR_FLAG_UNFORMED;
     }
     payload.extend_from_slice(&flags.to_le_bytes());
-    write_durable(&dir.join(VSR_SUPERBLOCK_FILE), MAGIC_VSR, &payload)
+    payload
 }
 
 /// The persisted VSR superblock, or the default (view 0) when none was written yet.
 pub fn read_vsr_superblock(dir: &Path) -> Result<VsrSuperblock, FileError> {
     let path = dir.join(VSR_SUPERBLOCK_FILE);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(VsrSuperblock::default()),
+        Err(e) => return Err(io(&path)(e)),
+    };
+    let newest = [0, VSR_SLOT_SIZE]
+        .into_iter()
+        .filter_map(|at| parse_vsr_slot(bytes.get(at..)?))
+        .max_by_key(|(sequence, _)| *sequence);
+    if let Some((_, payload)) = newest {
+        return decode_vsr_superblock(&path, payload);
+    }
+    if bytes.is_empty() {
+        // Created and not yet synced when the host went down (`create_vsr_superblock`).
+        return Ok(VsrSuperblock::default());
+    }
+    // Written whole before the slots existed.
     let Some(payload) = read_checked(&path, MAGIC_VSR)? else {
         return Ok(VsrSuperblock::default());
     };
+    decode_vsr_superblock(&path, &payload)
+}
+
+fn decode_vsr_superblock(path: &Path, payload: &[u8]) -> Result<VsrSuperblock, FileError> {
     let corrupt = |reason| FileError::Corrupt {
         path: path.display().to_string(),
         reason,
@@ -406,10 +571,100 @@ mod tests {
         superblock.unformed = true;
         write_vsr_superblock(dir.path(), &superblock).expect("write");
         assert_eq!(read_vsr_superblock(dir.path()).expect("read"), superblock);
+        // Three writes: slot 0, slot 1, slot 0 again. Damage to the newest copy leaves the
+        // one before it; damage to both is refused.
         let path = dir.path().join(VSR_SUPERBLOCK_FILE);
         let mut bytes = std::fs::read(&path).expect("read");
-        bytes[6] ^= 1;
-        std::fs::write(&path, bytes).expect("write");
+        bytes[VSR_SLOT_HEAD + 2] ^= 1;
+        std::fs::write(&path, &bytes).expect("write");
+        let previous = read_vsr_superblock(dir.path()).expect("older copy");
+        assert!(previous.replacement && !previous.unformed);
+        bytes[VSR_SLOT_SIZE + VSR_SLOT_HEAD + 2] ^= 1;
+        std::fs::write(&path, &bytes).expect("write");
+        assert!(read_vsr_superblock(dir.path()).is_err());
+    }
+
+    fn superblock_of_view(view: u32, headers: usize) -> VsrSuperblock {
+        VsrSuperblock {
+            view,
+            log_view: view,
+            headers: (0..headers)
+                .map(|op| {
+                    let mut header = PrepareHeader::new();
+                    header.op = op as u64 + 1;
+                    header.frame.view = view;
+                    header
+                })
+                .collect(),
+            replacement: false,
+            unformed: false,
+        }
+    }
+
+    #[test]
+    fn vsr_superblock_torn_write_keeps_the_newest_durable_copy() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(VSR_SUPERBLOCK_FILE);
+        create_vsr_superblock(dir.path(), true).expect("create");
+        assert_eq!(
+            read_vsr_superblock(dir.path()).expect("read"),
+            VsrSuperblock::default()
+        );
+        for view in 1..=4 {
+            let superblock = superblock_of_view(view, (view as usize * 40).min(SUFFIX_HEADERS_MAX));
+            write_vsr_superblock(dir.path(), &superblock).expect("write");
+            assert_eq!(read_vsr_superblock(dir.path()).expect("read"), superblock);
+        }
+        // View 4 is in slot 0 (sequence 5, after the default and three views); a write
+        // of view 5 into slot 1 tears after every possible prefix: view 4 stays the
+        // superblock.
+        let newest = superblock_of_view(4, 128);
+        let torn = vsr_slot(6, &encode_vsr_superblock(&superblock_of_view(5, 3)));
+        let clean = std::fs::read(&path).expect("read");
+        for cut in [1, VSR_SLOT_HEAD, VSR_SLOT_HEAD + 100, torn.len() - 1] {
+            let mut bytes = clean.clone();
+            bytes[VSR_SLOT_SIZE..VSR_SLOT_SIZE + cut].copy_from_slice(&torn[..cut]);
+            std::fs::write(&path, &bytes).expect("write");
+            assert_eq!(
+                read_vsr_superblock(dir.path()).expect("read"),
+                newest,
+                "cut {cut}"
+            );
+            // The next write goes over the torn slot again, never over view 4.
+            let mut next = superblock_of_view(6, 2);
+            next.unformed = true;
+            write_vsr_superblock(dir.path(), &next).expect("write");
+            assert_eq!(read_vsr_superblock(dir.path()).expect("read"), next);
+            let after = std::fs::read(&path).expect("read");
+            assert_eq!(after[..VSR_SLOT_SIZE], clean[..VSR_SLOT_SIZE], "cut {cut}");
+        }
+    }
+
+    #[test]
+    fn vsr_superblock_written_whole_is_read_and_replaced_by_slots() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(VSR_SUPERBLOCK_FILE);
+        let old = superblock_of_view(7, 5);
+        write_durable(&path, MAGIC_VSR, &encode_vsr_superblock(&old)).expect("write");
+        assert_eq!(read_vsr_superblock(dir.path()).expect("read"), old);
+        let new = superblock_of_view(8, 1);
+        write_vsr_superblock(dir.path(), &new).expect("write");
+        assert_eq!(&std::fs::read(&path).expect("read")[..4], MAGIC_VSR_SLOT);
+        assert_eq!(read_vsr_superblock(dir.path()).expect("read"), new);
+        // An empty file (created, never synced) is view 0; creating keeps a file there.
+        std::fs::write(&path, b"").expect("write");
+        assert_eq!(
+            read_vsr_superblock(dir.path()).expect("read"),
+            VsrSuperblock::default()
+        );
+        create_vsr_superblock(dir.path(), true).expect("create");
+        assert!(std::fs::read(&path).expect("read").is_empty());
+        write_vsr_superblock(dir.path(), &new).expect("write");
+        assert_eq!(read_vsr_superblock(dir.path()).expect("read"), new);
+        create_vsr_superblock(dir.path(), true).expect("create");
+        assert_eq!(read_vsr_superblock(dir.path()).expect("read"), new);
+        // A file with neither layout is refused, not taken for view 0.
+        std::fs::write(&path, vec![7u8; 100]).expect("write");
         assert!(read_vsr_superblock(dir.path()).is_err());
     }
 

@@ -109,6 +109,10 @@ pub async fn open(
     offset_durability: Durability,
 ) -> Result<Opened, String> {
     let dir = partition_dir(data_dir, key);
+    // A new partition's superblock file goes in before its log's first segment, whose
+    // directory sync (PartitionLog::open) makes both entries durable.
+    let fresh = !dir.exists();
+    files::create_vsr_superblock(&dir, !fresh).map_err(|e| e.to_string())?;
     let (mut log, report) = PartitionLog::open(&dir, group, config)
         .await
         .map_err(|e| e.to_string())?;

@@ -215,14 +215,7 @@ pub fn write_vsr_superblock(dir: &Path, superblock: &VsrSuperblock) -> Result<()
         }
         Err(e) => return Err(io(&path)(e)),
     };
-    let slots = [read_vsr_slot(&file, 0), read_vsr_slot(&file, 1)];
-    let newest = match (&slots[0], &slots[1]) {
-        (Ok(Some(a)), Ok(Some(b))) => Some(if b.0 > a.0 { (1, b.0) } else { (0, a.0) }),
-        (Ok(Some(a)), _) => Some((0, a.0)),
-        (_, Ok(Some(b))) => Some((1, b.0)),
-        _ => None,
-    };
-    let Some((slot, sequence)) = newest else {
+    let Some((slot, sequence, _)) = newest_vsr_slot(&file).map_err(io(&path))? else {
         // A file from before the slots (or one with no valid slot, which reading
         // refuses): replaced whole, so it stays readable until the new one is in place.
         drop(file);
@@ -254,11 +247,12 @@ pub fn create_vsr_superblock(dir: &Path, sync_dir: bool) -> Result<(), FileError
         Err(e) => return Err(io(&path)(e)),
     };
     let payload = encode_vsr_superblock(&VsrSuperblock::default());
-    let mut bytes = vsr_slot(1, &payload);
+    file.write_all(&vsr_slot(1, &payload)).map_err(io(&path))?;
     // The second slot's first block is allocated too (zeros: no valid slot), so a view
     // change's write into it changes no file size or extent and its sync is data only.
-    bytes.resize(VSR_SLOT_SIZE + VSR_SLOT_BLOCK, 0);
-    file.write_all(&bytes).map_err(io(&path))?;
+    // The rest of the first slot stays a hole: 8 KiB on disk per file.
+    file.write_all_at(&[0; VSR_SLOT_BLOCK], VSR_SLOT_SIZE as u64)
+        .map_err(io(&path))?;
     if sync_dir {
         sync_dir_of(&path)?;
     }
@@ -312,6 +306,16 @@ fn parse_vsr_slot(bytes: &[u8]) -> Option<(u64, &[u8])> {
         .then(|| (sequence, &content[VSR_SLOT_HEAD..]))
 }
 
+/// The valid slot with the higher sequence: its index, sequence and payload.
+fn newest_vsr_slot(file: &File) -> std::io::Result<Option<(usize, u64, Vec<u8>)>> {
+    let first = read_vsr_slot(file, 0)?.map(|(sequence, payload)| (0, sequence, payload));
+    let second = read_vsr_slot(file, 1)?.map(|(sequence, payload)| (1, sequence, payload));
+    Ok([first, second]
+        .into_iter()
+        .flatten()
+        .max_by_key(|(_, sequence, _)| *sequence))
+}
+
 /// Reads one slot of an open superblock file: its head, then as much as it says.
 fn read_vsr_slot(file: &File, slot: usize) -> std::io::Result<Option<(u64, Vec<u8>)>> {
     let at = (slot * VSR_SLOT_SIZE) as u64;
@@ -357,19 +361,15 @@ fn encode_vsr_superblock(superblock: &VsrSuperblock) -> Vec<u8> {
 /// The persisted VSR superblock, or the default (view 0) when none was written yet.
 pub fn read_vsr_superblock(dir: &Path) -> Result<VsrSuperblock, FileError> {
     let path = dir.join(VSR_SUPERBLOCK_FILE);
-    let bytes = match std::fs::read(&path) {
-        Ok(bytes) => bytes,
+    let file = match File::open(&path) {
+        Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(VsrSuperblock::default()),
         Err(e) => return Err(io(&path)(e)),
     };
-    let newest = [0, VSR_SLOT_SIZE]
-        .into_iter()
-        .filter_map(|at| parse_vsr_slot(bytes.get(at..)?))
-        .max_by_key(|(sequence, _)| *sequence);
-    if let Some((_, payload)) = newest {
-        return decode_vsr_superblock(&path, payload);
+    if let Some((_, _, payload)) = newest_vsr_slot(&file).map_err(io(&path))? {
+        return decode_vsr_superblock(&path, &payload);
     }
-    if bytes.is_empty() {
+    if file.metadata().map_err(io(&path))?.len() == 0 {
         // Created and not yet synced when the host went down (`create_vsr_superblock`).
         return Ok(VsrSuperblock::default());
     }
@@ -610,6 +610,11 @@ mod tests {
             read_vsr_superblock(dir.path()).expect("read"),
             VsrSuperblock::default()
         );
+        // Each slot's first block is written, the rest of the first slot is a hole.
+        let created = std::fs::metadata(&path).expect("metadata");
+        assert_eq!(created.len(), (VSR_SLOT_SIZE + VSR_SLOT_BLOCK) as u64);
+        use std::os::unix::fs::MetadataExt;
+        assert!(created.blocks() * 512 <= 2 * VSR_SLOT_BLOCK as u64);
         for view in 1..=4 {
             let superblock = superblock_of_view(view, (view as usize * 40).min(SUFFIX_HEADERS_MAX));
             write_vsr_superblock(dir.path(), &superblock).expect("write");

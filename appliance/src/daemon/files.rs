@@ -289,23 +289,6 @@ fn vsr_slot(sequence: u64, payload: &[u8]) -> Vec<u8> {
     bytes
 }
 
-/// A slot's sequence and payload; None when the slot is absent, torn or damaged.
-fn parse_vsr_slot(bytes: &[u8]) -> Option<(u64, &[u8])> {
-    let head = bytes.get(..VSR_SLOT_HEAD)?;
-    if &head[..4] != MAGIC_VSR_SLOT {
-        return None;
-    }
-    let sequence = u64::from_le_bytes(head[4..12].try_into().ok()?);
-    let len = u32::from_le_bytes(head[12..16].try_into().ok()?) as usize;
-    if len > VSR_PAYLOAD_MAX {
-        return None;
-    }
-    let content = bytes.get(..VSR_SLOT_HEAD + len)?;
-    let sum = bytes.get(VSR_SLOT_HEAD + len..VSR_SLOT_HEAD + len + 8)?;
-    (checksum(content) == u64::from_le_bytes(sum.try_into().ok()?))
-        .then(|| (sequence, &content[VSR_SLOT_HEAD..]))
-}
-
 /// The valid slot with the higher sequence: its index, sequence and payload.
 fn newest_vsr_slot(file: &File) -> std::io::Result<Option<(usize, u64, Vec<u8>)>> {
     let first = read_vsr_slot(file, 0)?.map(|(sequence, payload)| (0, sequence, payload));
@@ -316,27 +299,37 @@ fn newest_vsr_slot(file: &File) -> std::io::Result<Option<(usize, u64, Vec<u8>)>
         .max_by_key(|(_, sequence, _)| *sequence))
 }
 
-/// Reads one slot of an open superblock file: its head, then as much as it says.
+/// Reads one slot of an open superblock file, its head and then as much as the head
+/// says: its sequence and payload, or None when the slot is absent, torn or damaged.
 fn read_vsr_slot(file: &File, slot: usize) -> std::io::Result<Option<(u64, Vec<u8>)>> {
     let at = (slot * VSR_SLOT_SIZE) as u64;
-    let mut head = [0u8; VSR_SLOT_HEAD];
-    let read = file.read_at(&mut head, at)?;
-    if read < VSR_SLOT_HEAD || &head[..4] != MAGIC_VSR_SLOT {
+    let mut bytes = vec![0u8; VSR_SLOT_HEAD];
+    if !read_whole_at(file, &mut bytes, at)? || &bytes[..4] != MAGIC_VSR_SLOT {
         return Ok(None);
     }
-    let len = u32::from_le_bytes([head[12], head[13], head[14], head[15]]) as usize;
+    let sequence = u64::from_le_bytes(bytes[4..12].try_into().expect("8 bytes"));
+    let len = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes")) as usize;
     if len > VSR_PAYLOAD_MAX {
         return Ok(None);
     }
-    let mut bytes = vec![0u8; VSR_SLOT_HEAD + len + 8];
-    let mut filled = 0;
-    while filled < bytes.len() {
-        match file.read_at(&mut bytes[filled..], at + filled as u64)? {
-            0 => return Ok(None),
-            n => filled += n,
-        }
+    bytes.resize(VSR_SLOT_HEAD + len + 8, 0);
+    if !read_whole_at(file, &mut bytes[VSR_SLOT_HEAD..], at + VSR_SLOT_HEAD as u64)? {
+        return Ok(None);
     }
-    Ok(parse_vsr_slot(&bytes).map(|(sequence, payload)| (sequence, payload.to_vec())))
+    let (content, sum) = bytes.split_at(VSR_SLOT_HEAD + len);
+    if checksum(content) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
+        return Ok(None);
+    }
+    Ok(Some((sequence, content[VSR_SLOT_HEAD..].to_vec())))
+}
+
+/// Fills `buf` from `at`; false when the file ends first.
+fn read_whole_at(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<bool> {
+    match file.read_exact_at(buf, at) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 fn encode_vsr_superblock(superblock: &VsrSuperblock) -> Vec<u8> {

@@ -50,7 +50,7 @@ pub(crate) struct Census {
 }
 
 /// What a replica that may not vote yet waits for (stats and logs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RecoveryWait {
     /// A formatted replica: whether its group formed. `answered` of `peers` replied.
     Formation { answered: u32, peers: u32 },
@@ -437,7 +437,10 @@ impl Replica {
     /// StartView's op that the log still holds (ops truncated since were never
     /// committed). Applied, not only held: a driver that creates state from committed ops
     /// (the metadata plane creating partition groups) then knows that whatever it creates
-    /// afterwards is newer than anything the lost state held.
+    /// afterwards is newer than anything the lost state held. And durable in its journal:
+    /// the replacement stands in for the acknowledgements its lost state gave, and a
+    /// voter that restarts without one of them would nack it in a view change, letting a
+    /// quorum that never saw a committed op truncate it.
     pub(crate) fn try_become_voter(&mut self) {
         if self.voter || self.status != Status::Normal {
             return;
@@ -445,7 +448,11 @@ impl Replica {
         let Some((op, commit)) = self.recover else {
             return;
         };
-        if self.commit < commit.max(op.min(self.log.op)) {
+        let target = commit.max(op.min(self.log.op));
+        if self.commit < target {
+            return;
+        }
+        if (self.log.op_min()..=target).any(|o| !self.log.slot(o).is_some_and(|s| s.durable)) {
             return;
         }
         self.voter = true;

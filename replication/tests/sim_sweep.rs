@@ -174,6 +174,13 @@ fn regression_seeds() {
     // view could neither truncate nor fetch an op only one of them claimed, unreadable.
     // A DVC now ends below the op its sender cannot vouch for instead.
     check(1011929, 3, 5_000, false);
+    // 11186 (once a Commit that tells a sleeping backup nothing new no longer woke it): a
+    // replica restarted on a new disk caught up as a replacement and voted once it had
+    // applied the ops its lost state had acknowledged, before its journal held them
+    // durably; it crashed, restarted without one, nacked it in a view change with a peer
+    // that never had it, and a committed op was truncated. A replacement votes only once
+    // those ops are durable.
+    check(11186, 3, 5_000, false);
 }
 
 /// Sleeping idle replicas (`vsr/hibernate.rs`): seeds that found liveness bugs.
@@ -193,8 +200,8 @@ fn sleeping_replicas_regressions() {
     check(4671, 3, 5_000, true);
     // 157: a replica cut off during a view change slept in the old view while the new
     // primary slept too, with no client request to wake either (the clients' idle
-    // stretch outlived the fault phase). Sleeping replicas now wake to refresh their
-    // view, and the clients resume when the faults stop.
+    // stretch outlived the fault phase). Sleeping primaries now broadcast their Commit
+    // periodically (a refresh), and the clients resume when the faults stop.
     check(157, 3, 5_000, false);
 }
 

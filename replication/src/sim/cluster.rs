@@ -552,7 +552,9 @@ impl Cluster {
                             self.silent_wakes += 1;
                             self.log(|| format!("r{r} wakes: its primary's node is silent"));
                         }
-                        Some(Woke::Refresh) => self.log(|| format!("r{r} wakes to refresh")),
+                        Some(Woke::Refreshed) => {
+                            self.log(|| format!("r{r} broadcasts its Commit asleep"))
+                        }
                         Some(Woke::PrimaryReconnected) => {
                             self.log(|| format!("r{r} wakes: its primary's node reconnected"))
                         }
@@ -616,10 +618,16 @@ impl Cluster {
                         self.liveness[i].heard(from, self.now);
                     }
                 }
-                self.sleeps[i].wake(replica, &self.liveness[i], self.now);
                 match packet.from {
-                    Node::Replica(_) => replica.on_message(packet.bytes.as_bytes()),
+                    Node::Replica(_) => {
+                        let bytes = packet.bytes.as_bytes();
+                        let (sleep, peers) = (&mut self.sleeps[i], &self.liveness[i]);
+                        sleep.on_message(replica, peers, self.now, |replica| {
+                            replica.on_message(bytes)
+                        });
+                    }
                     Node::Client(c) => {
+                        self.sleeps[i].wake(replica, &self.liveness[i], self.now);
                         let outcome = replica.on_request(packet.bytes.as_bytes());
                         if let RequestOutcome::NotPrimary { primary } = outcome {
                             // The redirect a backup answers with.

@@ -10,10 +10,6 @@ use crate::wire::{decode, decode_trusted, Frame, FrameError, Limits, Message, ME
 use super::hibernate::{PeerLiveness, Sleep, Woke};
 use super::{Action, Replica};
 
-/// Sleeping groups looked at per tick for their refresh (`hibernate.rs`): a share such
-/// that each is seen every this many ticks.
-const SLEEP_SCAN_TICKS: usize = 50;
-
 /// Why a frame could not be routed to a group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RouteError {
@@ -51,8 +47,9 @@ struct Hibernation {
     awake: BTreeSet<u64>,
     /// Sleeping groups by the replica they take for their primary.
     asleep_by_primary: BTreeMap<u8, BTreeSet<u64>>,
-    /// Where the refresh scan of sleeping groups resumes.
-    scan_from: u64,
+    /// Sleeping primaries by the tick of their next refresh (`Sleep::refresh_due`): a
+    /// node tick looks only at the ones due, not at every sleeping group.
+    refreshes: BTreeSet<(u64, u64)>,
     /// Times groups fell asleep, and woke because their primary's node was silent.
     pub sleeps_total: u64,
     pub silent_wakes: u64,
@@ -69,34 +66,69 @@ pub struct SleepStats {
 }
 
 impl Hibernation {
-    /// Wakes `group` if it sleeps (a frame, request or completion arrived for it).
+    /// Wakes `group` if it sleeps (a request or completion arrived for it).
     fn wake(&mut self, group: u64, replica: &mut Replica) {
-        let Some(asleep) = self.sleeps.get(&group).map(Sleep::asleep) else {
+        let Some(sleep) = self.sleeps.get_mut(&group) else {
             return;
         };
-        if asleep {
-            self.unfile(group, replica);
+        let filed = Filed::of(sleep, replica);
+        sleep.wake(replica, &self.peers, self.now);
+        self.refile(group, filed, replica);
+    }
+
+    /// Delivers a peer's frame to `group`'s replica (`Sleep::on_message`): a sleeping
+    /// replica the frame leaves with nothing to do sleeps on.
+    fn deliver(&mut self, group: u64, replica: &mut Replica, handle: impl FnOnce(&mut Replica)) {
+        let Some(sleep) = self.sleeps.get_mut(&group) else {
+            handle(replica);
+            return;
+        };
+        let filed = Filed::of(sleep, replica);
+        sleep.on_message(replica, &self.peers, self.now, handle);
+        self.refile(group, filed, replica);
+    }
+
+    /// Brings the indexes of `group` up to date after its sleep changed from `before`:
+    /// a group that woke leaves them and is ticked again; one that sleeps on stays filed
+    /// under its primary, and a primary's next refresh is queued.
+    fn refile(&mut self, group: u64, before: Filed, replica: &Replica) {
+        let Some(sleep) = self.sleeps.get(&group) else {
+            return;
+        };
+        if let Some(due) = before.refresh_due {
+            self.refreshes.remove(&(due, group));
+        }
+        if before.asleep {
+            if let Some(set) = self.asleep_by_primary.get_mut(&before.leader) {
+                set.remove(&group);
+            }
+        }
+        if sleep.asleep() {
+            let leader = replica.config().primary_of(replica.view());
+            self.asleep_by_primary
+                .entry(leader)
+                .or_default()
+                .insert(group);
+            if let Some(due) = sleep.refresh_due(replica) {
+                self.refreshes.insert((due, group));
+            }
+            self.awake.remove(&group);
+        } else {
             self.awake.insert(group);
         }
-        if let Some(sleep) = self.sleeps.get_mut(&group) {
-            sleep.wake(replica, &self.peers, self.now);
-        }
     }
 
-    /// Takes `group` out of the sleeping index (it is about to wake).
-    fn unfile(&mut self, group: u64, replica: &Replica) {
-        let leader = replica.config().primary_of(replica.view());
-        if let Some(set) = self.asleep_by_primary.get_mut(&leader) {
-            set.remove(&group);
-        }
-    }
-
-    /// Forgets `group` (removed or replaced).
-    fn forget(&mut self, group: u64) {
+    /// Forgets `group` (removed, or replaced by a new replica); `replica` is the one it
+    /// had.
+    fn forget(&mut self, group: u64, replica: Option<&Replica>) {
         for set in self.asleep_by_primary.values_mut() {
             set.remove(&group);
         }
-        self.sleeps.remove(&group);
+        if let (Some(sleep), Some(replica)) = (self.sleeps.remove(&group), replica) {
+            if let Some(due) = sleep.refresh_due(replica) {
+                self.refreshes.remove(&(due, group));
+            }
+        }
         self.awake.remove(&group);
     }
 
@@ -115,7 +147,11 @@ impl Hibernation {
             .map(|(peer, _)| *peer)
             .collect();
         for peer in silent {
-            let groups = std::mem::take(self.asleep_by_primary.entry(peer).or_default());
+            let groups: Vec<u64> = self
+                .asleep_by_primary
+                .get(&peer)
+                .map(|set| set.iter().copied().collect())
+                .unwrap_or_default();
             for group in groups {
                 self.check(group, replicas, touched);
             }
@@ -127,32 +163,13 @@ impl Hibernation {
         self.sleeps.len() - self.awake.len()
     }
 
-    /// A share of the sleeping groups each tick: their refresh, and a primary that
-    /// reconnected since they heard it.
-    fn scan(&mut self, replicas: &mut BTreeMap<u64, Replica>, touched: &mut BTreeSet<u64>) {
-        let asleep = self.asleep_count();
-        if asleep == 0 {
-            return;
-        }
-        let share = asleep / SLEEP_SCAN_TICKS + 1;
-        let mut due: Vec<u64> = self
-            .sleeps
-            .range(self.scan_from..)
-            .filter(|(_, s)| s.asleep())
-            .map(|(g, _)| *g)
-            .take(share)
-            .collect();
-        if due.len() < share {
-            due.extend(
-                self.sleeps
-                    .range(..self.scan_from)
-                    .filter(|(_, s)| s.asleep())
-                    .map(|(g, _)| *g)
-                    .take(share - due.len()),
-            );
-        }
-        self.scan_from = due.last().map_or(0, |g| g.wrapping_add(1));
-        for group in due {
+    /// The sleeping primaries whose refresh is due broadcast their Commits.
+    fn refresh(&mut self, replicas: &mut BTreeMap<u64, Replica>, touched: &mut BTreeSet<u64>) {
+        while let Some(&(due, group)) = self.refreshes.first() {
+            if due > self.now {
+                return;
+            }
+            self.refreshes.remove(&(due, group));
             self.check(group, replicas, touched);
         }
     }
@@ -168,26 +185,17 @@ impl Hibernation {
         else {
             return;
         };
-        let leader = replica.config().primary_of(replica.view());
+        let filed = Filed::of(sleep, replica);
         match sleep.check(replica, &self.peers, self.now) {
-            None => {
-                // Still asleep (the silence pass took it out of the index).
-                self.asleep_by_primary
-                    .entry(leader)
-                    .or_default()
-                    .insert(group);
-            }
+            None => {}
             Some(woke) => {
                 if woke == Woke::PrimarySilent {
                     self.silent_wakes += 1;
                 }
-                if let Some(set) = self.asleep_by_primary.get_mut(&leader) {
-                    set.remove(&group);
-                }
-                self.awake.insert(group);
                 touched.insert(group);
             }
         }
+        self.refile(group, filed, replica);
     }
 
     /// When no awake group has this node for its primary, one that sleeps wakes: the
@@ -213,6 +221,24 @@ impl Hibernation {
     }
 }
 
+/// Where a group's sleep was filed before something changed it (`Hibernation::refile`).
+#[derive(Clone, Copy)]
+struct Filed {
+    asleep: bool,
+    leader: u8,
+    refresh_due: Option<u64>,
+}
+
+impl Filed {
+    fn of(sleep: &Sleep, replica: &Replica) -> Filed {
+        Filed {
+            asleep: sleep.asleep(),
+            leader: replica.config().primary_of(replica.view()),
+            refresh_due: sleep.refresh_due(replica),
+        }
+    }
+}
+
 impl Groups {
     /// No groups yet.
     pub fn new() -> Groups {
@@ -230,7 +256,7 @@ impl Groups {
             sleeps: BTreeMap::new(),
             awake: self.replicas.keys().copied().collect(),
             asleep_by_primary: BTreeMap::new(),
-            scan_from: 0,
+            refreshes: BTreeSet::new(),
             sleeps_total: 0,
             silent_wakes: 0,
         };
@@ -244,7 +270,7 @@ impl Groups {
     pub fn insert(&mut self, replica: Replica) {
         let group = replica.config().group;
         if let Some(h) = self.hibernation.as_mut() {
-            h.forget(group);
+            h.forget(group, self.replicas.get(&group));
             h.sleeps
                 .insert(group, Sleep::of_new(&replica, &h.peers, h.now));
             h.awake.insert(group);
@@ -257,7 +283,7 @@ impl Groups {
     pub fn remove(&mut self, group: u64) -> Option<Replica> {
         self.touched.remove(&group);
         if let Some(h) = self.hibernation.as_mut() {
-            h.forget(group);
+            h.forget(group, self.replicas.get(&group));
         }
         self.replicas.remove(&group)
     }
@@ -315,8 +341,8 @@ impl Groups {
 
     /// Routes a replica-plane frame to its group's replica by the group field.
     pub fn on_message(&mut self, bytes: &[u8]) -> Result<u64, RouteError> {
-        let (group, replica) = self.route(decode(bytes, &self.limits))?;
-        replica.on_message(bytes);
+        let group = self.route(decode(bytes, &self.limits))?;
+        self.deliver(group, |replica| replica.on_message(bytes));
         Ok(group)
     }
 
@@ -324,15 +350,13 @@ impl Groups {
     /// verified frames): routed without verifying its body again, and a Prepare is kept
     /// in the log as received, without a copy.
     pub fn on_frame(&mut self, frame: Frame) -> Result<u64, RouteError> {
-        let (group, replica) = self.route(decode_trusted(frame.as_bytes(), &self.limits))?;
-        replica.on_frame(frame);
+        let group = self.route(decode_trusted(frame.as_bytes(), &self.limits))?;
+        self.deliver(group, |replica| replica.on_frame(frame));
         Ok(group)
     }
 
-    fn route(
-        &mut self,
-        decoded: Result<Message<'_>, FrameError>,
-    ) -> Result<(u64, &mut Replica), RouteError> {
+    /// The hosted group a decoded frame is for.
+    fn route(&mut self, decoded: Result<Message<'_>, FrameError>) -> Result<u64, RouteError> {
         let group = match decoded {
             Ok(message) => {
                 if let (Message::Commit(commit), Some(h)) = (&message, self.hibernation.as_mut()) {
@@ -343,15 +367,24 @@ impl Groups {
             }
             Err(_) => return Err(RouteError::Invalid),
         };
-        let replica = self
-            .replicas
-            .get_mut(&group)
-            .ok_or(RouteError::UnknownGroup { group })?;
-        if let Some(h) = self.hibernation.as_mut() {
-            h.wake(group, replica);
+        if !self.replicas.contains_key(&group) {
+            return Err(RouteError::UnknownGroup { group });
         }
-        self.touched.insert(group);
-        Ok((group, replica))
+        Ok(group)
+    }
+
+    /// Hands a routed frame to `group`'s replica (`Hibernation::deliver`).
+    fn deliver(&mut self, group: u64, handle: impl FnOnce(&mut Replica)) {
+        let Some(replica) = self.replicas.get_mut(&group) else {
+            return;
+        };
+        match self.hibernation.as_mut() {
+            Some(h) => h.deliver(group, replica, handle),
+            None => handle(replica),
+        }
+        if replica.has_actions() {
+            self.touched.insert(group);
+        }
     }
 
     /// Ticks every group (every awake one, with `hibernate`).
@@ -367,7 +400,7 @@ impl Groups {
         };
         h.now += 1;
         h.wake_for_silence(&mut self.replicas, &mut self.touched);
-        h.scan(&mut self.replicas, &mut self.touched);
+        h.refresh(&mut self.replicas, &mut self.touched);
         let awake: Vec<u64> = h.awake.iter().copied().collect();
         let mut leads_awake = awake
             .iter()
@@ -390,11 +423,10 @@ impl Groups {
             let Some(sleep) = h.sleeps.get_mut(&group) else {
                 continue;
             };
+            let filed = Filed::of(sleep, replica);
             if sleep.after_tick(replica, &h.peers, h.now) {
                 h.sleeps_total += 1;
-                h.awake.remove(&group);
-                let leader = replica.config().primary_of(replica.view());
-                h.asleep_by_primary.entry(leader).or_default().insert(group);
+                h.refile(group, filed, replica);
                 leads_awake -= usize::from(primary);
             }
         }
@@ -462,6 +494,8 @@ mod tests {
         nodes: Vec<Groups>,
         up: Vec<bool>,
         inbox: Vec<Vec<Frame>>,
+        /// Commit broadcasts of partition groups, per node.
+        partition_commits: Vec<u64>,
     }
 
     impl Nodes {
@@ -498,6 +532,7 @@ mod tests {
                 nodes,
                 up: vec![true; 3],
                 inbox: vec![Vec::new(); 3],
+                partition_commits: vec![0; 3],
             }
         }
 
@@ -518,6 +553,14 @@ mod tests {
                     match action {
                         Action::Send { to, frame } => self.inbox[usize::from(to)].push(frame),
                         Action::Broadcast { frame } => {
+                            if group != METADATA_GROUP
+                                && matches!(
+                                    decode(frame.as_bytes(), &Limits::default()),
+                                    Ok(Message::Commit(_))
+                                )
+                            {
+                                self.partition_commits[r] += 1;
+                            }
                             for to in (0..3).filter(|to| *to != r) {
                                 self.inbox[to].push(frame.clone());
                             }
@@ -569,12 +612,24 @@ mod tests {
         for r in 1..3 {
             assert!(nodes.asleep(r) >= u64::from(partitions) - 1, "node {r}");
         }
-        // Asleep, nothing changes for a long time (the refreshes wake some briefly).
-        for _ in 0..2_000 {
+        // Asleep, nothing changes for a long time: every group stays asleep on every
+        // node, while each primary's refresh broadcasts its Commit once per
+        // REFRESH_HEARTBEATS heartbeat timeouts (the backups handle it asleep).
+        let commits_before = nodes.partition_commits[0];
+        let refresh_ticks =
+            (super::super::hibernate::REFRESH_HEARTBEATS + 1) * nodes.heartbeat_timeout();
+        for _ in 0..2 * refresh_ticks {
             nodes.tick();
+            for r in 0..3 {
+                assert_eq!(nodes.asleep(r), u64::from(partitions), "node {r}");
+            }
         }
+        let refreshes = nodes.partition_commits[0] - commits_before;
+        assert!(
+            (u64::from(partitions)..=3 * u64::from(partitions)).contains(&refreshes),
+            "{refreshes} refreshes of {partitions} groups"
+        );
         for r in 0..3 {
-            assert!(nodes.asleep(r) >= u64::from(partitions) - 3, "node {r}");
             assert_eq!(nodes.nodes[r].sleep_stats().silent_wakes, 0);
         }
         let views = |nodes: &Nodes, r: usize| -> Vec<u32> {

@@ -24,20 +24,26 @@
 //! stalled stops its Commits to be replaced; its backups must not sleep through that).
 //! A replica that missed a view change (it was cut off while the others elected) learns of
 //! the new view from the new primary's Commits; so that it does not sleep in the old view
-//! for good, every sleeping replica wakes for a commit broadcast interval once per
-//! `REFRESH_HEARTBEATS` heartbeat timeouts (spread by group), and a primary broadcasts
-//! its Commit then.
+//! for good, every sleeping primary broadcasts its Commit once per `REFRESH_HEARTBEATS`
+//! heartbeat timeouts (spread by group) without waking.
+//!
+//! A frame for a sleeping replica is handled as for an awake one; the replica wakes only
+//! if the frame left it something to do (it is no longer quiescent, or its primary is no
+//! longer vouched for). A Commit that tells a sleeping backup nothing new, such as a
+//! refresh or the Commits of the group its primary's node keeps awake, costs its
+//! handling and nothing more.
 
 use super::{Replica, Status};
 
 /// Commit broadcasts with an unchanged commit point a primary sends before it may sleep.
 pub const BROADCASTS_BEFORE_SLEEP: u32 = 2;
 
-/// A sleeping replica wakes once per this many heartbeat timeouts (plus up to one more,
-/// by group) to refresh its group's view.
+/// A sleeping primary broadcasts its Commit once per this many heartbeat timeouts (plus
+/// up to one more, by group), so that a replica of its group in an older view learns of
+/// the current one.
 pub const REFRESH_HEARTBEATS: u64 = 10;
 
-/// Why a sleeping replica woke on its own.
+/// What a sleeping replica did on its own (`Sleep::check`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Woke {
     /// The node of its primary was not heard for a heartbeat timeout: it timed out the
@@ -46,8 +52,8 @@ pub enum Woke {
     /// The node of its primary (re)connected since the replica heard the primary's
     /// Commit: it runs its own heartbeat timer until it hears one again.
     PrimaryReconnected,
-    /// Its periodic refresh.
-    Refresh,
+    /// Not a wake: a sleeping primary broadcast its Commit (its refresh) and sleeps on.
+    Refreshed,
 }
 
 /// Whether a peer's node was heard within a heartbeat timeout, per peer: the tick a
@@ -186,7 +192,51 @@ impl Sleep {
         false
     }
 
-    /// Something arrived for the replica (a frame, a request, a completion): it is ticked
+    /// A frame from a peer arrives for the replica: `handle` delivers it. An awake replica
+    /// handles it as ever. A sleeping one first takes its primary as heard (as `wake`
+    /// does), and sleeps on if the frame left it quiescent with its primary still vouched
+    /// for; otherwise it wakes. True when it woke.
+    pub fn on_message(
+        &mut self,
+        replica: &mut Replica,
+        peers: &PeerLiveness,
+        now: u64,
+        handle: impl FnOnce(&mut Replica),
+    ) -> bool {
+        if !self.asleep {
+            handle(replica);
+            if !replica.quiescent() {
+                self.quiet_ticks = 0;
+            }
+            return false;
+        }
+        let primary = replica.config().primary_of(replica.view());
+        if primary != replica.replica() && peers.alive(primary, now) && self.vouched(replica, peers)
+        {
+            replica.primary_heard();
+        }
+        handle(replica);
+        self.observe(replica, peers);
+        if replica.quiescent() && self.vouched(replica, peers) {
+            return false;
+        }
+        self.asleep = false;
+        self.quiet_ticks = 0;
+        true
+    }
+
+    /// The node tick at which a sleeping primary broadcasts its Commit next (`check`);
+    /// none for a backup or an awake replica.
+    pub fn refresh_due(&self, replica: &Replica) -> Option<u64> {
+        if !self.asleep || !replica.is_primary() {
+            return None;
+        }
+        let timeout = replica.config().heartbeat_timeout_ticks;
+        let spread = replica.config().group.wrapping_mul(0x9e37_79b9_7f4a_7c15) % timeout;
+        Some(self.since + REFRESH_HEARTBEATS * timeout + spread)
+    }
+
+    /// Something arrived for the replica (a request, a completion): it is ticked
     /// again. A backup whose primary's node is heard restarts its heartbeat timer, since
     /// the time it slept was covered by that node's Commits.
     pub fn wake(&mut self, replica: &mut Replica, peers: &PeerLiveness, now: u64) {
@@ -202,8 +252,8 @@ impl Sleep {
     }
 
     /// Once per node tick while asleep: when the primary's node went silent, the replica
-    /// wakes and times out its primary now; when its refresh is due, it wakes for a
-    /// commit broadcast interval.
+    /// wakes and times out its primary now; when a primary's refresh is due, it
+    /// broadcasts its Commit and sleeps on.
     pub fn check(&mut self, replica: &mut Replica, peers: &PeerLiveness, now: u64) -> Option<Woke> {
         if !self.asleep {
             return None;
@@ -221,11 +271,10 @@ impl Sleep {
             self.quiet_ticks = 0;
             return Some(Woke::PrimaryReconnected);
         }
-        let timeout = replica.config().heartbeat_timeout_ticks;
-        let spread = replica.config().group.wrapping_mul(0x9e37_79b9_7f4a_7c15) % timeout;
-        if now.saturating_sub(self.since) >= REFRESH_HEARTBEATS * timeout + spread {
-            self.wake(replica, peers, now);
-            return Some(Woke::Refresh);
+        if self.refresh_due(replica).is_some_and(|due| now >= due) {
+            replica.broadcast_commit();
+            self.since = now;
+            return Some(Woke::Refreshed);
         }
         None
     }
@@ -234,7 +283,8 @@ impl Sleep {
 impl Replica {
     /// Whether the replica has nothing to do until a message, request or completion
     /// arrives: a voting member of a normal view that applied every op it knows of, with
-    /// no pipeline, no action queued, nothing to repair or transfer; a primary that also
+    /// no pipeline, no action queued, no probe of a newer view pending, nothing to repair
+    /// or transfer; a primary that also
     /// broadcast that commit point `BROADCASTS_BEFORE_SLEEP` times.
     pub fn quiescent(&self) -> bool {
         let settled = self.voter
@@ -243,6 +293,7 @@ impl Replica {
             && self.recover.is_none()
             && self.formation_wait.0 == 0
             && !self.state_transfer_requested
+            && !self.timeout_probe.ticking()
             && self.faulty_above_op == 0
             && self.pipeline.is_empty()
             && self.actions.is_empty()
@@ -271,6 +322,11 @@ impl Replica {
         {
             self.timeout_heartbeat.start(self.now, &mut self.prng);
         }
+    }
+
+    /// A primary broadcasts its Commit now (a sleeping primary's refresh).
+    pub fn broadcast_commit(&mut self) {
+        self.on_commit_broadcast_timeout();
     }
 
     /// A backup's primary is known silent (its node was not heard for a heartbeat
@@ -349,14 +405,49 @@ mod tests {
         assert_eq!(backup_sleep.check(&mut backup, &peers, refresh - 1), None);
         assert_eq!(backup.status(), Status::Normal);
         assert!(backup_sleep.asleep());
-        // The primary sleeps on too, until its own refresh wakes it.
+        // The primary sleeps on too; its refresh broadcasts its Commit without waking it.
         assert_eq!(
             primary_sleep.check(&mut primary, &peers, refresh - timeout),
             None
         );
-        let woke = (refresh..refresh + 2 * timeout)
+        assert!(primary.drain_actions().is_empty());
+        let due = primary_sleep
+            .refresh_due(&primary)
+            .expect("a sleeping primary");
+        let period = due - primary_at;
+        assert!(
+            (REFRESH_HEARTBEATS * timeout..(REFRESH_HEARTBEATS + 1) * timeout).contains(&period)
+        );
+        let refreshed = (refresh - timeout..refresh + 2 * timeout)
             .find(|now| primary_sleep.check(&mut primary, &peers, *now).is_some());
-        assert!(woke.is_some(), "the primary's refresh");
+        assert_eq!(refreshed, Some(due), "the primary's refresh");
+        assert_eq!(primary_sleep.refresh_due(&primary), Some(due + period));
+        assert!(primary_sleep.asleep(), "a refresh is not a wake");
+        let refreshed = due;
+        let commits = primary.drain_actions();
+        let [crate::vsr::Action::Broadcast { frame }] = commits.as_slice() else {
+            panic!("one Commit broadcast: {commits:?}");
+        };
+        // The backup handles the refresh's Commit asleep: it tells it nothing new.
+        let woke = backup_sleep.on_message(&mut backup, &peers, refreshed, |backup| {
+            backup.on_message(frame.as_bytes())
+        });
+        assert!(!woke && backup_sleep.asleep());
+        assert!(backup.drain_actions().is_empty());
+        // The Commit of a newer view's primary wakes it: it learns of the view.
+        let mut newer = backup_sleep;
+        let mut header = <crate::wire::CommitHeader as crate::wire::Header>::new();
+        header.frame.cluster = cluster;
+        header.frame.view = 2;
+        header.frame.replica = 2;
+        header.timestamp_monotonic = 1;
+        header.group = METADATA_GROUP;
+        let frame = crate::wire::Frame::build(&header, &[]);
+        let woke = newer.on_message(&mut backup, &peers, refreshed, |backup| {
+            backup.on_message(frame.as_bytes())
+        });
+        assert!(woke && !newer.asleep());
+        assert!(!backup.quiescent(), "its probe of the view is pending");
         // The primary's node reconnects: the backup wakes and waits for its Commit.
         let mut reconnected = peers.clone();
         reconnected.reconnected(0, refresh - 1);

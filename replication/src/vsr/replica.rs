@@ -728,7 +728,7 @@ impl Replica {
         }
     }
 
-    fn on_commit_broadcast_timeout(&mut self) {
+    pub(crate) fn on_commit_broadcast_timeout(&mut self) {
         if self.status != Status::Normal || !self.is_primary() {
             self.timeout_commit_broadcast.stop();
             return;

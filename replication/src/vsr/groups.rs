@@ -324,6 +324,24 @@ impl Groups {
         }
     }
 
+    /// Every hosted group in group order: its id, its replica and whether it sleeps
+    /// (one walk, no lookup per group).
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &Replica, bool)> + '_ {
+        let mut sleeps = self
+            .hibernation
+            .as_ref()
+            .map(|h| h.sleeps.iter().peekable());
+        self.replicas.iter().map(move |(group, replica)| {
+            let asleep = sleeps.as_mut().is_some_and(|sleeps| {
+                while sleeps.next_if(|(g, _)| *g < group).is_some() {}
+                sleeps
+                    .next_if(|(g, _)| *g == group)
+                    .is_some_and(|(_, sleep)| sleep.asleep())
+            });
+            (*group, replica, asleep)
+        })
+    }
+
     /// The replica of `group`.
     pub fn get(&self, group: u64) -> Option<&Replica> {
         self.replicas.get(&group)
@@ -617,12 +635,24 @@ mod tests {
         // REFRESH_HEARTBEATS heartbeat timeouts (the backups handle it asleep).
         let commits_before = nodes.partition_commits[0];
         let refresh_ticks =
-            (super::super::hibernate::REFRESH_HEARTBEATS + 1) * nodes.heartbeat_timeout();
+            (super::super::hibernate::REFRESH_HEARTBEATS + 2) * nodes.heartbeat_timeout();
         for _ in 0..2 * refresh_ticks {
             nodes.tick();
             for r in 0..3 {
                 assert_eq!(nodes.asleep(r), u64::from(partitions), "node {r}");
             }
+        }
+        for r in 0..3 {
+            let listed: Vec<(u64, bool)> = nodes.nodes[r]
+                .iter()
+                .map(|(group, _, asleep)| (group, asleep))
+                .collect();
+            let looked_up: Vec<(u64, bool)> = nodes.nodes[r]
+                .replicas
+                .keys()
+                .map(|group| (*group, nodes.nodes[r].asleep(*group)))
+                .collect();
+            assert_eq!(listed, looked_up);
         }
         let refreshes = nodes.partition_commits[0] - commits_before;
         assert!(

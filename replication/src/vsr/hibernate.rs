@@ -39,9 +39,9 @@ use super::{Replica, Status};
 pub const BROADCASTS_BEFORE_SLEEP: u32 = 2;
 
 /// A sleeping primary broadcasts its Commit once per this many heartbeat timeouts (plus
-/// up to one more, by group), so that a replica of its group in an older view learns of
-/// the current one.
-pub const REFRESH_HEARTBEATS: u64 = 10;
+/// up to two more, by group and to fall on a multiple of the heartbeat timeout), so that
+/// a replica of its group in an older view learns of the current one.
+pub const REFRESH_HEARTBEATS: u64 = 30;
 
 /// What a sleeping replica did on its own (`Sleep::check`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,7 +233,9 @@ impl Sleep {
         }
         let timeout = replica.config().heartbeat_timeout_ticks;
         let spread = replica.config().group.wrapping_mul(0x9e37_79b9_7f4a_7c15) % timeout;
-        Some(self.since + REFRESH_HEARTBEATS * timeout + spread)
+        // Due on a multiple of the heartbeat timeout: a node's sleeping primaries send
+        // their refreshes together, one write per peer, not a few in every tick.
+        Some((self.since + REFRESH_HEARTBEATS * timeout + spread).div_ceil(timeout) * timeout)
     }
 
     /// Something arrived for the replica (a request, a completion): it is ticked
@@ -414,14 +416,17 @@ mod tests {
         let due = primary_sleep
             .refresh_due(&primary)
             .expect("a sleeping primary");
-        let period = due - primary_at;
-        assert!(
-            (REFRESH_HEARTBEATS * timeout..(REFRESH_HEARTBEATS + 1) * timeout).contains(&period)
-        );
+        let period = REFRESH_HEARTBEATS * timeout..(REFRESH_HEARTBEATS + 2) * timeout;
+        assert!(period.contains(&(due - primary_at)), "{due} {primary_at}");
+        assert_eq!(due % timeout, 0, "refreshes fall due together");
         let refreshed = (refresh - timeout..refresh + 2 * timeout)
             .find(|now| primary_sleep.check(&mut primary, &peers, *now).is_some());
         assert_eq!(refreshed, Some(due), "the primary's refresh");
-        assert_eq!(primary_sleep.refresh_due(&primary), Some(due + period));
+        let next = primary_sleep.refresh_due(&primary).expect("asleep");
+        assert!(
+            period.contains(&(next - due)) && next % timeout == 0,
+            "{next} {due}"
+        );
         assert!(primary_sleep.asleep(), "a refresh is not a wake");
         let refreshed = due;
         let commits = primary.drain_actions();

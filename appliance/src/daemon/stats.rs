@@ -60,26 +60,61 @@ pub fn shared() -> SharedSnapshot {
 
 /// Builds the snapshot from the node's current state.
 pub fn snapshot(node: &Node) -> Snapshot {
-    let bus = node.bus.stats().snapshot();
+    let mut snapshot = node_figures(node);
+    snapshot.groups = group_stats(node, connected_replicas(&snapshot));
+    snapshot
+}
+
+/// Replicas this node reaches, itself included.
+fn connected_replicas(snapshot: &Snapshot) -> usize {
+    snapshot.peers.iter().filter(|p| p.connected).count() + 1
+}
+
+fn group_status(node: &Node, group: u64, replica: &replication::vsr::Replica) -> GroupStatus {
+    match replica.status() {
+        _ if node.transferring.contains_key(&group) => GroupStatus::StateTransfer,
+        _ if !replica.is_voter() => GroupStatus::Recovering,
+        VsrStatus::Normal => GroupStatus::Normal,
+        VsrStatus::ViewChange => GroupStatus::ViewChange,
+        VsrStatus::Recovering => GroupStatus::Recovering,
+    }
+}
+
+/// A hash of everything `group_stats` shows of every group (but the view change times
+/// the publisher tracks): equal fingerprints, equal group lists. Walks the groups
+/// without allocating, so an idle node's publish need not rebuild thousands of entries.
+fn groups_fingerprint(node: &Node, connected: usize) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    node.partitions.by_group.len().hash(&mut hasher);
+    for (group, replica, asleep) in node.groups.iter() {
+        (
+            group,
+            group_status(node, group, replica) as u8,
+            replica.view(),
+            replica.log_view(),
+            replica.op(),
+            replica.commit(),
+            replica.commit_max(),
+            connected >= replica.config().quorum_replication(),
+            replica.is_voter(),
+            replica.recovery_wait(),
+            replica.slow_peers(),
+            asleep,
+        )
+            .hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
+/// Every group's entry, in `Node::group_ids` order.
+fn group_stats(node: &Node, connected: usize) -> Vec<GroupStats> {
     let mut groups = Vec::new();
-    let mut repair = replication::vsr::Counters::default();
     for group in node.group_ids() {
         let Some(replica) = node.groups.get(group) else {
             continue;
         };
-        let counters = replica.counters();
-        repair.repairs_accepted += counters.repairs_accepted;
-        repair.repair_requests_sent += counters.repair_requests_sent;
-        repair.repairs_served += counters.repairs_served;
-        repair.ranges_evicted += counters.ranges_evicted;
-        let status = match replica.status() {
-            _ if node.transferring.contains_key(&group) => GroupStatus::StateTransfer,
-            _ if !replica.is_voter() => GroupStatus::Recovering,
-            VsrStatus::Normal => GroupStatus::Normal,
-            VsrStatus::ViewChange => GroupStatus::ViewChange,
-            VsrStatus::Recovering => GroupStatus::Recovering,
-        };
-        let connected = bus.peers.iter().filter(|p| p.connected).count() + 1;
+        let status = group_status(node, group, replica);
         let name = if group == METADATA_GROUP {
             "metadata".to_string()
         } else {
@@ -109,6 +144,20 @@ pub fn snapshot(node: &Node) -> Snapshot {
             asleep: node.groups.asleep(group),
             attention: Default::default(),
         });
+    }
+    groups
+}
+
+/// The snapshot but its group list: the node's own figures and the sums over groups.
+fn node_figures(node: &Node) -> Snapshot {
+    let bus = node.bus.stats().snapshot();
+    let mut repair = replication::vsr::Counters::default();
+    for (_, replica, _) in node.groups.iter() {
+        let counters = replica.counters();
+        repair.repairs_accepted += counters.repairs_accepted;
+        repair.repair_requests_sent += counters.repair_requests_sent;
+        repair.repairs_served += counters.repairs_served;
+        repair.ranges_evicted += counters.ranges_evicted;
     }
     let slow = slow_peers(node);
     let peers = bus
@@ -160,7 +209,6 @@ pub fn snapshot(node: &Node) -> Snapshot {
         replica_id: node.settings.replica,
         cluster: node.settings.cluster_name.clone(),
         uptime_s: node.started.elapsed().as_secs(),
-        groups,
         peers,
         nodes: node.settings.nodes.clone(),
         rejected,
@@ -206,10 +254,7 @@ fn slow_peers(node: &Node) -> BTreeMap<u8, SlowPeer> {
         .map_or(0, |d| d.as_millis() as u64);
     let tick_ms = node.settings.tick.as_millis() as u64;
     let mut peers: BTreeMap<u8, SlowPeer> = BTreeMap::new();
-    for group in node.group_ids() {
-        let Some(replica) = node.groups.get(group) else {
-            continue;
-        };
+    for (_, replica, _) in node.groups.iter() {
         let (skips, _) = replica.slow_counts();
         let skipped = replica.slow_peers();
         if skips == 0 && skipped == 0 {
@@ -244,6 +289,8 @@ pub struct Transitions {
     views: RefCell<HashMap<String, (u32, Option<u64>)>>,
     /// View changes seen since start, summed over the groups.
     view_changes: Cell<u64>,
+    /// The groups' fingerprint at the last publish (`groups_fingerprint`).
+    fingerprint: Cell<Option<u64>>,
 }
 
 impl Transitions {
@@ -275,7 +322,7 @@ impl Transitions {
     /// Logs one line per group whose status, view, primary or quorum changed since the
     /// last snapshot (view changes, elections, quorum lost and regained), with the
     /// group, view and op.
-    fn log_changes(&self, snapshot: &Snapshot) {
+    fn log_changes(&self, snapshot: &Snapshot, groups_changed: bool) {
         let mut slow = self.slow.borrow_mut();
         for p in &snapshot.peers {
             let before = slow.insert(p.replica, p.skipped_slow).unwrap_or(false);
@@ -292,6 +339,9 @@ impl Transitions {
             } else {
                 tracing::info!(peer = p.replica, "peer keeps up again: back in the chain");
             }
+        }
+        if !groups_changed {
+            return;
         }
         let mut seen = self.seen.borrow_mut();
         for g in &snapshot.groups {
@@ -324,13 +374,15 @@ impl Transitions {
 }
 
 /// Publishes the node's snapshot for the stats thread, logging group state changes.
+/// When no group changed since the last publish (the groups' fingerprint is the same),
+/// the published group list is kept and only the node's own figures are rebuilt.
 pub fn publish(
     shared: &SharedSnapshot,
     node: &Node,
     transitions: &Transitions,
     state_transfer: &Mutex<StateTransferStats>,
 ) {
-    let mut next = snapshot(node);
+    let mut next = node_figures(node);
     next.state_transfer = match state_transfer.lock() {
         Ok(guard) => guard.clone(),
         Err(poisoned) => poisoned.into_inner().clone(),
@@ -338,13 +390,27 @@ pub fn publish(
     let now_unix_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    transitions.track_views(&mut next, now_unix_ms);
-    next.rank_groups(now_unix_ms);
-    transitions.log_changes(&next);
-    match shared.lock() {
-        Ok(mut guard) => *guard = next,
-        Err(poisoned) => *poisoned.into_inner() = next,
+    let connected = connected_replicas(&next);
+    let fingerprint = groups_fingerprint(node, connected);
+    let unchanged = transitions.fingerprint.replace(Some(fingerprint)) == Some(fingerprint);
+    let mut guard = match shared.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    if unchanged {
+        // Back in id order (the order `group_stats` builds), which ranking sorts within
+        // each class.
+        next.groups = std::mem::take(&mut guard.groups);
+        next.groups
+            .sort_by_key(|g| g.group.parse::<u64>().unwrap_or(u64::MAX));
+        next.group_summary.view_changes = transitions.view_changes.get();
+    } else {
+        next.groups = group_stats(node, connected);
+        transitions.track_views(&mut next, now_unix_ms);
     }
+    next.rank_groups(now_unix_ms);
+    transitions.log_changes(&next, !unchanged);
+    *guard = next;
 }
 
 /// What a replica that may not vote waits for, as /stats and the logs say it.

@@ -148,9 +148,23 @@ impl Node {
             .state
             .retained_from(key)
             .max(partition.log.start_offset());
-        let segments = partition.log.segments();
         let mut sealed = Vec::new();
         let mut bytes = 0;
+        if partition.log.segment_count() == 1 {
+            // Only the active segment, which retention never deletes: its bytes count
+            // toward the topic's size, without a file name built per partition per check.
+            if partition.log.next_offset() > first_offset {
+                bytes = partition.log.stored_bytes();
+            }
+            return Some(Stored {
+                key,
+                first_offset,
+                committed_end: partition.committed_end,
+                sealed,
+                bytes,
+            });
+        }
+        let segments = partition.log.segments();
         for (i, (_, path, len)) in segments.iter().enumerate() {
             let next_offset = segments
                 .get(i + 1)

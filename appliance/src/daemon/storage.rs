@@ -344,8 +344,8 @@ impl Node {
     pub(super) async fn refresh_storage(&mut self) -> Result<(), DaemonError> {
         // Summing every partition is the one cost here that grows with the partition
         // count: done at once after writes (what fills the budget), and otherwise (what
-        // retention, truncation or a transfer freed) once per 1,000 partitions' refreshes.
-        let every = REFRESH_TICKS * (self.partitions.by_group.len() as u64 / 1000).max(1);
+        // retention, truncation or a transfer freed) once per 250 partitions' refreshes.
+        let every = REFRESH_TICKS * (self.partitions.by_group.len() as u64 / 250).max(1);
         let used = if self.partitions.grown || self.ticks.is_multiple_of(every) {
             self.partitions.grown = false;
             self.used_bytes()

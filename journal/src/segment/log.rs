@@ -400,6 +400,11 @@ impl PartitionLog {
         self.segments.iter().map(|s| s.len).sum()
     }
 
+    /// The number of segment files (the last one being written).
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
     /// The number of segment files and the memory their sparse indexes hold.
     pub fn index_memory(&self) -> (usize, usize) {
         let bytes = self.segments.iter().map(|s| s.index.memory_bytes()).sum();

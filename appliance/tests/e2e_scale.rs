@@ -403,21 +403,25 @@ fn a_sleeping_partition_group_fails_over_when_its_primary_node_dies() {
     let topic = client
         .create_topic(stream, "sleepy", PARTITIONS)
         .expect("topic");
-    let key = PartitionKey {
-        stream,
-        topic,
-        partition: 7,
-    };
+    // One message in every partition, acknowledged before the groups sleep.
     let batch = numbered_batch(1, 1, 64);
-    assert_eq!(
-        client.send_messages(key, &batch).expect("send").base_offset,
-        0
-    );
-    let name = format!("{stream}/{topic}/7");
+    for partition in 0..PARTITIONS {
+        let key = PartitionKey {
+            stream,
+            topic,
+            partition,
+        };
+        assert_eq!(
+            client.send_messages(key, &batch).expect("send").base_offset,
+            0
+        );
+    }
 
-    // Every node puts the idle partition groups to sleep.
+    // Every node puts the idle partition groups to sleep (a node that leads partition
+    // groups but not the metadata group keeps one of them awake: its Commits are the
+    // node's liveness). The test takes a partition whose group sleeps on every node.
     let deadline = Instant::now() + Duration::from_secs(30);
-    let primary = loop {
+    let (primary, partition) = loop {
         let states: Vec<_> = (0..NODES).map(|r| group_states(&files, r)).collect();
         let asleep = |r: usize| {
             states[r]
@@ -425,10 +429,16 @@ fn a_sleeping_partition_group_fails_over_when_its_primary_node_dies() {
                 .filter(|g| g.0 != "metadata" && g.2)
                 .count()
         };
-        let primary = (0..NODES).find(|r| states[*r].iter().any(|g| g.0 == name && g.1));
-        let group_asleep = (0..NODES).all(|r| states[r].iter().any(|g| g.0 == name && g.2));
-        if (0..NODES).all(|r| asleep(r) + 2 >= PARTITIONS as usize) && group_asleep {
-            break primary.expect("the partition's primary");
+        let everywhere_asleep = (0..PARTITIONS).find(|p| {
+            let name = format!("{stream}/{topic}/{p}");
+            (0..NODES).all(|r| states[r].iter().any(|g| g.0 == name && g.2))
+        });
+        if let Some(partition) =
+            everywhere_asleep.filter(|_| (0..NODES).all(|r| asleep(r) + 2 >= PARTITIONS as usize))
+        {
+            let name = format!("{stream}/{topic}/{partition}");
+            let primary = (0..NODES).find(|r| states[*r].iter().any(|g| g.0 == name && g.1));
+            break (primary.expect("the partition's primary"), partition);
         }
         assert!(
             Instant::now() < deadline,
@@ -437,6 +447,12 @@ fn a_sleeping_partition_group_fails_over_when_its_primary_node_dies() {
         );
         std::thread::sleep(Duration::from_millis(100));
     };
+    let key = PartitionKey {
+        stream,
+        topic,
+        partition,
+    };
+    let name = format!("{stream}/{topic}/{partition}");
     let view_before = group_states(&files, (primary + 1) % NODES)
         .into_iter()
         .find(|g| g.0 == name)

@@ -95,6 +95,16 @@ impl Hibernation {
         let Some(sleep) = self.sleeps.get(&group) else {
             return;
         };
+        // Awake before and after (a busy group's frames), or asleep under the same
+        // primary with the same refresh: filed as it is.
+        if !before.asleep && !sleep.asleep()
+            || before.asleep
+                && sleep.asleep()
+                && before.leader == replica.config().primary_of(replica.view())
+                && before.refresh_due == sleep.refresh_due(replica)
+        {
+            return;
+        }
         if let Some(due) = before.refresh_due {
             self.refreshes.remove(&(due, group));
         }
@@ -165,12 +175,17 @@ impl Hibernation {
 
     /// The sleeping primaries whose refresh is due broadcast their Commits.
     fn refresh(&mut self, replicas: &mut BTreeMap<u64, Replica>, touched: &mut BTreeSet<u64>) {
-        while let Some(&(due, group)) = self.refreshes.first() {
-            if due > self.now {
-                return;
-            }
-            self.refreshes.remove(&(due, group));
+        let later = self.refreshes.split_off(&(self.now + 1, 0));
+        let due = std::mem::replace(&mut self.refreshes, later);
+        for (_, group) in due {
             self.check(group, replicas, touched);
+            // Queued again for its next refresh (`refile` leaves a group whose filing did
+            // not change as it is, and this one left the queue above).
+            if let (Some(sleep), Some(replica)) = (self.sleeps.get(&group), replicas.get(&group)) {
+                if let Some(next) = sleep.refresh_due(replica) {
+                    self.refreshes.insert((next.max(self.now + 1), group));
+                }
+            }
         }
     }
 

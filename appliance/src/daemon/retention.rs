@@ -156,32 +156,26 @@ impl Node {
             if partition.log.next_offset() > first_offset {
                 bytes = partition.log.stored_bytes();
             }
-            return Some(Stored {
-                key,
-                first_offset,
-                committed_end: partition.committed_end,
-                sealed,
-                bytes,
-            });
-        }
-        let segments = partition.log.segments();
-        for (i, (_, path, len)) in segments.iter().enumerate() {
-            let next_offset = segments
-                .get(i + 1)
-                .map_or(partition.log.next_offset(), |s| s.0);
-            if next_offset <= first_offset {
-                continue;
-            }
-            bytes += len;
-            if i + 1 < segments.len() {
-                let written = std::fs::metadata(path)
-                    .and_then(|m| m.modified())
-                    .unwrap_or_else(|_| SystemTime::now());
-                sealed.push(Sealed {
-                    next_offset,
-                    bytes: *len,
-                    written,
-                });
+        } else {
+            let segments = partition.log.segments();
+            for (i, (_, path, len)) in segments.iter().enumerate() {
+                let next_offset = segments
+                    .get(i + 1)
+                    .map_or(partition.log.next_offset(), |s| s.0);
+                if next_offset <= first_offset {
+                    continue;
+                }
+                bytes += len;
+                if i + 1 < segments.len() {
+                    let written = std::fs::metadata(path)
+                        .and_then(|m| m.modified())
+                        .unwrap_or_else(|_| SystemTime::now());
+                    sealed.push(Sealed {
+                        next_offset,
+                        bytes: *len,
+                        written,
+                    });
+                }
             }
         }
         Some(Stored {

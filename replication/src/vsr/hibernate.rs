@@ -210,11 +210,7 @@ impl Sleep {
             }
             return false;
         }
-        let primary = replica.config().primary_of(replica.view());
-        if primary != replica.replica() && peers.alive(primary, now) && self.vouched(replica, peers)
-        {
-            replica.primary_heard();
-        }
+        self.primary_heard(replica, peers, now);
         handle(replica);
         self.observe(replica, peers);
         if replica.quiescent() && self.vouched(replica, peers) {
@@ -243,9 +239,14 @@ impl Sleep {
     /// the time it slept was covered by that node's Commits.
     pub fn wake(&mut self, replica: &mut Replica, peers: &PeerLiveness, now: u64) {
         self.quiet_ticks = 0;
-        if !std::mem::replace(&mut self.asleep, false) {
-            return;
+        if std::mem::replace(&mut self.asleep, false) {
+            self.primary_heard(replica, peers, now);
         }
+    }
+
+    /// A sleeping backup whose primary's node is heard, and whose primary it vouched for,
+    /// restarts its heartbeat timer: the time it slept was covered by that node's Commits.
+    fn primary_heard(&self, replica: &mut Replica, peers: &PeerLiveness, now: u64) {
         let primary = replica.config().primary_of(replica.view());
         if primary != replica.replica() && peers.alive(primary, now) && self.vouched(replica, peers)
         {
@@ -274,7 +275,7 @@ impl Sleep {
             return Some(Woke::PrimaryReconnected);
         }
         if self.refresh_due(replica).is_some_and(|due| now >= due) {
-            replica.broadcast_commit();
+            replica.on_commit_broadcast_timeout();
             self.since = now;
             return Some(Woke::Refreshed);
         }
@@ -324,11 +325,6 @@ impl Replica {
         {
             self.timeout_heartbeat.start(self.now, &mut self.prng);
         }
-    }
-
-    /// A primary broadcasts its Commit now (a sleeping primary's refresh).
-    pub fn broadcast_commit(&mut self) {
-        self.on_commit_broadcast_timeout();
     }
 
     /// A backup's primary is known silent (its node was not heard for a heartbeat

@@ -13,6 +13,7 @@
 
 mod common;
 
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use appliance::protocol::reply::split_poll_body;
@@ -21,6 +22,17 @@ use common::*;
 use replication::wire::{batch, PartitionKey};
 
 const NODES: usize = 3;
+
+/// The tests of this file each run a cluster and measure time against the heartbeat
+/// timeout; one at a time keeps a topic's creation on one cluster from starving the
+/// other's failover of CPU on a small host.
+static ONE_CLUSTER: Mutex<()> = Mutex::new(());
+
+fn one_cluster() -> std::sync::MutexGuard<'static, ()> {
+    ONE_CLUSTER
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 fn partitions() -> u32 {
     std::env::var("E2E_SCALE_PARTITIONS")
@@ -95,6 +107,7 @@ fn start_with_stream(
 
 #[test]
 fn a_topic_of_many_partitions_starts_without_stalling_any_node() {
+    let _one = one_cluster();
     let count = partitions();
     let files = ClusterFiles::new(NODES);
     files.edit_configs(&[(
@@ -395,6 +408,7 @@ fn group_states(files: &ClusterFiles, replica: usize) -> Vec<(String, bool, bool
 /// out once the node is silent.
 #[test]
 fn a_sleeping_partition_group_fails_over_when_its_primary_node_dies() {
+    let _one = one_cluster();
     const PARTITIONS: u32 = 30;
     // heartbeat_timeout of the test configs (common::ClusterFiles).
     const HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(500);

@@ -1109,3 +1109,66 @@ fn a_backup_that_stops_acknowledging_is_skipped_by_the_chain_then_readmitted() {
         "{sends:?}"
     );
 }
+
+#[test]
+fn a_restart_knows_the_ops_it_received_below_one_it_never_did() {
+    let prepares = metadata_prepares(6);
+    let config = Config::new(cluster(), METADATA_GROUP, 1, 3);
+    // Op 4 never arrived (its journal has no entry), ops 5 and 6 did; a view change then
+    // persisted the suffix, which ends at the hole. Ops 1 to 3 may have been
+    // acknowledged: their own prepares, chained from the root, say what they are.
+    let journal: Vec<JournalEntry> = (1..)
+        .zip(&prepares)
+        .filter(|(op, _)| *op != 4)
+        .map(|(op, frame)| JournalEntry {
+            op,
+            bytes: Some(FrameBuf::from_bytes(frame.as_bytes())),
+        })
+        .collect();
+    let superblock = Superblock {
+        view: 1,
+        log_view: 0,
+        headers: vec![header_of(&prepares[5]), header_of(&prepares[4])],
+        ..Superblock::default()
+    };
+    let r1 = Replica::restart(config, &superblock, &journal);
+    for op in [1u64, 2, 3, 5, 6] {
+        let expected = header_of(&prepares[op as usize - 1]).frame.checksum;
+        assert_eq!(
+            r1.log().header(op).map(|h| h.frame.checksum),
+            Some(expected),
+            "op {op}"
+        );
+    }
+    assert_eq!(r1.log().header(4), None);
+}
+
+#[test]
+fn a_group_starts_in_its_initial_view_and_a_restart_before_any_view_change_is_there() {
+    let mut config = Config::new(cluster(), METADATA_GROUP, 1, 3);
+    config.initial_view = 4;
+    let fresh = Replica::new(config.clone());
+    assert_eq!((fresh.view(), fresh.log_view()), (4, 4));
+    assert!(
+        fresh.is_primary(),
+        "view 4 of 3 replicas is led by replica 1"
+    );
+    assert_eq!(fresh.status(), Status::Normal);
+    // Nothing persisted yet (an absent or default superblock): the initial view.
+    let restarted = Replica::restart(config.clone(), &Superblock::default(), &[]);
+    assert_eq!((restarted.view(), restarted.log_view()), (4, 4));
+    // A persisted later view stays; a replacement learns its view from its peers.
+    let later = Superblock {
+        view: 7,
+        log_view: 5,
+        ..Superblock::default()
+    };
+    let restarted = Replica::restart(config.clone(), &later, &[]);
+    assert_eq!((restarted.view(), restarted.log_view()), (7, 5));
+    let replacement = Superblock {
+        replacement: true,
+        ..Superblock::default()
+    };
+    let restarted = Replica::restart(config, &replacement, &[]);
+    assert_eq!((restarted.view(), restarted.log_view()), (0, 0));
+}

@@ -39,6 +39,10 @@ struct Args {
     /// implied by --no-wipes and --no-slow).
     #[arg(long)]
     no_hibernate: bool,
+    /// The view every group starts in (by default drawn from the seed; 0 replays seeds
+    /// as they ran before groups started in other views).
+    #[arg(long)]
+    initial_view: Option<u32>,
     /// Print a trace for passing runs too.
     #[arg(long)]
     trace: bool,
@@ -73,6 +77,9 @@ fn options(args: &Args, seed: u64) -> SimOptions {
     // Seeds replayed as they ran before slow nodes or hibernation existed.
     if args.no_hibernate || args.no_wipes || args.no_slow {
         options.hibernate = false;
+    }
+    if let Some(view) = args.initial_view {
+        options.initial_view = view;
     }
     options
 }

@@ -65,6 +65,8 @@ pub struct SimOptions {
     /// Chance per tick of the fault phase, out of 10_000, that the clients pause for a
     /// stretch (so the group goes idle and sleeps under faults; 0 = never).
     pub idle_per_10k: u64,
+    /// The view the group starts in (`Config::initial_view`): its primary leads first.
+    pub initial_view: u32,
 }
 
 /// How a restart lost a replica's state.
@@ -147,6 +149,7 @@ impl SimOptions {
             time_scale: 1,
             hibernate: Prng::new(seed ^ 0x0051_ee95).chance(1, 2),
             idle_per_10k: 10,
+            initial_view: Prng::new(seed ^ 0x0f1e_57ed).below(2 * u64::from(replica_count)) as u32,
         }
     }
 }
@@ -275,6 +278,7 @@ impl Cluster {
                 config.repair_interval_ticks *= scale;
                 config.slow_lag_min_ticks *= scale;
                 config.slow_readmit_ticks *= scale;
+                config.initial_view = options.initial_view;
                 config
             })
             .collect();

@@ -44,6 +44,7 @@ impl Cluster {
             time_scale,
             hibernate: false,
             idle_per_10k: 0,
+            initial_view: 0,
         };
         let mut cluster = Cluster::new(options);
         cluster.faults_on = false;

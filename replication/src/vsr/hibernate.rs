@@ -131,7 +131,7 @@ impl Sleep {
     }
 
     /// The sleep of a replica the node just created at `now`: a new member of a new
-    /// group (view 0, empty log) whose primary's node is heard takes its primary as
+    /// group (its initial view, empty log) whose primary's node is heard takes its primary as
     /// vouched for by that node in its current epoch, as if it had heard its Commit.
     /// Nodes start a new group's replicas at their own pace; a backup that starts after
     /// its primary fell asleep would otherwise time it out. A primary's node that is not
@@ -143,13 +143,13 @@ impl Sleep {
         let mut sleep = Sleep::default();
         let fresh = replica.status == Status::Normal
             && replica.voter
-            && replica.view == 0
+            && replica.view == replica.config().initial_view
             && replica.log.op == 0
             && replica.commit == 0
             && replica.heartbeat_seen == 0;
-        let primary = replica.config().primary_of(0);
+        let primary = replica.config().primary_of(replica.view);
         if fresh && peers.alive(primary, now) {
-            sleep.vouched = Some((0, peers.epoch(primary)));
+            sleep.vouched = Some((replica.view, peers.epoch(primary)));
         }
         sleep
     }

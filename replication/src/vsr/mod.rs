@@ -107,6 +107,12 @@ pub struct Config {
     pub slow_readmit_ticks: u64,
     /// Seed of the replica's PRNG (timeout jitter, nonces, incarnations).
     pub seed: u64,
+    /// The view a fresh group starts in, Normal with an empty log, on every replica
+    /// alike: its primary is the group's first leader (groups spread their first leaders
+    /// over the nodes by starting in different views). Every replica of the group must
+    /// be given the same value; a replica restarted before it persisted any view is in
+    /// this view.
+    pub initial_view: u32,
 }
 
 impl Config {
@@ -130,6 +136,7 @@ impl Config {
             slow_lag_min_ticks: 10,
             slow_readmit_ticks: 200,
             seed: u64::from(replica) + 1,
+            initial_view: 0,
         }
     }
 

@@ -256,6 +256,21 @@ impl Replica {
         journal: &[JournalEntry],
         checkpoint: Option<(u64, PartitionPosition)>,
     ) -> Replica {
+        // A group starts in its initial view without writing it: a superblock of a lower
+        // view (never written, or written only as a default) stands for that view.
+        let initial_view = config.initial_view;
+        let mut raised;
+        let superblock = if !superblock.replacement
+            && !superblock.unformed
+            && superblock.log_view < initial_view
+        {
+            raised = superblock.clone();
+            raised.view = raised.view.max(initial_view);
+            raised.log_view = initial_view;
+            &raised
+        } else {
+            superblock
+        };
         let mut replica = Replica::empty(config);
         if let Some((op, position)) = checkpoint {
             // Ops below the checkpoint's own are gone; its slot stays as the chain anchor.
@@ -330,6 +345,16 @@ impl Replica {
         for header in stamped.iter().filter(|h| h.op > top.max(floor)) {
             replica.log.set_canonical(header);
             replica.log.op = replica.log.op.max(header.op);
+        }
+        // Below that, a suffix ends at the first op this replica never received: the ops
+        // under such a hole that it did receive (and may have acknowledged) are known by
+        // their own prepares, stamped with log_view and chained onto the op below.
+        stamped.sort_by_key(|h| h.op);
+        for header in stamped.iter().filter(|h| h.op > floor && h.op <= top) {
+            let below = replica.log.identity(header.op - 1);
+            if replica.log.header(header.op).is_none() && below == Some(header.parent) {
+                replica.log.set_canonical(header);
+            }
         }
         let op = replica.log.op;
         // An unreadable entry above what we can place may be a prepare we acknowledged in

@@ -337,6 +337,9 @@ impl Replica {
                     .filter(|(_, v)| v.is_some())
                     .fold(0u32, |bits, (r, _)| bits | 1 << r);
                 self.census = None;
+                // A new group is in its initial view, as if it had started there.
+                self.view = self.view.max(self.config.initial_view);
+                self.log_view = self.log_view.max(self.config.initial_view);
                 self.superblock.unformed = false;
                 self.persist_superblock();
                 self.voter = true;

@@ -161,6 +161,8 @@ impl Replica {
     /// A replica of a freshly formatted cluster: view 0, empty log, Normal.
     pub fn new(config: Config) -> Replica {
         let mut replica = Replica::empty(config);
+        replica.view = replica.config.initial_view;
+        replica.log_view = replica.config.initial_view;
         replica.enter_normal_fresh();
         replica
     }

@@ -160,26 +160,27 @@ fn a_topic_of_many_partitions_starts_without_stalling_any_node() {
         created.elapsed()
     );
 
+    // The partitions' first leaders go round the nodes: each leads its share (a group
+    // that changed views since may have moved, hence the slack).
+    let led: Vec<usize> = (0..NODES)
+        .map(|r| {
+            groups(&files, r)
+                .iter()
+                .filter(|g| g.0 != "metadata" && g.3)
+                .count()
+        })
+        .collect();
+    println!("partition groups led per node: {led:?}");
+    assert!(
+        led.iter().all(|n| *n >= count as usize / NODES / 2),
+        "partition groups led per node: {led:?}"
+    );
+
     let views_after: Vec<u64> = (0..NODES).map(|r| metadata_view(&files, r)).collect();
     assert_eq!(
         views_before, views_after,
         "the metadata group changed views while the partition groups started"
     );
-    // The partition groups' own views, for the record: a group whose primary's node
-    // started it more than a heartbeat timeout after its backups did changes views.
-    let moved: usize = (0..NODES)
-        .map(|r| {
-            groups(&files, r)
-                .iter()
-                .filter(|g| g.0 != "metadata" && g.1 > 0)
-                .count()
-        })
-        .sum();
-    println!(
-        "partition group replicas past their first view: {moved} of {}",
-        count as usize * NODES
-    );
-
     // What the idle groups cost, for the record: CPU over 5 s, resident memory and open
     // files per node.
     let cpu = |pids: &[i32]| -> u64 { pids.iter().map(|p| cpu_ticks(*p)).sum() };

@@ -301,7 +301,8 @@ fn latency_ms(report: &Value, key: &str) -> f64 {
         / 1e3
 }
 
-/// The node that leads every partition of `topic` (fresh topics start in view 0).
+/// The node that leads every partition of `topic` (with `spread_primaries = false`, fresh
+/// topics start in view 0).
 fn primary_of_topic(files: &ClusterFiles, topic_id: u64) -> usize {
     let stats = stats(files, 0);
     let groups = stats["groups"].as_array().cloned().unwrap_or_default();
@@ -390,7 +391,15 @@ fn a_paused_backup_does_not_slow_the_producers() {
     let files = ClusterFiles::new(NODES);
     // Segments of a production size: the harness's 1 MiB ones roll 30 times a second at
     // these rates, and the rolls would be most of the baseline's tail.
-    files.edit_configs(&[("segment_size = \"1 MiB\"", "segment_size = \"64 MiB\"")]);
+    // The phases name the primary and its successors in the chain: node 0 first leads
+    // every partition.
+    files.edit_configs(&[
+        ("segment_size = \"1 MiB\"", "segment_size = \"64 MiB\""),
+        (
+            "pipeline_max = 8\n",
+            "pipeline_max = 8\nspread_primaries = false\n",
+        ),
+    ]);
     let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
     for daemon in &mut daemons {
         wait_healthy(&files, daemon, Duration::from_secs(60));

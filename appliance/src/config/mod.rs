@@ -95,6 +95,11 @@ pub struct ClusterConfig {
     /// Bytes per second a state transfer fetches at most (0: no limit), so a rejoining
     /// node leaves its peers' disks and CPUs to the cluster's commits.
     pub state_transfer_rate_max: ByteSize,
+    /// A new topic's partitions are first led by the nodes in turn (partition groups
+    /// start in different views); false: node 0 first leads every partition. Decided by
+    /// the node that leads the metadata group when the topic is created, and recorded
+    /// with the topic, so nodes may differ in this setting.
+    pub spread_primaries: bool,
     pub auth: AuthConfig,
     pub tls: TlsConfig,
     pub nodes: Vec<NodeConfig>,
@@ -293,6 +298,7 @@ impl Default for ClusterConfig {
             repair_chunk_max: 64,
             pipeline_max: 64,
             state_transfer_rate_max: ByteSize(128 << 20),
+            spread_primaries: true,
             auth: AuthConfig::default(),
             tls: TlsConfig::default(),
             nodes: vec![NodeConfig::loopback()],

@@ -264,6 +264,13 @@ impl Node {
                     },
                     (prepared, _) => prepared,
                 };
+                let mut prepared = prepared;
+                if let Ok(MetadataOp::CreateTopic { first_primary, .. }) = &mut prepared {
+                    // With spreading off, node 0 first leads every partition.
+                    if !self.settings.spread_primaries {
+                        *first_primary = None;
+                    }
+                }
                 match prepared {
                     Ok(op) => {
                         let body = op.encode();

@@ -301,6 +301,7 @@ fn settings(config: &Config, replica_id: u8) -> Result<Settings, DaemonError> {
         },
         stats_groups_max: config.limits.stats_groups_max as usize,
         partitions_max_by_files: node::partitions_max_by_files(system::open_files_limit()),
+        spread_primaries: config.cluster.spread_primaries,
     })
 }
 

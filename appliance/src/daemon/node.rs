@@ -68,11 +68,14 @@ pub struct Settings {
     /// Partition groups the open files limit leaves room for, after
     /// `OPEN_FILES_RESERVE` for connections and the node's own files.
     pub partitions_max_by_files: usize,
+    /// `cluster.spread_primaries`: topics this node creates as the metadata primary
+    /// spread their partitions' first leaders over the nodes.
+    pub spread_primaries: bool,
 }
 
 /// Open files kept free of partitions: connections, the stats server, directory syncs.
 pub const OPEN_FILES_RESERVE: u64 = 1024;
-/// Files a started partition holds open: its active segment and its consumer offsets.
+/// Files a started partition holds open: its active segment and its prepare log.
 pub const FILES_PER_PARTITION: u64 = 2;
 
 /// Partition groups an open files limit of `limit` leaves room for (unbounded when the
@@ -1252,6 +1255,7 @@ impl Node {
         let key = opened.partition.key;
         let mut config = self.settings.vsr.clone();
         config.group = group;
+        config.initial_view = self.state.initial_view(key, self.settings.replica_count);
         let mut replica = self.partition_replica(config, &opened, entries)?;
         for peer in (0..self.settings.replica_count).filter(|p| *p != self.settings.replica) {
             replica.set_connected(peer, self.bus.is_connected(peer));

@@ -51,6 +51,12 @@ pub struct Topic {
     /// Per partition: the first offset retained (TruncatePartition); absent: 0.
     #[serde(default)]
     pub retained_from: BTreeMap<u32, u64>,
+    /// Spreads the partitions' first leaders over the nodes: partition p's group starts
+    /// in view (first_primary + p) mod replica_count, whose primary is that replica.
+    /// None (topics created before leaders were spread, or with
+    /// `cluster.spread_primaries = false`): every partition's group starts in view 0.
+    #[serde(default)]
+    pub first_primary: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -205,6 +211,30 @@ impl MetadataState {
             .is_some_and(|t| key.partition < t.partition_count)
     }
 
+    /// Partitions over every topic (wrapping; only spreads first leaders).
+    fn partition_total(&self) -> u32 {
+        self.streams
+            .values()
+            .flat_map(|s| s.topics.values())
+            .fold(0u32, |total, t| total.wrapping_add(t.partition_count))
+    }
+
+    /// The view a partition's group starts in on every replica of a cluster of
+    /// `replica_count` (`Topic::first_primary`); 0 for an unknown partition.
+    pub fn initial_view(&self, key: PartitionKey, replica_count: u8) -> u32 {
+        let first = self
+            .streams
+            .get(&key.stream)
+            .and_then(|s| s.topics.get(&key.topic))
+            .and_then(|t| t.first_primary);
+        match first {
+            Some(first) if replica_count > 0 => {
+                ((u64::from(first) + u64::from(key.partition)) % u64::from(replica_count)) as u32
+            }
+            _ => 0,
+        }
+    }
+
     /// Every partition key the cluster holds, in order (one VSR group each).
     pub fn partitions(&self) -> Vec<PartitionKey> {
         let mut keys = Vec::new();
@@ -267,6 +297,9 @@ impl MetadataState {
                     created_at: now,
                     message_expiry: *message_expiry,
                     max_topic_size: *max_topic_size,
+                    // The next node in turn after every partition that exists: first
+                    // leaders stay balanced over the nodes across topics.
+                    first_primary: Some(self.partition_total()),
                 }
             }
             R::DeleteTopic {
@@ -457,6 +490,7 @@ impl MetadataState {
                 created_at,
                 message_expiry,
                 max_topic_size,
+                first_primary,
             } => {
                 let Some(stream) = self.streams.get_mut(stream_id) else {
                     return Applied::fail(Status::NotFound);
@@ -483,6 +517,7 @@ impl MetadataState {
                         message_expiry: *message_expiry,
                         max_topic_size: *max_topic_size,
                         retained_from: BTreeMap::new(),
+                        first_primary: *first_primary,
                     },
                 );
                 let mut body = id.to_le_bytes().to_vec();

@@ -27,6 +27,9 @@ pub enum MetadataOp {
         created_at: u64,
         message_expiry: u64,
         max_topic_size: u64,
+        /// Where the partitions' first leaders start (`Topic::first_primary`); a body
+        /// without it (written before first leaders were spread) is None.
+        first_primary: Option<u32>,
     },
     UpdateTopic {
         stream_id: u32,
@@ -152,6 +155,7 @@ impl MetadataOp {
                 created_at,
                 message_expiry,
                 max_topic_size,
+                first_primary,
             } => {
                 w.u32(*stream_id)
                     .short_bytes(name.as_bytes())
@@ -159,6 +163,9 @@ impl MetadataOp {
                     .u64(*created_at)
                     .u64(*message_expiry)
                     .u64(*max_topic_size);
+                if let Some(first) = first_primary {
+                    w.u32(*first);
+                }
             }
             M::UpdateTopic {
                 stream_id,
@@ -276,6 +283,11 @@ impl MetadataOp {
                 created_at: r.u64("created_at")?,
                 message_expiry: r.u64("message_expiry")?,
                 max_topic_size: r.u64("max_topic_size")?,
+                first_primary: if r.remaining() == 0 {
+                    None
+                } else {
+                    Some(r.u32("first_primary")?)
+                },
             },
             O::UpdateTopic => MetadataOp::UpdateTopic {
                 stream_id: r.u32("stream_id")?,

@@ -257,6 +257,7 @@ fn partitions_grow_shrink_and_bound() {
         created_at: 0,
         message_expiry: 0,
         max_topic_size: 0,
+        first_primary: None,
     };
     assert_eq!(state.apply(ROOT, &too_many).status, Status::InvalidRequest);
     assert_eq!(
@@ -292,6 +293,7 @@ fn consumer_group_membership_follows_the_client() {
             created_at: 0,
             message_expiry: 0,
             max_topic_size: 0,
+            first_primary: None,
         },
     );
     let group = state.apply(
@@ -378,6 +380,7 @@ fn with_topic(partitions: u32) -> MetadataState {
         created_at: 0,
         message_expiry: 0,
         max_topic_size: 0,
+        first_primary: None,
     };
     assert_eq!(state.apply(ROOT, &create).status, Status::Ok);
     state
@@ -468,4 +471,110 @@ fn topic_retention_is_set_at_create_and_changed_by_update() {
         MetadataOp::decode(replication::wire::Operation::UpdateTopic, &body),
         Ok(update)
     );
+}
+
+#[test]
+fn first_leaders_of_new_partitions_go_round_the_nodes() {
+    let mut a = formatted();
+    let primary = a.clone();
+    run(
+        &primary,
+        &mut [&mut a],
+        ROOT,
+        ClientRequest::CreateStream { name: "s".into() },
+    );
+    let topic = |name: &str, partitions| ClientRequest::CreateTopic {
+        stream_id: 1,
+        name: name.into(),
+        partitions,
+        message_expiry: 0,
+        max_topic_size: 0,
+    };
+    // Two partitions, then three: the second topic starts where the first left off.
+    run(&a.clone(), &mut [&mut a], ROOT, topic("first", 2));
+    run(&a.clone(), &mut [&mut a], ROOT, topic("second", 3));
+    let views = |state: &MetadataState, topic, partitions: u32, nodes| {
+        (0..partitions)
+            .map(|partition| {
+                let key = PartitionKey {
+                    stream: 1,
+                    topic,
+                    partition,
+                };
+                state.initial_view(key, nodes)
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(views(&a, 1, 2, 3), [0, 1]);
+    assert_eq!(views(&a, 2, 3, 3), [2, 0, 1]);
+    assert_eq!(views(&a, 2, 3, 5), [2, 3, 4]);
+    assert_eq!(views(&a, 2, 3, 1), [0, 0, 0]);
+    // Partitions added later continue the topic's turn.
+    let grow = MetadataOp::CreatePartitions {
+        stream_id: 1,
+        topic_id: 1,
+        count: 2,
+    };
+    assert_eq!(a.apply(ROOT, &grow).status, Status::Ok);
+    assert_eq!(views(&a, 1, 4, 3), [0, 1, 2, 0]);
+    // The turn survives a snapshot; a topic without one (spreading off, or created by a
+    // build before it) starts every partition in view 0.
+    let restored = MetadataState::restore(&a.snapshot()).expect("snapshot");
+    assert_eq!(views(&restored, 2, 3, 3), [2, 0, 1]);
+    let mut unspread = MetadataOp::decode(
+        replication::wire::Operation::CreateTopicWithAssignments,
+        &primary_body(&a, topic("third", 3)),
+    )
+    .expect("decodes");
+    if let MetadataOp::CreateTopic { first_primary, .. } = &mut unspread {
+        assert_eq!(*first_primary, Some(7), "after 4 + 3 partitions");
+        *first_primary = None;
+    }
+    assert_eq!(a.apply(ROOT, &unspread).status, Status::Ok);
+    assert_eq!(views(&a, 3, 3, 3), [0, 0, 0]);
+    let mut json: serde_json::Value = serde_json::from_slice(&a.snapshot()).expect("json");
+    json["streams"]["1"]["topics"]["2"]
+        .as_object_mut()
+        .expect("topic 2")
+        .remove("first_primary");
+    let old = MetadataState::restore(&serde_json::to_vec(&json).expect("json")).expect("old");
+    assert_eq!(views(&old, 2, 3, 3), [0, 0, 0]);
+}
+
+/// The body the primary prepares for `request`.
+fn primary_body(state: &MetadataState, request: ClientRequest<'_>) -> Vec<u8> {
+    state
+        .prepare(ROOT, &request, 1_000)
+        .expect("prepare")
+        .encode()
+}
+
+#[test]
+fn create_topic_bodies_with_and_without_first_leaders_round_trip() {
+    let op = |first_primary| MetadataOp::CreateTopic {
+        stream_id: 7,
+        name: "t".into(),
+        partitions: 4,
+        created_at: 5,
+        message_expiry: 6,
+        max_topic_size: 7,
+        first_primary,
+    };
+    let with = op(Some(11)).encode();
+    let without = op(None).encode();
+    // The body of a build before spreading is the one without: 4 bytes shorter.
+    assert_eq!(with.len(), without.len() + 4);
+    let decode = |body: &[u8]| {
+        MetadataOp::decode(
+            replication::wire::Operation::CreateTopicWithAssignments,
+            body,
+        )
+    };
+    assert_eq!(decode(&with), Ok(op(Some(11))));
+    assert_eq!(decode(&without), Ok(op(None)));
+    // Anything else after the fields is refused, never read as a turn.
+    assert!(decode(&with[..with.len() - 1]).is_err());
+    let mut longer = with.clone();
+    longer.push(0);
+    assert!(decode(&longer).is_err());
 }

@@ -205,6 +205,8 @@ const EVENTS_PER_ROUND_MAX: usize = 256;
 /// checkpoints one partition per tick, so that no tick stalls the loop with the file
 /// syncs of every partition at once.
 const CHECKPOINT_TICKS: u64 = 100;
+/// Ticks run per wakeup while the node has nothing in flight (`Node::ticks_may_wait`).
+const IDLE_TICK_STRIDE: u32 = 5;
 /// Time per tick (and per applied metadata op) spent starting partition groups: about
 /// five groups, so a tick's heartbeats and timeouts are never late by more than this.
 pub(super) const PARTITION_START_BUDGET: Duration = Duration::from_millis(10);
@@ -485,7 +487,16 @@ impl Node {
                 self.drain_lanes().await?;
                 return Ok(self);
             }
-            let wait = next_tick.saturating_duration_since(Instant::now());
+            // With nothing in flight the ticks come a stride at a time: one wakeup for
+            // several ticks (an idle node's cost is mostly its wakeups). Any input wakes
+            // the loop at once.
+            let stride = if self.ticks_may_wait() {
+                IDLE_TICK_STRIDE
+            } else {
+                1
+            };
+            let wake_at = next_tick + tick * (stride - 1);
+            let wait = wake_at.saturating_duration_since(Instant::now());
             let input = futures_lite::future::or(
                 async { events.recv().await.map(Input::Event) },
                 futures_lite::future::or(
@@ -532,11 +543,17 @@ impl Node {
                     );
                 }
             }
-            if Instant::now() >= next_tick {
+            // Busy, at most one tick per wakeup, as before: after a stall the ticks it
+            // missed are dropped, not run back to back.
+            let mut due = 0;
+            while Instant::now() >= next_tick && due < stride {
                 next_tick += tick;
-                if next_tick < Instant::now() {
-                    next_tick = Instant::now() + tick;
-                }
+                due += 1;
+            }
+            if next_tick < Instant::now() {
+                next_tick = Instant::now() + tick;
+            }
+            for _ in 0..due {
                 let started = Instant::now();
                 let ticked = self.on_tick().await;
                 self.absorb_no_space(ticked)?;
@@ -555,6 +572,22 @@ impl Node {
                 }
             }
         }
+    }
+
+    /// Whether the next ticks may come late, a stride per wakeup: every group that
+    /// ticks only waits on its timers (they keep counting ticks, and fire at most a
+    /// stride late), and nothing of the node's own is in flight or due soon.
+    fn ticks_may_wait(&self) -> bool {
+        self.lanes.is_empty()
+            && self.checkpoint_due.is_empty()
+            && self.partitions.unsynced.is_empty()
+            && !self.partitions_pending
+            && self.forwards.is_empty()
+            && self.forwarded.is_empty()
+            && self.transferring.is_empty()
+            && self.stopping.is_empty()
+            && self.logins_in_flight == 0
+            && self.groups.settled()
     }
 
     fn on_event(&mut self, event: Event) -> Result<(), DaemonError> {
@@ -648,7 +681,22 @@ impl Node {
         }
         // Before the tick's own actions: every Commit so far has been applied.
         if self.ticks.is_multiple_of(CHECKPOINT_TICKS) && self.checkpoint_due.is_empty() {
-            self.checkpoint_due = self.partitions.by_group.keys().copied().collect();
+            // Only partitions that committed past their checkpoint, or whose retained
+            // segments wait for one (what the sweep would pass over is left out).
+            let (groups, to_delete) = (&self.groups, &self.retention.to_delete);
+            self.checkpoint_due = self
+                .partitions
+                .by_group
+                .iter()
+                .filter(|(group, partition)| {
+                    to_delete.contains(group)
+                        || groups.get(**group).is_some_and(|replica| {
+                            replica.commit() > partition.checkpoint_op
+                                && replica.commit() == partition.committed_op
+                        })
+                })
+                .map(|(group, _)| *group)
+                .collect();
         }
         if let Some(group) = self.checkpoint_due.pop_first() {
             let started = Instant::now();

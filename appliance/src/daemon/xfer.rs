@@ -49,6 +49,8 @@ use crate::stats::StateTransferStats;
 
 /// The statexfer executor's tick (fetcher stall detection, progress publishing).
 pub const TICK: Duration = Duration::from_millis(50);
+/// The tick of an idle statexfer thread (nothing fetched, served, frozen or offered).
+const IDLE_TICK: Duration = Duration::from_secs(1);
 /// A frozen offer is handed to new transfers for this long; then a fresh one is taken.
 const OFFER_FRESH: Duration = Duration::from_secs(1);
 /// A group's freezes replaced in a row because they were stale once hashed (the
@@ -236,8 +238,12 @@ pub fn start(
                 tracing::warn!(%error, "statexfer executor: disk completions left to glommio");
             }
             let mut xfer = Xfer::new(settings, outbox, stats);
-            let mut next_tick = Instant::now() + TICK;
+            let mut ticked = Instant::now();
             loop {
+                // Idle (no transfer fetched, served, frozen or offered), the thread wakes
+                // once a second instead of every tick: a message wakes it at once.
+                let period = if xfer.idle() { IDLE_TICK } else { TICK };
+                let next_tick = ticked + period;
                 let wait = next_tick.saturating_duration_since(Instant::now());
                 let message = futures_lite::future::or(async { Some(inbox.recv().await) }, async {
                     glommio::timer::sleep(wait).await;
@@ -252,7 +258,7 @@ pub fn start(
                 }
                 super::node::slow_step("statexfer message", started);
                 if Instant::now() >= next_tick {
-                    next_tick = Instant::now() + TICK;
+                    ticked = Instant::now();
                     let started = Instant::now();
                     xfer.on_tick();
                     super::node::slow_step("statexfer tick", started);
@@ -1110,6 +1116,16 @@ impl Xfer {
         if let Err(error) = fetch.sink.verify_next(slice.max(SEALED_SCAN_WINDOW as u64)) {
             fetch.bad_segment = Some(format!("a received segment: {error}"));
         }
+    }
+
+    /// Nothing to pace, hash, verify, retry or release: the tick has no work.
+    fn idle(&self) -> bool {
+        self.fetches.is_empty()
+            && self.serving.is_empty()
+            && self.hashing.is_empty()
+            && self.freezing.is_empty()
+            && self.offers.is_empty()
+            && self.held.is_empty()
     }
 
     fn on_tick(&mut self) {

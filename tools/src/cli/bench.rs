@@ -370,6 +370,10 @@ fn spawn_workers<T: Send + 'static>(
         if register {
             client.register()?;
         }
+        // Every group's primary up front, as a long-running client knows them: the
+        // partitions' leaders go round the nodes, and a first request to a node that
+        // does not lead the partition costs a redirect and a second upload of the batch.
+        client.cluster_metadata()?;
         clients.push(client);
     }
     if register {

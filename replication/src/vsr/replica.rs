@@ -158,7 +158,7 @@ pub struct Replica {
 }
 
 impl Replica {
-    /// A replica of a freshly formatted cluster: view 0, empty log, Normal.
+    /// A replica of a new group: its initial view (`Config::initial_view`), empty log, Normal.
     pub fn new(config: Config) -> Replica {
         let mut replica = Replica::empty(config);
         replica.view = replica.config.initial_view;

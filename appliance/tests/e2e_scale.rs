@@ -194,8 +194,12 @@ fn a_topic_of_many_partitions_starts_without_stalling_any_node() {
             .lines()
             .find(|l| l.starts_with("VmRSS:"))
             .unwrap_or("VmRSS: ?");
-        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+        let fds = open_files(*pid);
         println!("node {pid}: {rss}, {fds} open files");
+        assert!(
+            fds <= count as usize + OPEN_FILES_BESIDE_PARTITIONS,
+            "node {pid}: {fds} open files for {count} new partitions"
+        );
     }
     println!("idle, {count} partitions: the three nodes use {cores:.2} cores");
 
@@ -265,6 +269,28 @@ fn a_topic_of_many_partitions_starts_without_stalling_any_node() {
             &numbered_payload(u64::from(partition), 64)[..],
             "partition {partition}"
         );
+    }
+
+    // Written partitions close their prepare log once idle: one open file each again.
+    let written = Instant::now();
+    loop {
+        let fds: Vec<usize> = pids.iter().map(|p| open_files(*p)).collect();
+        if fds
+            .iter()
+            .all(|n| *n <= count as usize + OPEN_FILES_BESIDE_PARTITIONS)
+        {
+            println!(
+                "open files per node {:?} after {:?} idle",
+                fds,
+                written.elapsed()
+            );
+            break;
+        }
+        assert!(
+            written.elapsed() < Duration::from_secs(60),
+            "open files per node {fds:?} for {count} partitions, 60 s after their writes"
+        );
+        std::thread::sleep(Duration::from_millis(500));
     }
 
     // The node leading the most groups dies: the others take over every one of them
@@ -364,6 +390,14 @@ fn a_topic_of_many_partitions_starts_without_stalling_any_node() {
 }
 
 /// utime + stime of process `pid`, in clock ticks (100 a second on Linux).
+/// Files a node holds open besides one per partition (journal, sockets, executors).
+const OPEN_FILES_BESIDE_PARTITIONS: usize = 64;
+
+/// Descriptors the process holds open.
+fn open_files(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
 fn cpu_ticks(pid: i32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after_name = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);

@@ -247,7 +247,7 @@ impl Node {
                 let prepared = self.state.prepare(caller, &request, now_us());
                 // DeleteSegments names a count; the prepare carries the offset it reaches
                 // in this node's segments.
-                let prepared = match (prepared, &request) {
+                let mut prepared = match (prepared, &request) {
                     (
                         Ok(MetadataOp::TruncatePartition { partition, .. }),
                         ClientRequest::DeleteSegments { segments, .. },
@@ -264,7 +264,6 @@ impl Node {
                     },
                     (prepared, _) => prepared,
                 };
-                let mut prepared = prepared;
                 if let Ok(MetadataOp::CreateTopic { first_primary, .. }) = &mut prepared {
                     // With spreading off, node 0 first leads every partition.
                     if !self.settings.spread_primaries {

@@ -71,7 +71,7 @@ pub(super) struct Lane {
 }
 
 impl Lane {
-    fn idle(&self) -> bool {
+    pub(super) fn idle(&self) -> bool {
         self.staged.is_empty()
             && self.writing.is_none()
             && self.written.is_empty()
@@ -318,6 +318,24 @@ impl Node {
         }
         if lane.writing.is_some() || lane.staged.is_empty() {
             return Ok(());
+        }
+        if !partition.prepares.is_open() {
+            // Closed while the group was idle. Out of files, the prepares stay staged
+            // (unacknowledged) until a later round finds a file free.
+            if let Err(error) = partition.prepares.open_for_writes().await {
+                if super::system::out_of_open_files(&error) {
+                    self.out_of_open_files(&error);
+                    return Ok(());
+                }
+                if super::storage::is_no_space(&error) {
+                    self.fail_lane(group, &error);
+                    return Ok(());
+                }
+                return Err(DaemonError::Runtime(format!(
+                    "partition group {group}: {error}"
+                )));
+            }
+            self.partitions.prepares_open.insert(group);
         }
         self.partitions.unsynced.insert(group);
         self.partitions.grown = true;

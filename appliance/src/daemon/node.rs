@@ -205,6 +205,11 @@ const EVENTS_PER_ROUND_MAX: usize = 256;
 /// checkpoints one partition per tick, so that no tick stalls the loop with the file
 /// syncs of every partition at once.
 const CHECKPOINT_TICKS: u64 = 100;
+/// A partition's prepare log file closes after this long without a record written
+/// (an idle partition then holds one open file, its active segment).
+const PREPARES_IDLE_CLOSE: Duration = Duration::from_secs(10);
+/// Idle prepare logs closed per tick at most (each close syncs the file first).
+const PREPARES_CLOSE_PER_TICK: usize = 4;
 /// Ticks run per wakeup while the node has nothing in flight (`Node::ticks_may_wait`).
 const IDLE_TICK_STRIDE: u32 = 5;
 /// Time per tick (and per applied metadata op) spent starting partition groups: about
@@ -266,6 +271,8 @@ pub struct Node {
     pub(super) repair_windows: HashMap<u64, RepairWindow>,
     /// Partition groups the current checkpoint sweep has yet to visit.
     pub(super) checkpoint_due: std::collections::BTreeSet<u64>,
+    /// Groups whose prepare log the next ticks close (idle since a sweep found them).
+    pub(super) prepares_closing: Vec<u64>,
     /// Free space, the storage budget and the write refusal (storage.rs).
     pub(super) storage: super::storage::StorageState,
     /// Partition groups whose write met a full disk, to be stopped; and those stopped
@@ -457,6 +464,7 @@ impl Node {
             metadata_applied,
             repair_windows: HashMap::new(),
             checkpoint_due: std::collections::BTreeSet::new(),
+            prepares_closing: Vec::new(),
             storage,
             stopping: std::collections::BTreeSet::new(),
             paused: BTreeMap::new(),
@@ -690,10 +698,9 @@ impl Node {
                 .iter()
                 .filter(|(group, partition)| {
                     to_delete.contains(group)
-                        || groups.get(**group).is_some_and(|replica| {
-                            replica.commit() > partition.checkpoint_op
-                                && replica.commit() == partition.committed_op
-                        })
+                        || groups
+                            .get(**group)
+                            .is_some_and(|replica| partition.needs_checkpoint(replica.commit()))
                 })
                 .map(|(group, _)| *group)
                 .collect();
@@ -707,6 +714,34 @@ impl Node {
             }
         }
         self.retention_tick();
+        if self.ticks.is_multiple_of(CHECKPOINT_TICKS) && self.prepares_closing.is_empty() {
+            let (lanes, by_group) = (&self.lanes, &self.partitions.by_group);
+            self.partitions.prepares_open.retain(|group| {
+                by_group
+                    .get(group)
+                    .is_some_and(|partition| partition.prepares.is_open())
+            });
+            self.prepares_closing = self
+                .partitions
+                .prepares_open
+                .iter()
+                .filter(|group| {
+                    lanes.get(group).is_none_or(|lane| lane.idle())
+                        && by_group[group]
+                            .prepares
+                            .open_since_write()
+                            .is_some_and(|at| at.elapsed() >= PREPARES_IDLE_CLOSE)
+                })
+                .copied()
+                .collect();
+        }
+        for _ in 0..PREPARES_CLOSE_PER_TICK {
+            let Some(group) = self.prepares_closing.pop() else {
+                break;
+            };
+            let closed = self.close_idle_prepares(group).await;
+            self.absorb_no_space(closed)?;
+        }
         let started = Instant::now();
         self.checkpoint_metadata().await?;
         slow_step("metadata checkpoint", started);
@@ -1375,13 +1410,13 @@ impl Node {
         }
     }
 
-    fn out_of_open_files(&mut self, error: &str) {
+    pub(super) fn out_of_open_files(&mut self, error: &str) {
         self.reject("open_files_limit");
         if !std::mem::replace(&mut self.open_files_exhausted, true) {
             tracing::error!(
                 %error,
                 "out of open files: partition groups wait to start until files \
-                 are free (raise LimitNOFILE: two per partition)"
+                 are free (raise LimitNOFILE: one per partition, two while written)"
             );
         }
     }
@@ -1564,8 +1599,7 @@ impl Node {
         ) else {
             return Ok(());
         };
-        if replica.commit() <= partition.checkpoint_op || replica.commit() != partition.committed_op
-        {
+        if !partition.needs_checkpoint(replica.commit()) {
             return Ok(());
         }
         let Some(checkpoint) = replica.checkpoint() else {
@@ -1610,6 +1644,29 @@ impl Node {
             }
         }
         Ok(())
+    }
+
+    /// Closes the prepare log file of `group` if it is still idle (its lane has
+    /// nothing in flight, no record written for `PREPARES_IDLE_CLOSE`).
+    async fn close_idle_prepares(&mut self, group: u64) -> Result<(), DaemonError> {
+        if self.paused.contains_key(&group) || self.lanes.get(&group).is_some_and(|l| !l.idle()) {
+            return Ok(());
+        }
+        let Some(partition) = self.partitions.by_group.get_mut(&group) else {
+            self.partitions.prepares_open.remove(&group);
+            return Ok(());
+        };
+        match partition.prepares.close_idle(PREPARES_IDLE_CLOSE).await {
+            Ok(true) => {
+                self.partitions.prepares_open.remove(&group);
+                Ok(())
+            }
+            Ok(false) => Ok(()),
+            Err(error) => Err(super::storage::no_space_or_runtime(
+                group,
+                format!("prepare log close: {error}"),
+            )),
+        }
     }
 
     /// Flushes and closes storage (shutdown).

@@ -37,6 +37,12 @@ pub struct Partition {
 }
 
 impl Partition {
+    /// Whether a checkpoint at the group's commit point `commit` would move this
+    /// partition's: it committed past its checkpoint and applied every committed op.
+    pub fn needs_checkpoint(&self, commit: u64) -> bool {
+        commit > self.checkpoint_op && commit == self.committed_op
+    }
+
     /// Forces the segment log and the prepare records to stable storage.
     pub async fn sync_journal(&mut self) -> Result<(), String> {
         // Two files: their fdatasyncs overlap.
@@ -67,6 +73,9 @@ pub struct Partitions {
     /// Groups whose log or consumer offsets may hold writes not yet synced: the tick
     /// visits these, not every partition (most are idle).
     pub unsynced: BTreeSet<u64>,
+    /// Groups whose prepare log file is open (written lately): the tick closes those
+    /// idle for `PREPARES_IDLE_CLOSE`, so an idle partition holds one open file.
+    pub prepares_open: BTreeSet<u64>,
     /// A partition was written since the node last summed what the partitions store.
     pub grown: bool,
     /// Groups whose storage opens in the background (`Node::spawn_open`).

@@ -15,6 +15,7 @@ use std::collections::VecDeque;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use glommio::io::BufferedFile;
 use replication::wire::PrepareHeader;
@@ -101,11 +102,17 @@ pub struct Entry {
     position: u64,
 }
 
-/// The open prepare log of one partition group. Not `Send` (glommio file).
+/// The prepare log of one partition group. Not `Send` (glommio file).
+///
+/// Its file is open only while records are written: `open_for_writes` opens it, and
+/// `close_idle` syncs and closes it once no record was written for a while, so an idle
+/// partition holds no descriptor for it. The records' index stays in memory either way.
 pub struct PrepareLog {
     path: PathBuf,
     /// Shared with a planned record write or a sync in flight.
-    file: Rc<BufferedFile>,
+    file: Option<Rc<BufferedFile>>,
+    /// When the last record was written (or the file opened).
+    last_write: Instant,
     entries: VecDeque<Entry>,
     end: u64,
 }
@@ -164,14 +171,63 @@ impl PrepareLog {
             file.set_len(at as u64).map_err(io("truncate", &path))?;
             file.sync_all().map_err(io("fsync", &path))?;
         }
-        let file = Rc::new(open_file(&path).await?);
         let log = PrepareLog {
             path,
-            file,
+            file: None,
+            last_write: Instant::now(),
             entries,
             end: at as u64,
         };
         Ok((log, records))
+    }
+
+    /// Whether the file is open (records may be written).
+    pub fn is_open(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// Opens the file (creating it if absent) for `plan_many`; the other writes open it
+    /// themselves.
+    pub async fn open_for_writes(&mut self) -> Result<(), String> {
+        if self.file.is_none() {
+            self.file = Some(Rc::new(open_file(&self.path).await?));
+            self.last_write = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// Syncs and closes the file if no record was written for `idle` and no planned
+    /// write or sync holds it. Returns whether the file is closed now.
+    pub async fn close_idle(&mut self, idle: Duration) -> Result<bool, String> {
+        let Some(file) = &self.file else {
+            return Ok(true);
+        };
+        if self.last_write.elapsed() < idle || Rc::strong_count(file) > 1 {
+            return Ok(false);
+        }
+        self.sync().await?;
+        let Some(file) = self.file.take().and_then(|file| Rc::try_unwrap(file).ok()) else {
+            return Err(format!(
+                "prepare log {}: shared while closing",
+                self.path.display()
+            ));
+        };
+        file.close()
+            .await
+            .map_err(glommio_io("close", &self.path))?;
+        Ok(true)
+    }
+
+    /// When a record was last written (or the file opened), while the file is open.
+    pub fn open_since_write(&self) -> Option<Instant> {
+        self.file.as_ref().map(|_| self.last_write)
+    }
+
+    /// The open file, for a write.
+    fn file(&self) -> Result<&Rc<BufferedFile>, String> {
+        self.file
+            .as_ref()
+            .ok_or_else(|| format!("prepare log {} is not open", self.path.display()))
     }
 
     /// The highest op recorded (0 when empty).
@@ -216,7 +272,9 @@ impl PrepareLog {
             return Ok(());
         }
         let len = bytes.len() as u64;
-        write_records(&self.file, &self.path, bytes, self.end).await?;
+        self.open_for_writes().await?;
+        write_records(self.file()?, &self.path, bytes, self.end).await?;
+        self.last_write = Instant::now();
         self.entries.extend(entries);
         self.end += len;
         Ok(())
@@ -224,11 +282,14 @@ impl PrepareLog {
 
     /// As `append_many`, without writing: the log counts the records at once and the
     /// caller runs the returned write (it holds the file, not the log), which must
-    /// complete before the records are synced, truncated or compacted.
+    /// complete before the records are synced, truncated or compacted. The file must be
+    /// open (`open_for_writes`).
     pub fn plan_many(&mut self, records: &[Record]) -> Result<PlannedRecords, String> {
+        let file = self.file()?.clone();
         let (bytes, entries) = self.encode_many(records)?;
+        self.last_write = Instant::now();
         let planned = PlannedRecords {
-            file: self.file.clone(),
+            file,
             path: self.path.clone(),
             at: self.end,
             bytes,
@@ -238,10 +299,14 @@ impl PrepareLog {
         Ok(planned)
     }
 
-    /// An fdatasync of the records that holds only the file.
+    /// An fdatasync of the records that holds only the file (nothing to do while it is
+    /// closed: it closes synced).
     pub fn syncer(&self) -> impl std::future::Future<Output = Result<(), String>> + 'static {
         let (file, path) = (self.file.clone(), self.path.clone());
         async move {
+            let Some(file) = file else {
+                return Ok(());
+            };
             file.fdatasync()
                 .await
                 .map_err(|e| format!("fdatasync {}: {e}", path.display()))
@@ -268,10 +333,13 @@ impl PrepareLog {
         Ok((bytes, entries))
     }
 
-    /// Forces every record appended so far to stable storage.
+    /// Forces every record appended so far to stable storage (a closed file was synced
+    /// when it closed).
     pub async fn sync(&mut self) -> Result<(), String> {
-        self.file
-            .fdatasync()
+        let Some(file) = &self.file else {
+            return Ok(());
+        };
+        file.fdatasync()
             .await
             .map_err(glommio_io("fdatasync", &self.path))
     }
@@ -287,7 +355,8 @@ impl PrepareLog {
         }) else {
             return Ok(());
         };
-        self.file
+        self.open_for_writes().await?;
+        self.file()?
             .truncate(cut)
             .await
             .map_err(glommio_io("truncate", &self.path))?;
@@ -331,10 +400,12 @@ impl PrepareLog {
                 .and_then(|d| d.sync_all())
                 .map_err(io("fsync", dir))?;
         }
-        let reopened = Rc::new(open_file(&self.path).await?);
-        let old = std::mem::replace(&mut self.file, reopened);
-        if let Ok(old) = Rc::try_unwrap(old) {
-            let _ = old.close().await;
+        // An open file goes on with the new one; a closed one stays closed.
+        if let Some(old) = self.file.take() {
+            self.file = Some(Rc::new(open_file(&self.path).await?));
+            if let Ok(old) = Rc::try_unwrap(old) {
+                let _ = old.close().await;
+            }
         }
         while self.entries.front().is_some_and(|e| e.op < keep_from) {
             self.entries.pop_front();
@@ -349,7 +420,10 @@ impl PrepareLog {
     /// Syncs and closes.
     pub async fn close(mut self) -> Result<(), String> {
         self.sync().await?;
-        let Ok(file) = Rc::try_unwrap(self.file) else {
+        let Some(file) = self.file else {
+            return Ok(());
+        };
+        let Ok(file) = Rc::try_unwrap(file) else {
             return Err(format!(
                 "prepare log {}: a planned write or sync has not completed",
                 self.path.display()
@@ -530,6 +604,62 @@ mod tests {
             let (log, held) = PrepareLog::open(dir.path()).await.unwrap();
             assert_eq!(ops(&held), (1..=9).collect::<Vec<_>>());
             assert_eq!(held[5].inline, vec![6u8; 13]);
+            log.close().await.unwrap();
+        });
+    }
+
+    /// Descriptors of this process open on `path`.
+    fn descriptors_on(path: &Path) -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+            .filter(|target| target == path)
+            .count()
+    }
+
+    #[test]
+    fn an_idle_log_holds_no_file_open_and_reopens_for_the_next_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().canonicalize().unwrap().join(PREPARES_FILE);
+        let records = chain(8);
+        block_on(async {
+            let (mut log, _) = PrepareLog::open(dir.path()).await.unwrap();
+            assert!(!log.is_open());
+            assert!(
+                log.plan_many(&records[..1]).is_err(),
+                "planned only when open"
+            );
+            log.append_many(&records[..3]).await.unwrap();
+            assert!(log.is_open());
+            assert_eq!(descriptors_on(&path), 1);
+            // Written within the idle time: kept open.
+            assert!(!log.close_idle(Duration::from_secs(60)).await.unwrap());
+            // A planned write holds the file: not closed under it.
+            let planned = log.plan_many(&records[3..4]).unwrap();
+            assert!(!log.close_idle(Duration::ZERO).await.unwrap());
+            planned.run().await.unwrap();
+            assert!(log.close_idle(Duration::ZERO).await.unwrap());
+            assert!(!log.is_open());
+            assert_eq!(descriptors_on(&path), 0);
+            // Closed: the index still answers, truncation and compaction work on the
+            // file, a sync has nothing to do, and the next write opens it again.
+            assert_eq!(log.get(4).map(|e| e.base_offset), Some(30));
+            log.sync().await.unwrap();
+            log.compact(2).await.unwrap();
+            assert!(!log.is_open(), "compaction leaves a closed log closed");
+            log.truncate_after(3).await.unwrap();
+            assert_eq!(log.head(), 3);
+            log.append_many(&records[3..8]).await.unwrap();
+            assert!(log.is_open());
+            log.close().await.unwrap();
+            assert_eq!(descriptors_on(&path), 0);
+            let (log, held) = PrepareLog::open(dir.path()).await.unwrap();
+            assert_eq!(ops(&held), [2, 3, 4, 5, 6, 7, 8]);
+            assert!(
+                !log.is_open(),
+                "opening reads the records, the file stays closed"
+            );
+            assert_eq!(descriptors_on(&path), 0);
             log.close().await.unwrap();
         });
     }

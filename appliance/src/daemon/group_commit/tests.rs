@@ -60,6 +60,7 @@ async fn plan_and_write(
     group: u64,
     staged: &[(u64, Frame)],
 ) -> PlannedLane {
+    partition.prepares.open_for_writes().await.unwrap();
     let mut planned = plan_lane(partition, group, staged)
         .unwrap()
         .expect("no roll needed");

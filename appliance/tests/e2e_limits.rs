@@ -201,3 +201,77 @@ fn a_register_past_the_session_limit_is_refused_and_no_session_is_evicted() {
     still_served(&mut first, "first-after-session-limit");
     still_served(&mut second, "second-after-session-limit");
 }
+
+#[test]
+fn partitions_past_the_open_files_limit_wait_and_written_ones_share_what_is_left() {
+    // 1,024 files are the node's own; of the 120 left, an eighth is kept for the
+    // prepare logs of partitions being written: 105 partitions start.
+    let files = ClusterFiles::new(1);
+    let mut daemon = Daemon::start_with_open_files(&files, 0, 1_024 + 120);
+    wait_healthy(&files, &mut daemon, Duration::from_secs(30));
+    let mut client = library_client(&files, &[0]);
+    client.register().expect("register");
+    let stream = client.create_stream("files").expect("stream");
+    let topic = client.create_topic(stream, "t", 105).expect("topic");
+    let key = |topic, partition| replication::wire::PartitionKey {
+        stream,
+        topic,
+        partition,
+    };
+    // Each partition is written, twice over: 105 prepare logs in turn through the 15
+    // files left, each opening one closing the idlest first, so no write waits for a
+    // file.
+    for round in 0..2u64 {
+        for partition in 0..105 {
+            let batch = numbered_batch(round * 1_000 + u64::from(partition), 1, 64);
+            let reply = client
+                .send_messages(key(topic, partition), &batch)
+                .unwrap_or_else(|e| panic!("round {round}, partition {partition}: {e:?}"));
+            assert_eq!(reply.base_offset, round, "partition {partition}");
+        }
+    }
+    assert_eq!(
+        rejected(&files, 0, "open_files_limit", 0),
+        0,
+        "a write waited for a file"
+    );
+    for partition in 0..105 {
+        let read = client
+            .poll_messages(
+                key(topic, partition),
+                appliance::protocol::Consumer::Single(1),
+                appliance::protocol::PollStrategy::Offset(0),
+                2,
+            )
+            .expect("poll");
+        let batches = appliance::protocol::reply::split_poll_body(&read).expect("poll body");
+        let payloads: Vec<Vec<u8>> = batches
+            .iter()
+            .flat_map(|(batch, _)| {
+                replication::wire::batch::messages(batch).map(|m| m.payload.to_vec())
+            })
+            .collect();
+        assert_eq!(
+            payloads,
+            [
+                numbered_payload(u64::from(partition), 64),
+                numbered_payload(1_000 + u64::from(partition), 64)
+            ],
+            "partition {partition}"
+        );
+    }
+    // Partitions past the limit wait to start, counted; the node goes on.
+    client.create_topic(stream, "more", 5).expect("topic");
+    assert!(rejected(&files, 0, "open_files_limit", 1) >= 1);
+    let reply = client
+        .send_messages(key(topic, 0), &numbered_batch(2_000, 1, 64))
+        .expect("send");
+    assert_eq!(reply.base_offset, 2);
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", daemon.pid())).map_or(0, |d| d.count());
+    assert!(fds <= 1_024 + 120, "{fds} open files");
+    assert_eq!(
+        daemon.terminate(Duration::from_secs(10)),
+        Some(0),
+        "the node shuts down cleanly"
+    );
+}

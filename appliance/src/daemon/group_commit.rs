@@ -24,7 +24,7 @@
 //! journaled one at a time after the lane is drained.
 
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use glommio::channels::local_channel::LocalSender;
 use journal::segment::Plan;
@@ -293,6 +293,20 @@ impl Node {
     }
 
     async fn start_lane_io(&mut self, group: u64) -> Result<(), DaemonError> {
+        // A prepare log closed while its group was idle opens for the write. Without a
+        // file free, the prepares stay staged (unacknowledged) until a later round
+        // finds one (its file is open while any record waits for a sync).
+        let wants_file =
+            self.lanes.get(&group).is_some_and(|lane| {
+                !lane.failed && lane.writing.is_none() && !lane.staged.is_empty()
+            }) && self
+                .partitions
+                .by_group
+                .get(&group)
+                .is_some_and(|partition| !partition.prepares.is_open());
+        if wants_file && !self.open_prepares(group).await? {
+            return Ok(());
+        }
         let Some(lane) = self.lanes.get_mut(&group) else {
             return Ok(());
         };
@@ -318,24 +332,6 @@ impl Node {
         }
         if lane.writing.is_some() || lane.staged.is_empty() {
             return Ok(());
-        }
-        if !partition.prepares.is_open() {
-            // Closed while the group was idle. Out of files, the prepares stay staged
-            // (unacknowledged) until a later round finds a file free.
-            if let Err(error) = partition.prepares.open_for_writes().await {
-                if super::system::out_of_open_files(&error) {
-                    self.out_of_open_files(&error);
-                    return Ok(());
-                }
-                if super::storage::is_no_space(&error) {
-                    self.fail_lane(group, &error);
-                    return Ok(());
-                }
-                return Err(DaemonError::Runtime(format!(
-                    "partition group {group}: {error}"
-                )));
-            }
-            self.partitions.prepares_open.insert(group);
         }
         self.partitions.unsynced.insert(group);
         self.partitions.grown = true;
@@ -375,6 +371,64 @@ impl Node {
             self.bus.stats().reject(reason);
         }
         Ok(())
+    }
+
+    /// Opens the prepare log of `group` for its lane's next write, first closing the
+    /// least recently written idle one when the partitions' open files are all taken.
+    /// Returns whether it is open.
+    async fn open_prepares(&mut self, group: u64) -> Result<bool, DaemonError> {
+        let held = self.partitions.by_group.len() + self.partitions.opening.len();
+        let room = self.settings.partition_files_max.saturating_sub(held);
+        if self.partitions.prepares_open.len() >= room {
+            self.partitions.forget_closed_prepares();
+        }
+        while self.partitions.prepares_open.len() >= room {
+            let (lanes, by_group, paused) = (&self.lanes, &self.partitions.by_group, &self.paused);
+            let idlest = self
+                .partitions
+                .prepares_open
+                .iter()
+                .filter(|g| !paused.contains_key(g) && lanes.get(g).is_none_or(Lane::idle))
+                .filter_map(|g| Some((by_group.get(g)?.prepares.open_since_write()?, *g)))
+                .min();
+            let Some((_, idle)) = idlest else {
+                self.out_of_open_files(&format!(
+                    "partition group {group}: {} prepare logs written at once hold the \
+                     open files left to partitions (os error 24)",
+                    self.partitions.prepares_open.len()
+                ));
+                return Ok(false);
+            };
+            match self.close_idle_prepares(idle, Duration::ZERO).await {
+                Ok(true) => {}
+                // Its file is still shared with IO: a later round tries again.
+                Ok(false) => return Ok(false),
+                Err(error) => {
+                    self.absorb_no_space(Err(error))?;
+                    return Ok(false);
+                }
+            }
+        }
+        let Some(partition) = self.partitions.by_group.get_mut(&group) else {
+            return Ok(false);
+        };
+        match partition.prepares.open_for_writes().await {
+            Ok(()) => {
+                self.partitions.prepares_open.insert(group);
+                Ok(true)
+            }
+            Err(error) if super::system::out_of_open_files(&error) => {
+                self.out_of_open_files(&error);
+                Ok(false)
+            }
+            Err(error) if super::storage::is_no_space(&error) => {
+                self.fail_lane(group, &error);
+                Ok(false)
+            }
+            Err(error) => Err(DaemonError::Runtime(format!(
+                "partition group {group}: {error}"
+            ))),
+        }
     }
 
     /// A lane's write or sync completed: its prepares move on, and those a completed

@@ -300,7 +300,7 @@ fn settings(config: &Config, replica_id: u8) -> Result<Settings, DaemonError> {
                 .max(1),
         },
         stats_groups_max: config.limits.stats_groups_max as usize,
-        partitions_max_by_files: node::partitions_max_by_files(system::open_files_limit()),
+        partition_files_max: node::partition_files_by_limit(system::open_files_limit()),
         spread_primaries: config.cluster.spread_primaries,
     })
 }
@@ -387,7 +387,7 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
     tracing::info!(
         open_files,
         partitions_max = node::partitions_max_by_files(open_files),
-        "open files limit (two per partition, one per connection)"
+        "open files limit (one per partition, two while written, one per connection)"
     );
     let settings = settings(&config, replica_id)?;
     let bus_config = bus_config(&config, replica_id)?;

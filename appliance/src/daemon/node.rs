@@ -65,9 +65,10 @@ pub struct Settings {
     pub retention: super::retention::RetentionSettings,
     /// `limits.stats_groups_max`: groups a bounded `/stats` or `/metrics` lists.
     pub stats_groups_max: usize,
-    /// Partition groups the open files limit leaves room for, after
-    /// `OPEN_FILES_RESERVE` for connections and the node's own files.
-    pub partitions_max_by_files: usize,
+    /// Open files the partitions may hold: the open files limit less
+    /// `OPEN_FILES_RESERVE` for connections and the node's own files. No partition
+    /// starts past this less `prepare_files_min`.
+    pub partition_files_max: usize,
     /// `cluster.spread_primaries`: topics this node creates as the metadata primary
     /// spread their partitions' first leaders over the nodes.
     pub spread_primaries: bool,
@@ -75,17 +76,36 @@ pub struct Settings {
 
 /// Open files kept free of partitions: connections, the stats server, directory syncs.
 pub const OPEN_FILES_RESERVE: u64 = 1024;
-/// Files a started partition holds open: its active segment and its prepare log.
-pub const FILES_PER_PARTITION: u64 = 2;
+/// Open files kept for the prepare logs of partitions being written, past which no
+/// partition starts: 1,024, or an eighth of the partitions' files under a small limit.
+/// A started partition holds one file (its active segment), and its prepare log while
+/// written; with no file left, opening one closes the least recently written idle one
+/// first.
+pub fn prepare_files_min(partition_files: usize) -> usize {
+    (partition_files / 8).min(1024)
+}
+
+/// Open files an open files limit of `limit` leaves the partitions (unbounded when the
+/// limit is unknown, 0).
+pub fn partition_files_by_limit(limit: u64) -> usize {
+    if limit == 0 {
+        return usize::MAX;
+    }
+    usize::try_from(limit.saturating_sub(OPEN_FILES_RESERVE)).unwrap_or(usize::MAX)
+}
 
 /// Partition groups an open files limit of `limit` leaves room for (unbounded when the
 /// limit is unknown, 0).
 pub fn partitions_max_by_files(limit: u64) -> usize {
-    if limit == 0 {
-        return usize::MAX;
+    partitions_within(partition_files_by_limit(limit))
+}
+
+/// Partition groups that `files` open files (less `prepare_files_min`) hold.
+fn partitions_within(files: usize) -> usize {
+    match files {
+        usize::MAX => usize::MAX,
+        files => files.saturating_sub(prepare_files_min(files)),
     }
-    usize::try_from(limit.saturating_sub(OPEN_FILES_RESERVE) / FILES_PER_PARTITION)
-        .unwrap_or(usize::MAX)
 }
 
 /// Input to the node task.
@@ -715,12 +735,8 @@ impl Node {
         }
         self.retention_tick();
         if self.ticks.is_multiple_of(CHECKPOINT_TICKS) && self.prepares_closing.is_empty() {
+            self.partitions.forget_closed_prepares();
             let (lanes, by_group) = (&self.lanes, &self.partitions.by_group);
-            self.partitions.prepares_open.retain(|group| {
-                by_group
-                    .get(group)
-                    .is_some_and(|partition| partition.prepares.is_open())
-            });
             self.prepares_closing = self
                 .partitions
                 .prepares_open
@@ -739,8 +755,8 @@ impl Node {
             let Some(group) = self.prepares_closing.pop() else {
                 break;
             };
-            let closed = self.close_idle_prepares(group).await;
-            self.absorb_no_space(closed)?;
+            let closed = self.close_idle_prepares(group, PREPARES_IDLE_CLOSE).await;
+            self.absorb_no_space(closed.map(|_| ()))?;
         }
         let started = Instant::now();
         self.checkpoint_metadata().await?;
@@ -1262,7 +1278,8 @@ impl Node {
                 return Ok(());
             }
             let held = self.partitions.by_group.len() + self.partitions.opening.len();
-            if held >= self.settings.partitions_max_by_files {
+            let partitions_max = partitions_within(self.settings.partition_files_max);
+            if held >= partitions_max {
                 // Out of file descriptors: the partition stays Unavailable here and its
                 // start is tried again next tick; the node goes on serving the others.
                 self.out_of_open_files(&format!(
@@ -1647,21 +1664,25 @@ impl Node {
     }
 
     /// Closes the prepare log file of `group` if it is still idle (its lane has
-    /// nothing in flight, no record written for `PREPARES_IDLE_CLOSE`).
-    async fn close_idle_prepares(&mut self, group: u64) -> Result<(), DaemonError> {
+    /// nothing in flight, no record written for `idle`). Returns whether it closed.
+    pub(super) async fn close_idle_prepares(
+        &mut self,
+        group: u64,
+        idle: Duration,
+    ) -> Result<bool, DaemonError> {
         if self.paused.contains_key(&group) || self.lanes.get(&group).is_some_and(|l| !l.idle()) {
-            return Ok(());
+            return Ok(false);
         }
         let Some(partition) = self.partitions.by_group.get_mut(&group) else {
             self.partitions.prepares_open.remove(&group);
-            return Ok(());
+            return Ok(true);
         };
-        match partition.prepares.close_idle(PREPARES_IDLE_CLOSE).await {
+        match partition.prepares.close_idle(idle).await {
             Ok(true) => {
                 self.partitions.prepares_open.remove(&group);
-                Ok(())
+                Ok(true)
             }
-            Ok(false) => Ok(()),
+            Ok(false) => Ok(false),
             Err(error) => Err(super::storage::no_space_or_runtime(
                 group,
                 format!("prepare log close: {error}"),
@@ -1781,8 +1802,14 @@ mod tests {
             usize::MAX,
             "unknown limit"
         );
-        assert_eq!(super::partitions_max_by_files(20_000), 9_488);
-        assert_eq!(super::partitions_max_by_files(65_536), 32_256);
+        assert_eq!(super::partitions_max_by_files(20_000), 17_952);
+        assert_eq!(super::partitions_max_by_files(65_536), 63_488);
+        assert_eq!(super::partition_files_by_limit(20_000), 18_976);
+        assert_eq!(
+            super::partitions_max_by_files(1_024 + 120),
+            105,
+            "small limit"
+        );
         assert_eq!(
             super::partitions_max_by_files(1_000),
             0,

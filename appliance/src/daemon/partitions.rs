@@ -12,7 +12,7 @@ use replication::wire::FrameBuf;
 use zerocopy::IntoBytes;
 
 use super::files::{self, StoredCheckpoint};
-use super::prepares::{PrepareLog, Record};
+use super::prepares::{self, PrepareLog, Record};
 use crate::protocol::Consumer;
 
 /// Bytes of log a poll reads at most (whole batches; the reply stays far below the
@@ -82,6 +82,19 @@ pub struct Partitions {
     pub opening: BTreeSet<u64>,
 }
 
+impl Partitions {
+    /// Drops from `prepares_open` the partitions gone or reopened since (their prepare
+    /// log holds no file).
+    pub fn forget_closed_prepares(&mut self) {
+        let by_group = &self.by_group;
+        self.prepares_open.retain(|group| {
+            by_group
+                .get(group)
+                .is_some_and(|partition| partition.prepares.is_open())
+        });
+    }
+}
+
 /// What opening a partition found on disk for its consensus group.
 pub struct Opened {
     pub partition: Partition,
@@ -118,10 +131,14 @@ pub async fn open(
     offset_durability: Durability,
 ) -> Result<Opened, String> {
     let dir = partition_dir(data_dir, key);
-    // A new partition's superblock file goes in before its log's first segment, whose
-    // directory sync (PartitionLog::open) makes both entries durable.
+    // A new partition's superblock and prepare log files go in before its log's first
+    // segment, whose directory sync (PartitionLog::open) makes every entry durable (the
+    // prepare log's first write then opens a file that is there already).
     let fresh = !dir.exists();
     files::create_vsr_superblock(&dir, !fresh).map_err(|e| e.to_string())?;
+    if fresh {
+        prepares::create_empty(&dir)?;
+    }
     let (mut log, report) = PartitionLog::open(&dir, group, config)
         .await
         .map_err(|e| e.to_string())?;

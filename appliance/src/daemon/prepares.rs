@@ -467,6 +467,21 @@ async fn write_records(
     Ok(())
 }
 
+/// Makes an empty prepare log in a new partition's folder, not synced: the caller syncs
+/// the folder. An existing file is left as it is.
+pub fn create_empty(dir: &Path) -> Result<(), String> {
+    let path = dir.join(PREPARES_FILE);
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(io("create", &path)(e)),
+    }
+}
+
 fn entry_of(record: &Record, position: u64) -> Entry {
     Entry {
         op: record.op(),

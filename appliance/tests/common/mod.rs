@@ -172,12 +172,42 @@ impl Daemon {
 
     /// As `start`, with `APPLIANCE_*` overrides (e.g. ("APPLIANCE_LIMITS__SESSIONS_MAX", "2")).
     pub fn start_with_env(files: &ClusterFiles, replica: usize, env: &[(&str, &str)]) -> Daemon {
+        Daemon::spawn(files, replica, env, Command::new(binary()))
+    }
+
+    /// As `start`, under an open files limit (soft and hard) of `limit`.
+    #[allow(dead_code)]
+    pub fn start_with_open_files(files: &ClusterFiles, replica: usize, limit: u64) -> Daemon {
+        use std::os::unix::process::CommandExt;
+        let mut command = Command::new(binary());
+        // SAFETY: only setrlimit, async-signal-safe, runs between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                let rlimit = libc::rlimit {
+                    rlim_cur: limit,
+                    rlim_max: limit,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Daemon::spawn(files, replica, &[], command)
+    }
+
+    fn spawn(
+        files: &ClusterFiles,
+        replica: usize,
+        env: &[(&str, &str)],
+        mut command: Command,
+    ) -> Daemon {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(files.log(replica))
             .expect("log file");
-        let child = Command::new(binary())
+        let child = command
             .arg("--config")
             .arg(files.config(replica))
             .arg("--replica-id")

@@ -218,9 +218,9 @@ fn partitions_past_the_open_files_limit_wait_and_written_ones_share_what_is_left
         topic,
         partition,
     };
-    // Each partition is written, twice over: 105 prepare logs in turn through the 15
-    // files left, each opening one closing the idlest first, so no write waits for a
-    // file.
+    // Each partition is written, three times over: 105 prepare logs in turn through
+    // the 15 files left, each opening one closing the idlest first, so no write waits
+    // for a file.
     for round in 0..2u64 {
         for partition in 0..105 {
             let batch = numbered_batch(round * 1_000 + u64::from(partition), 1, 64);
@@ -230,6 +230,25 @@ fn partitions_past_the_open_files_limit_wait_and_written_ones_share_what_is_left
             assert_eq!(reply.base_offset, round, "partition {partition}");
         }
     }
+    // A third round by four writers at once, each on its own partitions.
+    std::thread::scope(|scope| {
+        for writer in 0..4u32 {
+            let files = &files;
+            scope.spawn(move || {
+                let mut client = library_client(files, &[0]);
+                client.register().expect("register");
+                for partition in (writer..105).step_by(4) {
+                    let batch = numbered_batch(2_000 + u64::from(partition), 1, 64);
+                    let reply = client
+                        .send_messages(key(topic, partition), &batch)
+                        .unwrap_or_else(|e| {
+                            panic!("writer {writer}, partition {partition}: {e:?}")
+                        });
+                    assert_eq!(reply.base_offset, 2, "partition {partition}");
+                }
+            });
+        }
+    });
     assert_eq!(
         rejected(&files, 0, "open_files_limit", 0),
         0,
@@ -241,7 +260,7 @@ fn partitions_past_the_open_files_limit_wait_and_written_ones_share_what_is_left
                 key(topic, partition),
                 appliance::protocol::Consumer::Single(1),
                 appliance::protocol::PollStrategy::Offset(0),
-                2,
+                3,
             )
             .expect("poll");
         let batches = appliance::protocol::reply::split_poll_body(&read).expect("poll body");
@@ -255,7 +274,8 @@ fn partitions_past_the_open_files_limit_wait_and_written_ones_share_what_is_left
             payloads,
             [
                 numbered_payload(u64::from(partition), 64),
-                numbered_payload(1_000 + u64::from(partition), 64)
+                numbered_payload(1_000 + u64::from(partition), 64),
+                numbered_payload(2_000 + u64::from(partition), 64)
             ],
             "partition {partition}"
         );
@@ -264,9 +284,9 @@ fn partitions_past_the_open_files_limit_wait_and_written_ones_share_what_is_left
     client.create_topic(stream, "more", 5).expect("topic");
     assert!(rejected(&files, 0, "open_files_limit", 1) >= 1);
     let reply = client
-        .send_messages(key(topic, 0), &numbered_batch(2_000, 1, 64))
+        .send_messages(key(topic, 0), &numbered_batch(3_000, 1, 64))
         .expect("send");
-    assert_eq!(reply.base_offset, 2);
+    assert_eq!(reply.base_offset, 3);
     let fds = std::fs::read_dir(format!("/proc/{}/fd", daemon.pid())).map_or(0, |d| d.count());
     assert!(fds <= 1_024 + 120, "{fds} open files");
     assert_eq!(

@@ -71,6 +71,11 @@ pub(super) struct Lane {
 }
 
 impl Lane {
+    /// A write or a sync of the lane is in flight.
+    fn io_in_flight(&self) -> bool {
+        self.writing.is_some() || self.syncing.is_some()
+    }
+
     pub(super) fn idle(&self) -> bool {
         self.staged.is_empty()
             && self.writing.is_none()
@@ -228,11 +233,7 @@ impl Node {
     /// Waits for the IO a failed lane still has in flight (its tasks hold the files), so
     /// the partition can be closed and reopened.
     pub(super) async fn settle_lane(&mut self, group: u64) -> Result<(), DaemonError> {
-        while self
-            .lanes
-            .get(&group)
-            .is_some_and(|lane| lane.writing.is_some() || lane.syncing.is_some())
-        {
+        while self.lanes.get(&group).is_some_and(Lane::io_in_flight) {
             self.await_io(group).await?;
         }
         self.lanes.remove(&group);
@@ -241,10 +242,15 @@ impl Node {
 
     /// Takes the next IO completion (of any lane) while `group`'s lane waits on IO.
     async fn await_io(&mut self, group: u64) -> Result<(), DaemonError> {
-        let waiting = self
-            .lanes
-            .get(&group)
-            .is_some_and(|lane| lane.writing.is_some() || lane.syncing.is_some());
+        let mut waiting = self.lanes.get(&group).is_some_and(Lane::io_in_flight);
+        if !waiting && self.waits_for_prepare_file(group) {
+            // Every prepare file is held by a lane that is not idle: one frees when its
+            // IO completes (started here if its round has not started it yet).
+            if !self.lanes.values().any(Lane::io_in_flight) {
+                self.start_journal_io().await?;
+            }
+            waiting = self.lanes.values().any(Lane::io_in_flight);
+        }
         if !waiting {
             // Nothing in flight, yet work left that could not start: a bug, not input.
             return Err(DaemonError::Runtime(format!(
@@ -296,15 +302,7 @@ impl Node {
         // A prepare log closed while its group was idle opens for the write. Without a
         // file free, the prepares stay staged (unacknowledged) until a later round
         // finds one (its file is open while any record waits for a sync).
-        let wants_file =
-            self.lanes.get(&group).is_some_and(|lane| {
-                !lane.failed && lane.writing.is_none() && !lane.staged.is_empty()
-            }) && self
-                .partitions
-                .by_group
-                .get(&group)
-                .is_some_and(|partition| !partition.prepares.is_open());
-        if wants_file && !self.open_prepares(group).await? {
+        if self.waits_for_prepare_file(group) && !self.open_prepares(group).await? {
             return Ok(());
         }
         let Some(lane) = self.lanes.get_mut(&group) else {
@@ -371,6 +369,19 @@ impl Node {
             self.bus.stats().reject(reason);
         }
         Ok(())
+    }
+
+    /// Whether the lane of `group` has prepares to write and waits for its prepare log
+    /// to open (no file free).
+    fn waits_for_prepare_file(&self, group: u64) -> bool {
+        self.lanes
+            .get(&group)
+            .is_some_and(|lane| !lane.failed && lane.writing.is_none() && !lane.staged.is_empty())
+            && self
+                .partitions
+                .by_group
+                .get(&group)
+                .is_some_and(|partition| !partition.prepares.is_open())
     }
 
     /// Opens the prepare log of `group` for its lane's next write, first closing the

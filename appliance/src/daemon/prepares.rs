@@ -164,12 +164,7 @@ impl PrepareLog {
                 dropped = bytes.len() - at,
                 "prepare log: unacknowledged or damaged tail dropped"
             );
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .map_err(io("open", &path))?;
-            file.set_len(at as u64).map_err(io("truncate", &path))?;
-            file.sync_all().map_err(io("fsync", &path))?;
+            truncate_closed(&path, at as u64)?;
         }
         let log = PrepareLog {
             path,
@@ -206,11 +201,14 @@ impl PrepareLog {
             return Ok(false);
         }
         self.sync().await?;
-        let Some(file) = self.file.take().and_then(|file| Rc::try_unwrap(file).ok()) else {
-            return Err(format!(
-                "prepare log {}: shared while closing",
-                self.path.display()
-            ));
+        let file = match self.file.take().map(Rc::try_unwrap) {
+            Some(Ok(file)) => file,
+            // Shared again while it synced: it stays open.
+            Some(Err(shared)) => {
+                self.file = Some(shared);
+                return Ok(false);
+            }
+            None => return Ok(true),
         };
         file.close()
             .await
@@ -355,12 +353,17 @@ impl PrepareLog {
         }) else {
             return Ok(());
         };
-        self.open_for_writes().await?;
-        self.file()?
-            .truncate(cut)
-            .await
-            .map_err(glommio_io("truncate", &self.path))?;
-        self.sync().await?;
+        // A closed file is cut without opening it for good: it stays closed (only a
+        // lane's write opens it, and the node closes what a lane opened).
+        match &self.file {
+            Some(file) => {
+                file.truncate(cut)
+                    .await
+                    .map_err(glommio_io("truncate", &self.path))?;
+                self.sync().await?;
+            }
+            None => truncate_closed(&self.path, cut)?,
+        }
         while self.entries.back().is_some_and(|e| e.op > op_max) {
             self.entries.pop_back();
         }
@@ -465,6 +468,16 @@ async fn write_records(
         return Err(format!("prepare log: short write to {}", path.display()));
     }
     Ok(())
+}
+
+/// Cuts the prepare log file at `len` durably, through a descriptor of its own.
+fn truncate_closed(path: &Path, len: u64) -> Result<(), String> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(io("open", path))?;
+    file.set_len(len).map_err(io("truncate", path))?;
+    file.sync_all().map_err(io("fsync", path))
 }
 
 /// Makes an empty prepare log in a new partition's folder, not synced: the caller syncs
@@ -664,6 +677,8 @@ mod tests {
             assert!(!log.is_open(), "compaction leaves a closed log closed");
             log.truncate_after(3).await.unwrap();
             assert_eq!(log.head(), 3);
+            assert!(!log.is_open(), "truncation leaves a closed log closed");
+            assert_eq!(descriptors_on(&path), 0);
             log.append_many(&records[3..8]).await.unwrap();
             assert!(log.is_open());
             log.close().await.unwrap();

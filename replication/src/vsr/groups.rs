@@ -789,6 +789,61 @@ mod tests {
         }
     }
 
+    /// An idle group whose primaries go round the nodes comes back to node 0, which led
+    /// it before at the same commit point: the new view's backups never heard node 0 lead
+    /// it, so it must broadcast its Commits in the new view before it sleeps, or they time
+    /// it out again and again (found by the many-group simulator).
+    #[test]
+    fn a_primary_that_led_before_at_the_same_commit_is_heard_in_its_new_view() {
+        let mut nodes = Nodes::new(1);
+        let timeout = nodes.heartbeat_timeout();
+        for _ in 0..300 {
+            nodes.tick();
+        }
+        // Each node in turn is cut off until the group elected the next one; the links
+        // go down and come up as the bus reports them.
+        let link = |nodes: &mut Nodes, node: usize, up: bool| {
+            for other in (0..3).filter(|o| *o != node) {
+                nodes.nodes[other].set_connected(node as u8, up);
+                nodes.nodes[node].set_connected(other as u8, up);
+            }
+        };
+        for down in 0..3 {
+            nodes.up[down] = false;
+            link(&mut nodes, down, false);
+            for _ in 0..4 * timeout {
+                nodes.tick();
+            }
+            nodes.up[down] = true;
+            link(&mut nodes, down, true);
+            for _ in 0..4 * timeout {
+                nodes.tick();
+            }
+        }
+        let group = PartitionKey {
+            stream: 1,
+            topic: 1,
+            partition: 0,
+        }
+        .pack()
+        .expect("valid");
+        let (view, status) = nodes.view_status(0, group);
+        assert_eq!(status, crate::vsr::Status::Normal);
+        assert_eq!(view % 3, 0, "node 0 leads the group again (view {view})");
+        // Nothing fails from here on: the group keeps its view, asleep.
+        for _ in 0..20 * timeout {
+            nodes.tick();
+        }
+        for r in 0..3 {
+            assert_eq!(
+                nodes.view_status(r, group),
+                (view, crate::vsr::Status::Normal),
+                "node {r}"
+            );
+        }
+        assert!(nodes.nodes[1].asleep(group), "the idle group sleeps");
+    }
+
     /// Drains see every action, however it was queued (a routed frame, a replica reached
     /// with `get_mut`, a tick), in group order, and nothing twice.
     #[test]

@@ -885,6 +885,10 @@ impl Replica {
     pub(crate) fn start_normal_timeouts(&mut self) {
         let now = self.now;
         self.primary_preparing = false;
+        // Broadcasts of an earlier view told nobody of this one: a primary that led
+        // before at the same commit point still owes the new view's backups its Commits
+        // before it may sleep.
+        self.commit_broadcasts = (0, 0);
         self.slow.reset(now);
         self.timeout_view_change.stop();
         self.timeout_view_change_retransmit.stop();

@@ -1172,3 +1172,57 @@ fn a_group_starts_in_its_initial_view_and_a_restart_before_any_view_change_is_th
     let restarted = Replica::restart(config, &replacement, &[]);
     assert_eq!((restarted.view(), restarted.log_view()), (0, 0));
 }
+
+/// A formatted replica whose peers remember no op but report later views (the group
+/// changed views before any op, and this replica may have voted in them before it lost
+/// its disk) forms as a member but never votes below the highest view reported: a view
+/// change of a lower view leaves it alone, and it asks that view's primary for its
+/// StartView.
+#[test]
+fn a_formatted_replica_never_votes_below_the_views_its_census_reported() {
+    use replication::wire::{Command, RepairResultHeader};
+    let mut r2 = Replica::unformed(Config::new(cluster(), METADATA_GROUP, 2, 3));
+    let nonce = r2
+        .drain_actions()
+        .into_iter()
+        .find_map(|action| match action {
+            Action::Send { frame, .. } => match decode(frame.as_bytes(), &Limits::default()) {
+                Ok(Message::RequestPrepares(h)) => Some(h.nonce),
+                _ => None,
+            },
+            _ => None,
+        })
+        .expect("a census question");
+    for (peer, view) in [(1u8, 12u32), (0, 9)] {
+        let mut h = RepairResultHeader::new();
+        h.frame.cluster = cluster();
+        h.frame.command = Command::RepairDone as u8;
+        h.frame.replica = peer;
+        h.frame.view = view;
+        h.nonce = nonce;
+        h.op = 0;
+        h.group = METADATA_GROUP;
+        r2.on_message(Frame::build(&h, &[]).as_bytes());
+    }
+    assert!(r2.is_voter(), "no op anywhere: it forms as a member");
+    assert_eq!(r2.view(), 12, "the highest view reported");
+    assert_eq!(r2.log_view(), 0, "its log is still the empty one");
+    assert_eq!(r2.status(), Status::Recovering);
+    let asked = r2.drain_actions().into_iter().any(|action| match action {
+        Action::Broadcast { frame } => matches!(
+            decode(frame.as_bytes(), &Limits::default()),
+            Ok(Message::RequestStartView(h)) if h.frame.view == 12
+        ),
+        _ => false,
+    });
+    assert!(asked, "it asks for the StartView of view 12");
+    // Replica 0 starts a view change of view 10: replica 2 does not take part.
+    let mut svc = StartViewChangeHeader::new();
+    svc.frame.cluster = cluster();
+    svc.frame.view = 10;
+    svc.frame.replica = 0;
+    svc.group = METADATA_GROUP;
+    r2.on_message(Frame::build(&svc, &[]).as_bytes());
+    assert_eq!(r2.view(), 12);
+    assert!(r2.drain_actions().is_empty(), "no vote in a view below 12");
+}

@@ -336,16 +336,37 @@ impl Replica {
                     .enumerate()
                     .filter(|(_, v)| v.is_some())
                     .fold(0u32, |bits, (r, _)| bits | 1 << r);
+                // The highest view a member that remembers reported: a group that never
+                // prepared an op may still have changed views, and this replica may have
+                // voted in them before it lost its state (a StartView it sent, a
+                // DoViewChange). Every quorum it was part of has a member among the
+                // answers, so no such promise lies above this view.
+                let view_reported = views.iter().copied().max().unwrap_or(0);
                 self.census = None;
                 // A new group is in its initial view, as if it had started there.
                 self.view = self.view.max(self.config.initial_view);
                 self.log_view = self.log_view.max(self.config.initial_view);
                 self.superblock.unformed = false;
-                self.persist_superblock();
                 self.voter = true;
-                self.status = Status::Normal;
                 self.formation_wait = (all & !voting, nonce);
                 self.formation_settle();
+                if view_reported > self.view {
+                    // It never votes below that view: like a member restarting in it, it
+                    // asks for the view's StartView, and after its probes starts a view
+                    // change above it. Its log stays of the initial view (empty), so its
+                    // DoViewChange outweighs no member's.
+                    self.view = view_reported;
+                    self.persist_superblock();
+                    self.status = Status::Recovering;
+                    self.incarnation = self.prng.next_u128();
+                    let frame = self.request_start_view_frame(self.view);
+                    self.actions.push_back(Action::Broadcast { frame });
+                    let now = self.now;
+                    self.timeout_probe.start(now, &mut self.prng);
+                    return;
+                }
+                self.persist_superblock();
+                self.status = Status::Normal;
                 self.start_normal_timeouts();
                 return;
             } else {

@@ -6,7 +6,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use replication::sim::{partition_plane_group, run_seed, SimOptions};
+use replication::sim::{
+    partition_plane_group, run_many, run_seed, Failure, ManyOptions, SimOptions,
+};
 
 #[derive(Parser, Debug)]
 #[command(name = "appliance-sim", about = "Deterministic VSR cluster simulator")]
@@ -43,6 +45,11 @@ struct Args {
     /// as they ran before groups started in other views).
     #[arg(long)]
     initial_view: Option<u32>,
+    /// Run many groups per node instead of one: the metadata group and N partition
+    /// groups in one node's `Groups`, idle ones asleep, faults hitting whole nodes, and a
+    /// failover check of the sleeping groups at the end.
+    #[arg(long, value_name = "N")]
+    groups: Option<u32>,
     /// Print a trace for passing runs too.
     #[arg(long)]
     trace: bool,
@@ -107,6 +114,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(partitions) = args.groups {
+        return many(&args, partitions, from, to);
+    }
     let started = std::time::Instant::now();
     let mut passed = 0u64;
     let mut commits = 0u64;
@@ -142,12 +152,7 @@ fn main() -> ExitCode {
                 let mut replay = options(&args, seed);
                 replay.trace = true;
                 replay.trace_lines = args.trace_lines;
-                if let Err(traced) = run_seed(replay) {
-                    for line in &traced.trace {
-                        eprintln!("  {line}");
-                    }
-                    eprintln!("appliance-sim: {traced}");
-                }
+                print_trace(run_seed(replay));
                 eprintln!(
                     "appliance-sim: FAILED seed {seed} (replay: appliance-sim --seed {seed} \
                      --replicas {} --ticks {}{}{}{}{})",
@@ -203,6 +208,96 @@ fn main() -> ExitCode {
         args.replicas,
         args.ticks,
         started.elapsed().as_secs_f64()
+    );
+    ExitCode::SUCCESS
+}
+
+/// Prints the trace of a failing seed's replay.
+fn print_trace<T>(replay: Result<T, Failure>) {
+    if let Err(traced) = replay {
+        for line in &traced.trace {
+            eprintln!("  {line}");
+        }
+        eprintln!("appliance-sim: {traced}");
+    }
+}
+
+fn many_options(args: &Args, partitions: u32, seed: u64) -> ManyOptions {
+    let mut options = ManyOptions::from_seed(seed, args.replicas, args.ticks);
+    options.liveness_ticks = args.liveness_ticks;
+    options.partitions = partitions;
+    options.busy = options.busy.min(partitions);
+    if args.no_wipes {
+        options.wipe_percent = 0;
+    }
+    options
+}
+
+/// A sweep of the many-group simulator.
+fn many(args: &Args, partitions: u32, from: u64, to: u64) -> ExitCode {
+    let started = std::time::Instant::now();
+    let mut passed = 0u64;
+    let (mut commits, mut crashes, mut sleeps, mut silent_wakes, mut view_changes) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut failover_groups, mut failover_asleep, mut failover_ticks_max) = (0u64, 0u64, 0u64);
+    for seed in from..to {
+        match run_many(many_options(args, partitions, seed)) {
+            Ok(summary) => {
+                passed += 1;
+                commits += summary.commits;
+                crashes += summary.crashes;
+                sleeps += summary.sleeps;
+                silent_wakes += summary.silent_wakes;
+                view_changes += summary.view_changes;
+                failover_groups += summary.failover_groups;
+                failover_asleep += summary.failover_asleep;
+                failover_ticks_max = failover_ticks_max.max(summary.failover_ticks);
+                if to - from == 1 || args.trace {
+                    println!("seed {seed}: ok {summary:?}");
+                }
+            }
+            Err(failure) => {
+                eprintln!("appliance-sim: {failure}");
+                let mut replay = many_options(args, partitions, seed);
+                replay.trace = true;
+                replay.trace_lines = args.trace_lines;
+                print_trace(run_many(replay));
+                eprintln!(
+                    "appliance-sim: FAILED seed {seed} (replay: appliance-sim --seed {seed} \
+                     --replicas {} --ticks {} --groups {partitions})",
+                    args.replicas, args.ticks
+                );
+                if args.json {
+                    println!(
+                        "{{\"passed\": {passed}, \"failed_seed\": {seed}, \"reason\": \"{}\"}}",
+                        failure.reason.replace('"', "'")
+                    );
+                }
+                return ExitCode::from(1);
+            }
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    if args.json {
+        println!(
+            "{{\"passed\": {passed}, \"failed_seed\": null, \"from\": {from}, \"to\": {to}, \
+             \"replicas\": {}, \"ticks\": {}, \"groups\": {partitions}, \"ops_committed\": \
+             {commits}, \"crashes\": {crashes}, \"view_changes\": {view_changes}, \"sleeps\": \
+             {sleeps}, \"silent_wakes\": {silent_wakes}, \"failover_groups\": \
+             {failover_groups}, \"failover_asleep\": {failover_asleep}, \
+             \"failover_ticks_max\": {failover_ticks_max}, \"seconds\": {seconds:.1}}}",
+            args.replicas, args.ticks
+        );
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "appliance-sim: {passed} seeds passed ({from}..{to}, {} replicas, {} ticks, {partitions} \
+         partition groups + metadata per node): {commits} ops committed, {crashes} node \
+         crashes, {view_changes} view changes, {sleeps} sleeps of idle groups ({silent_wakes} \
+         woken by a silent primary); failover check: {failover_groups} groups led by the \
+         crashed node ({failover_asleep} asleep), all elected within {failover_ticks_max} \
+         ticks at most; {seconds:.1}s",
+        args.replicas, args.ticks
     );
     ExitCode::SUCCESS
 }

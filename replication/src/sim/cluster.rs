@@ -176,6 +176,34 @@ pub struct Summary {
     pub silent_wakes: u64,
 }
 
+/// The last lines of a run's trace (when traced), each stamped with its tick.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Trace {
+    lines: VecDeque<String>,
+}
+
+impl Trace {
+    /// Keeps `line()` at `now` when `on`, dropping the oldest past `max` lines.
+    pub(super) fn push(&mut self, on: bool, max: usize, now: u64, line: impl FnOnce() -> String) {
+        if on {
+            if self.lines.len() >= max {
+                self.lines.pop_front();
+            }
+            self.lines.push_back(format!("{now:>7} {}", line()));
+        }
+    }
+
+    /// The failure of a run with `seed` at tick `now`, with the lines kept.
+    pub(super) fn failure(&self, seed: u64, now: u64, reason: String) -> Failure {
+        Failure {
+            seed,
+            tick: now,
+            reason,
+            trace: self.lines.iter().cloned().collect(),
+        }
+    }
+}
+
 /// A failed run: the seed, what broke, and the last lines of trace (when traced).
 #[derive(Clone, Debug)]
 pub struct Failure {
@@ -229,7 +257,7 @@ pub struct Cluster {
     pub network: Network,
     clients: Vec<Client>,
     pub checker: Checker,
-    trace: VecDeque<String>,
+    trace: Trace,
     /// Ops whose journal entry was corrupted somewhere (each on one replica at most).
     pub(super) corrupted_ops: std::collections::BTreeSet<u64>,
     pub(super) partition_until: u64,
@@ -319,7 +347,7 @@ impl Cluster {
             network: Network::new(n, options.faults.network),
             clients,
             checker: Checker::new(n),
-            trace: VecDeque::new(),
+            trace: Trace::default(),
             corrupted_ops: Default::default(),
             partition_until: 0,
             faults_on: true,
@@ -350,22 +378,12 @@ impl Cluster {
     }
 
     pub(super) fn log(&mut self, line: impl FnOnce() -> String) {
-        if self.options.trace {
-            if self.trace.len() >= self.options.trace_lines {
-                self.trace.pop_front();
-            }
-            let line = format!("{:>7} {}", self.now, line());
-            self.trace.push_back(line);
-        }
+        let (on, max) = (self.options.trace, self.options.trace_lines);
+        self.trace.push(on, max, self.now, line);
     }
 
     fn fail(&self, reason: String) -> Failure {
-        Failure {
-            seed: self.options.seed,
-            tick: self.now,
-            reason,
-            trace: self.trace.iter().cloned().collect(),
-        }
+        self.trace.failure(self.options.seed, self.now, reason)
     }
 
     /// Runs the fault phase, then the liveness phase; Ok with figures or the failure.
@@ -659,23 +677,14 @@ impl Cluster {
             match action {
                 Action::Send { to, frame } => {
                     self.log(|| format!("r{r} -> r{to} {}", describe(&frame)));
-                    let packet = Packet {
-                        from: Node::Replica(r),
-                        to: Node::Replica(to),
-                        bytes: frame.into_buf(),
-                    };
-                    self.network.send(self.now, packet, &mut self.prng);
+                    let (bytes, to) = (frame.into_buf(), Node::Replica(to));
+                    self.network
+                        .send_between(self.now, r, to, bytes, &mut self.prng);
                 }
                 Action::Broadcast { frame } => {
                     self.log(|| format!("r{r} -> all {}", describe(&frame)));
-                    for to in (0..n).filter(|to| *to != r) {
-                        let packet = Packet {
-                            from: Node::Replica(r),
-                            to: Node::Replica(to),
-                            bytes: FrameBuf::from_bytes(frame.as_bytes()),
-                        };
-                        self.network.send(self.now, packet, &mut self.prng);
-                    }
+                    self.network
+                        .broadcast(self.now, r, n, frame.as_bytes(), &mut self.prng);
                 }
                 Action::JournalAppend { op, frame } => {
                     let delay = 1 + self.prng.below(6) + self.write_lag(r);
@@ -706,22 +715,16 @@ impl Cluster {
                         continue;
                     }
                     if let Some(c) = self.client_index(client) {
-                        let packet = Packet {
-                            from: Node::Replica(r),
-                            to: Node::Client(c),
-                            bytes: frame.into_buf(),
-                        };
-                        self.network.send(self.now, packet, &mut self.prng);
+                        let (bytes, to) = (frame.into_buf(), Node::Client(c));
+                        self.network
+                            .send_between(self.now, r, to, bytes, &mut self.prng);
                     }
                 }
                 Action::Evict { client, frame } => {
                     if let Some(c) = self.client_index(client) {
-                        let packet = Packet {
-                            from: Node::Replica(r),
-                            to: Node::Client(c),
-                            bytes: frame.into_buf(),
-                        };
-                        self.network.send(self.now, packet, &mut self.prng);
+                        let (bytes, to) = (frame.into_buf(), Node::Client(c));
+                        self.network
+                            .send_between(self.now, r, to, bytes, &mut self.prng);
                     }
                 }
                 Action::StateTransfer { from, op_min } => {
@@ -1135,7 +1138,7 @@ impl Cluster {
 /// A short description of a frame for the trace.
 /// A replica that may not vote sends no vote: no PrepareOk, StartViewChange,
 /// DoViewChange or StartView, and no client reply (it is never primary).
-fn check_non_voter(r: u8, actions: &[Action]) -> Result<(), String> {
+pub(super) fn check_non_voter(r: u8, actions: &[Action]) -> Result<(), String> {
     use crate::wire::Command;
     for action in actions {
         let frame = match action {
@@ -1164,7 +1167,7 @@ fn check_non_voter(r: u8, actions: &[Action]) -> Result<(), String> {
     Ok(())
 }
 
-fn describe(frame: &Frame) -> String {
+pub(super) fn describe(frame: &Frame) -> String {
     let limits = Limits::default();
     match decode(frame.as_bytes(), &limits) {
         Ok(Message::Prepare(h, _)) => format!("Prepare v{} op{} c{}", h.frame.view, h.op, h.commit),

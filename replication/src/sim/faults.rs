@@ -3,6 +3,43 @@
 //! what the cluster can recover.
 
 use super::cluster::Cluster;
+use super::network::Network;
+use crate::vsr::Prng;
+
+/// Cuts links of a network of `n` nodes at random, one of four kinds: a symmetric split,
+/// some directed links, `node` (the primary) able to send but not to receive, `node`
+/// isolated (the last two nothing without a node). Returns the kind.
+pub(super) fn cut_links(network: &mut Network, prng: &mut Prng, n: u8, node: Option<u8>) -> u64 {
+    let kind = prng.below(4);
+    match kind {
+        0 => {
+            let side = 1 + prng.below((1u64 << n) - 2) as u32;
+            network.partition_symmetric(side);
+        }
+        1 => {
+            for a in 0..n {
+                for b in 0..n {
+                    if a != b && prng.chance(1, 3) {
+                        network.cut(a, b);
+                    }
+                }
+            }
+        }
+        2 => {
+            if let Some(p) = node {
+                for b in (0..n).filter(|b| *b != p) {
+                    network.cut(b, p);
+                }
+            }
+        }
+        _ => {
+            if let Some(p) = node {
+                network.partition_symmetric(1 << p);
+            }
+        }
+    }
+    kind
+}
 
 impl Cluster {
     pub(super) fn inject_faults(&mut self) -> Result<(), String> {
@@ -25,37 +62,8 @@ impl Cluster {
             self.sync_links();
         }
         if self.partition_until == 0 && self.prng.chance(faults.partition_per_10k, 10_000) {
-            let kind = self.prng.below(4);
-            match kind {
-                0 => {
-                    let side = 1 + self.prng.below((1u64 << n) - 2) as u32;
-                    self.network.partition_symmetric(side);
-                }
-                1 => {
-                    // Asymmetric: some directed links cut.
-                    for a in 0..n {
-                        for b in 0..n {
-                            if a != b && self.prng.chance(1, 3) {
-                                self.network.cut(a, b);
-                            }
-                        }
-                    }
-                }
-                2 => {
-                    // The primary can send but not receive.
-                    if let Some(p) = self.primary_guess() {
-                        for b in (0..n).filter(|b| *b != p) {
-                            self.network.cut(b, p);
-                        }
-                    }
-                }
-                _ => {
-                    // Isolate the primary.
-                    if let Some(p) = self.primary_guess() {
-                        self.network.partition_symmetric(1 << p);
-                    }
-                }
-            }
+            let primary = self.primary_guess();
+            let kind = cut_links(&mut self.network, &mut self.prng, n, primary);
             self.partition_until = self.now + 50 + self.prng.below(1500);
             self.log(|| format!("network partition kind {kind}"));
             self.sync_links();

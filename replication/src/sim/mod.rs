@@ -6,6 +6,7 @@
 pub mod checker;
 pub mod cluster;
 mod faults;
+pub mod many;
 pub mod network;
 mod scenario;
 pub mod slow;
@@ -13,6 +14,7 @@ pub mod storage;
 
 pub use checker::Checker;
 pub use cluster::{run_seed, Cluster, Failure, Faults, SimOptions, Summary, Wipe};
+pub use many::{run_many, ManyOptions, ManySummary};
 pub use network::{Network, NetworkFaults, Node, Packet};
 pub use slow::{run_slow_node, SlowNodeReport, SlowNodeRun, SlowStretch, Slowness};
 pub use storage::Storage;

@@ -143,6 +143,29 @@ impl Network {
         }
     }
 
+    /// Queues `bytes` from replica `from` to `to` (`send`).
+    pub fn send_between(&mut self, now: u64, from: u8, to: Node, bytes: FrameBuf, prng: &mut Prng) {
+        let packet = Packet {
+            from: Node::Replica(from),
+            to,
+            bytes,
+        };
+        self.send(now, packet, prng);
+    }
+
+    /// Queues a copy of `bytes` from replica `from` to each other of `n` replicas.
+    pub fn broadcast(&mut self, now: u64, from: u8, n: u8, bytes: &[u8], prng: &mut Prng) {
+        for to in (0..n).filter(|to| *to != from) {
+            self.send_between(
+                now,
+                from,
+                Node::Replica(to),
+                FrameBuf::from_bytes(bytes),
+                prng,
+            );
+        }
+    }
+
     /// Packets due at `now`, in delivery order.
     pub fn deliver(&mut self, now: u64) -> Vec<Packet> {
         let later = self.queue.split_off(&(now + 1, 0));

@@ -76,6 +76,16 @@ impl Lane {
         self.writing.is_some() || self.syncing.is_some()
     }
 
+    /// A write can start: prepares are staged and no write is in flight.
+    fn write_startable(&self) -> bool {
+        self.writing.is_none() && !self.staged.is_empty()
+    }
+
+    /// A sync can start: ops are written and no sync is in flight.
+    fn sync_startable(&self) -> bool {
+        self.syncing.is_none() && !self.written.is_empty()
+    }
+
     pub(super) fn idle(&self) -> bool {
         self.staged.is_empty()
             && self.writing.is_none()
@@ -286,10 +296,7 @@ impl Node {
         let groups: Vec<u64> = self
             .lanes
             .iter()
-            .filter(|(_, lane)| {
-                (lane.writing.is_none() && !lane.staged.is_empty())
-                    || (lane.syncing.is_none() && !lane.written.is_empty())
-            })
+            .filter(|(_, lane)| lane.write_startable() || lane.sync_startable())
             .map(|(group, _)| *group)
             .collect();
         for group in groups {
@@ -316,7 +323,7 @@ impl Node {
         if lane.failed {
             return Ok(());
         }
-        if lane.syncing.is_none() && !lane.written.is_empty() {
+        if lane.sync_startable() {
             let ops = std::mem::take(&mut lane.written);
             let since = lane.written_since.take().unwrap_or_else(Instant::now);
             let (log, records) = (partition.log.syncer(), partition.prepares.syncer());
@@ -328,7 +335,7 @@ impl Node {
             spawn_io(&self.io_done_tx, group, IoKind::Sync, io);
             lane.syncing = Some((ops, since));
         }
-        if lane.writing.is_some() || lane.staged.is_empty() {
+        if !lane.write_startable() {
             return Ok(());
         }
         self.partitions.unsynced.insert(group);
@@ -376,7 +383,7 @@ impl Node {
     fn waits_for_prepare_file(&self, group: u64) -> bool {
         self.lanes
             .get(&group)
-            .is_some_and(|lane| !lane.failed && lane.writing.is_none() && !lane.staged.is_empty())
+            .is_some_and(|lane| !lane.failed && lane.write_startable())
             && self
                 .partitions
                 .by_group

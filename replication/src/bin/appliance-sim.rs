@@ -148,16 +148,11 @@ fn main() -> ExitCode {
                 }
             }
             Err(failure) => {
-                eprintln!("appliance-sim: {failure}");
                 let mut replay = options(&args, seed);
                 replay.trace = true;
                 replay.trace_lines = args.trace_lines;
-                print_trace(run_seed(replay));
-                eprintln!(
-                    "appliance-sim: FAILED seed {seed} (replay: appliance-sim --seed {seed} \
-                     --replicas {} --ticks {}{}{}{}{})",
-                    args.replicas,
-                    args.ticks,
+                let flags = format!(
+                    "{}{}{}{}",
                     if args.partition { " --partition" } else { "" },
                     if args.no_wipes { " --no-wipes" } else { "" },
                     if args.no_slow && !args.no_wipes {
@@ -171,13 +166,7 @@ fn main() -> ExitCode {
                         ""
                     }
                 );
-                if args.json {
-                    println!(
-                        "{{\"passed\": {passed}, \"failed_seed\": {seed}, \"reason\": \"{}\"}}",
-                        failure.reason.replace('"', "'")
-                    );
-                }
-                return ExitCode::from(1);
+                return failed(&args, seed, passed, &failure, run_seed(replay), &flags);
             }
         }
     }
@@ -212,14 +201,36 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Prints the trace of a failing seed's replay.
-fn print_trace<T>(replay: Result<T, Failure>) {
+/// Reports a failing seed (after `passed` seeds passed): the failure, the trace of its
+/// replay, the command that replays it (`flags` after --ticks) and, with --json, the
+/// sweep's line. Exit 1.
+fn failed<T>(
+    args: &Args,
+    seed: u64,
+    passed: u64,
+    failure: &Failure,
+    replay: Result<T, Failure>,
+    flags: &str,
+) -> ExitCode {
+    eprintln!("appliance-sim: {failure}");
     if let Err(traced) = replay {
         for line in &traced.trace {
             eprintln!("  {line}");
         }
         eprintln!("appliance-sim: {traced}");
     }
+    eprintln!(
+        "appliance-sim: FAILED seed {seed} (replay: appliance-sim --seed {seed} --replicas {} \
+         --ticks {}{flags})",
+        args.replicas, args.ticks
+    );
+    if args.json {
+        println!(
+            "{{\"passed\": {passed}, \"failed_seed\": {seed}, \"reason\": \"{}\"}}",
+            failure.reason.replace('"', "'")
+        );
+    }
+    ExitCode::from(1)
 }
 
 fn many_options(args: &Args, partitions: u32, seed: u64) -> ManyOptions {
@@ -257,23 +268,11 @@ fn many(args: &Args, partitions: u32, from: u64, to: u64) -> ExitCode {
                 }
             }
             Err(failure) => {
-                eprintln!("appliance-sim: {failure}");
                 let mut replay = many_options(args, partitions, seed);
                 replay.trace = true;
                 replay.trace_lines = args.trace_lines;
-                print_trace(run_many(replay));
-                eprintln!(
-                    "appliance-sim: FAILED seed {seed} (replay: appliance-sim --seed {seed} \
-                     --replicas {} --ticks {} --groups {partitions})",
-                    args.replicas, args.ticks
-                );
-                if args.json {
-                    println!(
-                        "{{\"passed\": {passed}, \"failed_seed\": {seed}, \"reason\": \"{}\"}}",
-                        failure.reason.replace('"', "'")
-                    );
-                }
-                return ExitCode::from(1);
+                let flags = format!(" --groups {partitions}");
+                return failed(args, seed, passed, &failure, run_many(replay), &flags);
             }
         }
     }

@@ -1070,20 +1070,10 @@ impl Cluster {
                 body
             } else {
                 header.operation = Operation::SendMessages as u8;
-                let mut builder = BatchBuilder::with_capacity(64);
-                let payload = client.request.to_le_bytes();
-                builder.push(NewMessage {
-                    id: client.id ^ u128::from(client.request),
-                    timestamp_delta: 0,
-                    payload: &payload,
-                    user_headers: &[],
-                });
-                builder.finish(self.now)
+                one_message_batch(client.id, client.request, self.now)
             }
         };
-        header.request_checksum = u128::from(client.request) | (client.id << 64);
-        header.timestamp = self.now;
-        Frame::build(&header, &body).into_buf()
+        request_frame(header, &body, self.now)
     }
 
     fn client_receive(&mut self, c: u16, bytes: FrameBuf) -> Result<(), String> {
@@ -1135,7 +1125,28 @@ impl Cluster {
     }
 }
 
-/// A short description of a frame for the trace.
+/// A simulated client's SendMessages body: one message whose id and payload name the
+/// client's request.
+pub(super) fn one_message_batch(client: u128, request: u64, now: u64) -> Vec<u8> {
+    let mut builder = BatchBuilder::with_capacity(64);
+    let payload = request.to_le_bytes();
+    builder.push(NewMessage {
+        id: client ^ u128::from(request),
+        timestamp_delta: 0,
+        payload: &payload,
+        user_headers: &[],
+    });
+    builder.finish(now)
+}
+
+/// A simulated client's request frame: `header` with its request checksum (standing for
+/// the request's identity: client and request number) and timestamp filled in.
+pub(super) fn request_frame(mut header: RequestHeader, body: &[u8], now: u64) -> FrameBuf {
+    header.request_checksum = u128::from(header.request) | (header.client << 64);
+    header.timestamp = now;
+    Frame::build(&header, body).into_buf()
+}
+
 /// A replica that may not vote sends no vote: no PrepareOk, StartViewChange,
 /// DoViewChange or StartView, and no client reply (it is never primary).
 pub(super) fn check_non_voter(r: u8, actions: &[Action]) -> Result<(), String> {
@@ -1167,6 +1178,7 @@ pub(super) fn check_non_voter(r: u8, actions: &[Action]) -> Result<(), String> {
     Ok(())
 }
 
+/// A short description of a frame for the trace.
 pub(super) fn describe(frame: &Frame) -> String {
     let limits = Limits::default();
     match decode(frame.as_bytes(), &limits) {

@@ -17,14 +17,16 @@ use std::collections::BTreeMap;
 use zerocopy::FromBytes;
 
 use crate::vsr::{Action, Config, Groups, Prng, Replica, RequestOutcome, Status};
-use crate::wire::batch::{BatchBuilder, NewMessage};
 use crate::wire::{
-    cluster_id, decode, Frame, FrameBuf, Header, Limits, Message, Operation, PartitionKey,
-    PrepareHeader, RequestHeader, METADATA_GROUP,
+    cluster_id, decode, FrameBuf, Header, Limits, Message, Operation, PartitionKey, PrepareHeader,
+    RequestHeader, METADATA_GROUP,
 };
 
 use super::checker::Checker;
-use super::cluster::{check_non_voter, describe, Failure, Faults, Trace, TRACE_LINES_MAX};
+use super::cluster::{
+    check_non_voter, describe, one_message_batch, request_frame, Failure, Faults, Trace,
+    TRACE_LINES_MAX,
+};
 use super::faults::cut_links;
 use super::network::{Network, NetworkFaults, Node, Packet};
 use super::storage::Storage;
@@ -850,18 +852,8 @@ impl ManyCluster {
         header.session = 1;
         header.request = request;
         header.operation = Operation::SendMessages as u8;
-        let mut builder = BatchBuilder::with_capacity(64);
-        let payload = request.to_le_bytes();
-        builder.push(NewMessage {
-            id: client.id ^ u128::from(request),
-            timestamp_delta: 0,
-            payload: &payload,
-            user_headers: &[],
-        });
-        let body = builder.finish(now);
-        header.request_checksum = u128::from(request) | (client.id << 64);
-        header.timestamp = now;
-        Frame::build(&header, &body).into_buf()
+        let body = one_message_batch(client.id, request, now);
+        request_frame(header, &body, now)
     }
 
     fn client_receive(&mut self, c: u16, bytes: FrameBuf) -> Result<(), String> {

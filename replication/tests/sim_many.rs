@@ -73,4 +73,10 @@ fn many_groups_regression_seeds() {
     // (which the lost disk had led) it elected a primary of view 9 and committed an op
     // that the primary of view 13, elected with the member of view 11, dropped.
     check(30_001, 3, 20_000, 200);
+    // A forming primary merged a DVC quorum holding the log of view 2 (from a node that
+    // then lost its disk) but never started view 3, and kept claiming log_view 1. In the
+    // next view changes its DVC and that of the primary of view 1, cut off all along,
+    // both claimed log_view 1 with different prepares at op 6: every merge refused them,
+    // and busy group 100100001 stayed without a primary.
+    check(8_241, 3, 5_000, 24);
 }

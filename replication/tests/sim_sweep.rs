@@ -198,6 +198,12 @@ fn regression_seeds() {
     // ack, had no identity after the restart, and once the primary lost its disk no view
     // change could complete. A restart now places them by their own prepares.
     check(770, 3, 5_000, false);
+    // 104989 (5 replicas; once a forming primary took the view as its log view at the
+    // merge): the merge decided only op 8, and the primary's own op 6, prepared in an
+    // older view and replaced by the op that committed, went on under the merged view.
+    // Its later DVCs outranked the committed op 6; two replicas adopted the stale header
+    // and waited for its body for good. A merge now forgets the headers it did not decide.
+    check(104989, 5, 5_000, false);
 }
 
 /// Sleeping idle replicas (`vsr/hibernate.rs`): seeds that found liveness bugs.

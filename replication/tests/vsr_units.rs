@@ -1226,3 +1226,153 @@ fn a_formatted_replica_never_votes_below_the_views_its_census_reported() {
     assert_eq!(r2.view(), 12);
     assert!(r2.drain_actions().is_empty(), "no vote in a view below 12");
 }
+
+/// A forming primary whose merge is done but whose view never starts (the bodies it must
+/// repair never arrive) votes in the next view with the merged log under the merged
+/// view. Under its older log_view those headers could contradict a replica that was
+/// normal in that older view, and no later merge could choose between them: the group
+/// stayed without a primary for good (many-group simulator seed 8241).
+#[test]
+fn a_merge_whose_view_never_starts_is_presented_under_its_view() {
+    let prepares = metadata_prepares(4);
+    let mut r1 = Replica::new(Config::new(cluster(), METADATA_GROUP, 1, 3));
+    r1.on_message(start_view_change(2, 1).as_bytes());
+    assert_eq!(r1.log_view(), 0);
+    // r2 presents every body, but never answers a repair request.
+    r1.on_message(do_view_change(2, &prepares, 0, 0b1111).as_bytes());
+    let persisted = r1.drain_actions().into_iter().any(|action| {
+        matches!(action, Action::PersistSuperblock(sb) if sb.view == 1 && sb.log_view == 1)
+    });
+    assert!(
+        persisted,
+        "the merged view is made durable before the merge is used"
+    );
+    assert_eq!(r1.status(), Status::ViewChange, "no body repaired, no view");
+    assert_eq!(r1.log_view(), 1);
+    for _ in 0..1_000 {
+        r1.on_tick();
+        if r1.view() > 1 {
+            break;
+        }
+    }
+    assert!(r1.view() > 1, "the view change times out and moves on");
+    r1.drain_actions();
+    // A peer joins the next view change: r1 sends its DVC.
+    r1.on_message(start_view_change(0, r1.view()).as_bytes());
+    let dvc = r1
+        .drain_actions()
+        .into_iter()
+        .find_map(|action| match action {
+            Action::Send { frame, .. } | Action::Broadcast { frame } => {
+                match decode(frame.as_bytes(), &Limits::default()) {
+                    Ok(Message::DoViewChange(h, _)) => Some(*h),
+                    _ => None,
+                }
+            }
+            _ => None,
+        });
+    let dvc = dvc.expect("a DVC for the next view");
+    assert_eq!(dvc.log_view, 1, "the merged log is the view-1 log");
+    assert_eq!(dvc.op, 4);
+}
+
+/// Metadata prepares 1..=count prepared in `view`, each committing the op below; from
+/// op `fork` on their bodies carry `tag`, so two tags fork the chain there.
+fn forked_prepares(count: u64, fork: u64, tag: &str, view: u32) -> Vec<Frame> {
+    let mut chain = PrepareChain::after(0);
+    (1..=count)
+        .map(|op| {
+            let mut h = PrepareHeader::new();
+            h.frame.cluster = cluster();
+            h.frame.view = view;
+            h.client = 0x42;
+            h.op = op;
+            h.commit = op - 1;
+            h.timestamp = op;
+            h.request = op;
+            h.operation = Operation::CreateStream as u8;
+            h.group = METADATA_GROUP;
+            let body = if op < fork {
+                format!("op{op}")
+            } else {
+                format!("{tag}{op}")
+            };
+            chain.append(&mut h, body.as_bytes())
+        })
+        .collect()
+}
+
+/// A merge vouches only for the headers it decided. The forming primary's own header
+/// of an op above its commit that no canonical DVC gave, below a gap of the chain, is
+/// one of an older log view (here op 6, replaced in a later view): presented under the
+/// merged view it would outrank the op that committed there (simulator seed 104989 of
+/// 5 replicas, where two replicas then waited for a body nobody held).
+#[test]
+fn a_merge_does_not_vouch_for_headers_it_never_decided() {
+    let stale = forked_prepares(6, 6, "stale", 0);
+    let committed = forked_prepares(8, 6, "kept", 2);
+    let config = Config::new(cluster(), METADATA_GROUP, 1, 3);
+    let journal: Vec<JournalEntry> = (1..)
+        .zip(&stale)
+        .map(|(op, frame)| JournalEntry {
+            op,
+            bytes: Some(FrameBuf::from_bytes(frame.as_bytes())),
+        })
+        .collect();
+    let superblock = Superblock {
+        view: 3,
+        log_view: 0,
+        headers: stale.iter().rev().map(header_of).collect(),
+        ..Superblock::default()
+    };
+    let mut r1 = Replica::restart(config, &superblock, &journal);
+    r1.on_message(start_view_change(2, 4).as_bytes());
+    assert_eq!((r1.view(), r1.status()), (4, Status::ViewChange));
+    // r2 was normal in view 3 and committed op 8; its DVC carries op 8's header only.
+    let mut h = DoViewChangeHeader::new();
+    h.frame.cluster = cluster();
+    h.frame.view = 4;
+    h.frame.replica = 2;
+    h.op = 8;
+    h.commit = 8;
+    h.group = METADATA_GROUP;
+    h.log_view = 3;
+    h.present_bitset = 1;
+    r1.on_message(Frame::build(&h, header_of(&committed[7]).as_bytes()).as_bytes());
+    assert_eq!(r1.log_view(), 4, "merged");
+    assert_eq!(r1.op(), 8);
+    let stale_6 = header_of(&stale[5]).frame.checksum;
+    assert_ne!(
+        r1.log().header(6).map(|h| h.frame.checksum),
+        Some(stale_6),
+        "the stale op 6 is not part of view 4's log"
+    );
+    for _ in 0..1_000 {
+        r1.on_tick();
+        if r1.view() > 4 {
+            break;
+        }
+    }
+    r1.drain_actions();
+    r1.on_message(start_view_change(0, r1.view()).as_bytes());
+    let (dvc, headers) = r1
+        .drain_actions()
+        .into_iter()
+        .find_map(|action| match action {
+            Action::Send { frame, .. } | Action::Broadcast { frame } => {
+                match decode(frame.as_bytes(), &Limits::default()) {
+                    Ok(Message::DoViewChange(h, headers)) => Some((*h, headers.to_vec())),
+                    _ => None,
+                }
+            }
+            _ => None,
+        })
+        .expect("a DVC for the next view");
+    assert_eq!(dvc.log_view, 4);
+    assert!(
+        headers.iter().all(|h| h.frame.checksum != stale_6),
+        "the DVC of view {} presents the stale op 6 under log view 4",
+        dvc.frame.view
+    );
+    assert!(headers.iter().any(|h| h.op == 8));
+}

@@ -146,6 +146,15 @@ impl Log {
         }
     }
 
+    /// Forgets the identity and header of `op`, which no view vouches for; a body held
+    /// stays, to be kept if the chain walk later names it.
+    pub(crate) fn forget_identity(&mut self, op: u64) {
+        if let Some(slot) = self.slots.get_mut(&op) {
+            slot.identity = None;
+            slot.header = None;
+        }
+    }
+
     /// Forgets every op above `op_max`.
     pub(crate) fn truncate_above(&mut self, op_max: u64) {
         let _ = self.slots.split_off(&(op_max + 1));

@@ -359,7 +359,20 @@ impl Replica {
         self.log.op = op_new;
         self.log.chain_floor = op_new;
         self.walk_chain();
+        // Below the chain, above our commit, a header no canonical DVC gave is one of our
+        // own from an older log view: the merged view does not vouch for it.
+        for op in self.commit.max(self.log.op_checkpoint) + 1..self.log.chain_floor {
+            if !canonical.contains_key(&op) {
+                self.log.forget_identity(op);
+            }
+        }
         self.rebuild_positions();
+        // The merged log is the new view's canonical log from here on, whether or not
+        // the view starts: a DVC of a later view must say so, or it would present these
+        // headers under the older log_view, where a replica normal in that view may hold
+        // other prepares at the same ops, and no merge could decide between them.
+        self.log_view = self.view;
+        self.persist_superblock();
         self.on_repair_timeout();
         self.forming_try_start_view();
     }
@@ -378,6 +391,8 @@ impl Replica {
         }
         self.status = Status::Normal;
         self.log_view = self.view;
+        // The suffix as started: repair may have placed headers the merge did not know.
+        self.superblock.headers = self.log.suffix(SUFFIX_MAX);
         self.persist_superblock();
         self.actions.push_back(Action::JournalTruncate {
             op_max: self.log.op,

@@ -241,6 +241,9 @@ fn many_options(args: &Args, partitions: u32, seed: u64) -> ManyOptions {
     if args.no_wipes {
         options.wipe_percent = 0;
     }
+    if args.no_wipes || args.no_slow {
+        options.slow_per_10k = 0;
+    }
     options
 }
 
@@ -251,6 +254,7 @@ fn many(args: &Args, partitions: u32, from: u64, to: u64) -> ExitCode {
     let (mut commits, mut crashes, mut sleeps, mut silent_wakes, mut view_changes) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
     let (mut failover_groups, mut failover_asleep, mut failover_ticks_max) = (0u64, 0u64, 0u64);
+    let (mut slow_stretches, mut slow_skips) = (0u64, 0u64);
     for seed in from..to {
         match run_many(many_options(args, partitions, seed)) {
             Ok(summary) => {
@@ -263,6 +267,8 @@ fn many(args: &Args, partitions: u32, from: u64, to: u64) -> ExitCode {
                 failover_groups += summary.failover_groups;
                 failover_asleep += summary.failover_asleep;
                 failover_ticks_max = failover_ticks_max.max(summary.failover_ticks);
+                slow_stretches += summary.slow_stretches;
+                slow_skips += summary.slow_skips;
                 if to - from == 1 || args.trace {
                     println!("seed {seed}: ok {summary:?}");
                 }
@@ -271,7 +277,15 @@ fn many(args: &Args, partitions: u32, from: u64, to: u64) -> ExitCode {
                 let mut replay = many_options(args, partitions, seed);
                 replay.trace = true;
                 replay.trace_lines = args.trace_lines;
-                let flags = format!(" --groups {partitions}");
+                let flags = format!(
+                    " --groups {partitions}{}{}",
+                    if args.no_wipes { " --no-wipes" } else { "" },
+                    if args.no_slow && !args.no_wipes {
+                        " --no-slow"
+                    } else {
+                        ""
+                    }
+                );
                 return failed(args, seed, passed, &failure, run_many(replay), &flags);
             }
         }
@@ -284,7 +298,8 @@ fn many(args: &Args, partitions: u32, from: u64, to: u64) -> ExitCode {
              {commits}, \"crashes\": {crashes}, \"view_changes\": {view_changes}, \"sleeps\": \
              {sleeps}, \"silent_wakes\": {silent_wakes}, \"failover_groups\": \
              {failover_groups}, \"failover_asleep\": {failover_asleep}, \
-             \"failover_ticks_max\": {failover_ticks_max}, \"seconds\": {seconds:.1}}}",
+             \"failover_ticks_max\": {failover_ticks_max}, \"slow_stretches\": \
+             {slow_stretches}, \"slow_skips\": {slow_skips}, \"seconds\": {seconds:.1}}}",
             args.replicas, args.ticks
         );
         return ExitCode::SUCCESS;
@@ -292,8 +307,9 @@ fn many(args: &Args, partitions: u32, from: u64, to: u64) -> ExitCode {
     println!(
         "appliance-sim: {passed} seeds passed ({from}..{to}, {} replicas, {} ticks, {partitions} \
          partition groups + metadata per node): {commits} ops committed, {crashes} node \
-         crashes, {view_changes} view changes, {sleeps} sleeps of idle groups ({silent_wakes} \
-         woken by a silent primary); failover check: {failover_groups} groups led by the \
+         crashes, {slow_stretches} slow stretches ({slow_skips} backups skipped as slow), \
+         {view_changes} view changes, {sleeps} sleeps of idle groups ({silent_wakes} woken by \
+         a silent primary); failover check: {failover_groups} groups led by the \
          crashed node ({failover_asleep} asleep), all elected within {failover_ticks_max} \
          ticks at most; {seconds:.1}s",
         args.replicas, args.ticks

@@ -4,8 +4,11 @@
 //! request. Faults hit nodes, not groups: a crash takes every group of the node down at
 //! once (each loses its unsynced journal writes, the last one may tear), a partition cuts
 //! every group's links, and the network loses, duplicates and reorders frames of all of
-//! them. Each group's history is checked as in the one-group simulator (one committed
-//! history, no acknowledged write lost, no request applied twice).
+//! them. A node may also be slow for a stretch (`sim/slow.rs`): paused (no ticks, no
+//! deliveries, no disk completions, then all at once) or laggy (every frame from or to it
+//! and every journal write late). Each group's history is checked as in the one-group
+//! simulator (one committed history, no acknowledged write lost, no request applied
+//! twice).
 //!
 //! After the faults stop and every group converged, the idle groups sleep; then the node
 //! that leads most of them crashes, and every group it led must elect another primary
@@ -29,6 +32,7 @@ use super::cluster::{
 };
 use super::faults::cut_links;
 use super::network::{Network, NetworkFaults, Node, Packet};
+use super::slow::{SlowStretch, Slowness};
 use super::storage::Storage;
 
 /// What a many-group run is made of.
@@ -50,6 +54,9 @@ pub struct ManyOptions {
     /// Restarts of the fault phase that lose the node's disk, out of 100: every group
     /// comes back formatted again or as a replacement (`appliance recover`).
     pub wipe_percent: u64,
+    /// Chance per tick, out of 10_000, that a slow stretch starts on a node while none
+    /// is slow (0 = none).
+    pub slow_per_10k: u64,
     pub trace: bool,
     pub trace_lines: usize,
 }
@@ -68,6 +75,8 @@ impl ManyOptions {
             liveness_ticks: 20_000,
             faults: Faults::from_seed(&mut prng),
             wipe_percent: prng.below(31),
+            // Its own stream, so the rest of a seed's draws stay as they were.
+            slow_per_10k: Prng::new(seed ^ 0x0051_0e57).below(12),
             trace: false,
             trace_lines: TRACE_LINES_MAX,
         }
@@ -93,6 +102,9 @@ pub struct ManySummary {
     pub failover_asleep: u64,
     pub failover_ticks: u64,
     pub view_changes: u64,
+    /// Slow stretches of nodes, and backups the primaries skipped as slow.
+    pub slow_stretches: u64,
+    pub slow_skips: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -140,6 +152,13 @@ pub struct ManyCluster {
     sleeps_retired: u64,
     silent_wakes_retired: u64,
     view_changes_retired: u64,
+    slow_skips_retired: u64,
+    /// The slow stretch under way, the stream that decides them, and the packets that
+    /// wait for a paused node.
+    slow: Option<SlowStretch>,
+    slow_prng: Prng,
+    slow_stretches: u64,
+    held: Vec<Packet>,
     trace: Trace,
 }
 
@@ -216,6 +235,11 @@ impl ManyCluster {
             sleeps_retired: 0,
             silent_wakes_retired: 0,
             view_changes_retired: 0,
+            slow_skips_retired: 0,
+            slow: None,
+            slow_prng: Prng::new(options.seed ^ 0x0051_0e58),
+            slow_stretches: 0,
+            held: Vec::new(),
             trace: Trace::default(),
             options,
         };
@@ -259,6 +283,9 @@ impl ManyCluster {
             self.step().map_err(|r| self.fail(r))?;
         }
         self.faults_on = false;
+        for packet in self.slow_end() {
+            self.deliver(packet).map_err(|e| self.fail(e))?;
+        }
         self.network.heal();
         self.network.faults = NetworkFaults::none();
         for r in 0..self.options.replica_count {
@@ -283,12 +310,15 @@ impl ManyCluster {
             failover_asleep: asleep,
             failover_ticks: ticks,
             view_changes: self.view_changes_retired,
+            slow_stretches: self.slow_stretches,
+            slow_skips: self.slow_skips_retired,
         };
         for node in self.nodes.iter().flatten() {
-            let (sleeps, silent_wakes, view_changes) = node_counts(node);
+            let (sleeps, silent_wakes, view_changes, slow_skips) = node_counts(node);
             summary.sleeps += sleeps;
             summary.silent_wakes += silent_wakes;
             summary.view_changes += view_changes;
+            summary.slow_skips += slow_skips;
         }
         Ok(summary)
     }
@@ -494,6 +524,7 @@ impl ManyCluster {
         if self.faults_on {
             self.inject_faults();
         }
+        self.slow_tick()?;
         for r in 0..self.options.replica_count {
             let i = usize::from(r);
             if self.nodes[i].is_none() && self.restart_at[i] != 0 && self.now >= self.restart_at[i]
@@ -502,10 +533,17 @@ impl ManyCluster {
             }
         }
         for packet in self.network.deliver(self.now) {
+            if self.paused_to(&packet) {
+                self.held.push(packet);
+                continue;
+            }
             self.deliver(packet)?;
         }
         for r in 0..self.options.replica_count {
             let i = usize::from(r);
+            if self.paused(r) {
+                continue;
+            }
             let Some(node) = self.nodes[i].as_mut() else {
                 continue;
             };
@@ -592,10 +630,15 @@ impl ManyCluster {
     fn crash(&mut self, r: u8) {
         let i = usize::from(r);
         if let Some(node) = self.nodes[i].take() {
-            let (sleeps, silent_wakes, view_changes) = node_counts(&node);
+            let (sleeps, silent_wakes, view_changes, slow_skips) = node_counts(&node);
             self.sleeps_retired += sleeps;
             self.silent_wakes_retired += silent_wakes;
             self.view_changes_retired += view_changes;
+            self.slow_skips_retired += slow_skips;
+        }
+        // A slow node that crashes is slow no more; what waited for it is gone with it.
+        if self.slow.is_some_and(|s| s.replica == r) {
+            let _ = self.slow_end();
         }
         for group in self.groups.clone() {
             let tail = self.storages[i][&group].tail();
@@ -771,7 +814,7 @@ impl ManyCluster {
                         .broadcast(self.now, r, n, frame.as_bytes(), &mut self.prng);
                 }
                 Action::JournalAppend { op, frame } => {
-                    let delay = 1 + self.prng.below(6);
+                    let delay = 1 + self.prng.below(6) + SlowStretch::write_lag(self.slow, r);
                     let storage = self.storages[i].get_mut(&group).expect("every group");
                     storage.append(op, &frame, self.now + delay);
                 }
@@ -808,6 +851,56 @@ impl ManyCluster {
             }
         }
         Ok(())
+    }
+
+    /// Each tick: ends a slow stretch that is over (a paused node receives what waited
+    /// for it, in order), and during the fault phase maybe starts one on a node that is up.
+    fn slow_tick(&mut self) -> Result<(), String> {
+        if self.slow.is_some_and(|s| self.now >= s.until) {
+            for packet in self.slow_end() {
+                self.deliver(packet)?;
+            }
+        }
+        let idle = self.faults_on && self.slow.is_none();
+        let (n, rate, now) = (
+            self.options.replica_count,
+            self.options.slow_per_10k,
+            self.now,
+        );
+        let Some(stretch) = SlowStretch::maybe_start(&mut self.slow_prng, idle, rate, n, now)
+        else {
+            return Ok(());
+        };
+        let r = stretch.replica;
+        if self.nodes[usize::from(r)].is_none() {
+            return Ok(());
+        }
+        if let Slowness::Laggy { extra_ticks } = stretch.kind {
+            self.network.extra_latency[usize::from(r)] = extra_ticks;
+        }
+        self.slow = Some(stretch);
+        self.slow_stretches += 1;
+        self.log(|| format!("r{r} slow ({:?}) until {}", stretch.kind, stretch.until));
+        Ok(())
+    }
+
+    /// Ends the slow stretch; returns the packets that waited for a paused node.
+    fn slow_end(&mut self) -> Vec<Packet> {
+        let Some(stretch) = self.slow.take() else {
+            return Vec::new();
+        };
+        self.network.extra_latency[usize::from(stretch.replica)] = 0;
+        self.log(|| format!("r{} no longer slow", stretch.replica));
+        std::mem::take(&mut self.held)
+    }
+
+    fn paused(&self, r: u8) -> bool {
+        SlowStretch::pauses(self.slow, r)
+    }
+
+    /// Whether `packet` goes to a paused node (it waits for the end of the stretch).
+    fn paused_to(&self, packet: &Packet) -> bool {
+        matches!(packet.to, Node::Replica(r) if self.paused(r))
     }
 
     fn clients_tick(&mut self) {
@@ -885,15 +978,15 @@ impl ManyCluster {
     }
 }
 
-/// A node's counts: times its groups fell asleep, woke for a silent primary, and
-/// changed views.
-fn node_counts(node: &Groups) -> (u64, u64, u64) {
+/// A node's counts: times its groups fell asleep, woke for a silent primary, changed
+/// views, and skipped a backup as slow.
+fn node_counts(node: &Groups) -> (u64, u64, u64, u64) {
     let stats = node.sleep_stats();
-    let view_changes = node
+    let (view_changes, slow_skips) = node
         .iter()
-        .map(|(_, replica, _)| replica.counters().view_changes)
-        .sum();
-    (stats.sleeps, stats.silent_wakes, view_changes)
+        .map(|(_, replica, _)| (replica.counters().view_changes, replica.slow_counts().0))
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    (stats.sleeps, stats.silent_wakes, view_changes, slow_skips)
 }
 
 /// Runs one many-group seed.

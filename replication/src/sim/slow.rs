@@ -6,6 +6,7 @@
 
 use super::cluster::Cluster;
 use super::network::{Node, Packet};
+use crate::vsr::Prng;
 
 /// How a slow replica is slow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,6 +24,58 @@ pub struct SlowStretch {
     pub kind: Slowness,
     /// The tick the stretch ends at.
     pub until: u64,
+}
+
+impl SlowStretch {
+    /// The stretch that starts at `now`, if one does: only while `idle` (faults on and no
+    /// stretch under way), by the chance `per_10k` out of 10,000 a tick.
+    pub(super) fn maybe_start(
+        prng: &mut Prng,
+        idle: bool,
+        per_10k: u64,
+        replica_count: u8,
+        now: u64,
+    ) -> Option<SlowStretch> {
+        if !idle || per_10k == 0 || !prng.chance(per_10k, 10_000) {
+            return None;
+        }
+        Some(SlowStretch::draw(prng, replica_count, now))
+    }
+
+    /// A random stretch of one of `replica_count` replicas, starting at `now`.
+    fn draw(prng: &mut Prng, replica_count: u8, now: u64) -> SlowStretch {
+        let replica = prng.below(u64::from(replica_count)) as u8;
+        let kind = if prng.chance(1, 2) {
+            Slowness::Paused
+        } else {
+            Slowness::Laggy {
+                extra_ticks: 1 + prng.below(LAG_EXTRA_TICKS_MAX),
+            }
+        };
+        let until = now + STRETCH_TICKS_MIN + prng.below(STRETCH_TICKS_SPREAD);
+        SlowStretch {
+            replica,
+            kind,
+            until,
+        }
+    }
+
+    /// Whether `slow` pauses replica `r`.
+    pub(super) fn pauses(slow: Option<SlowStretch>, r: u8) -> bool {
+        slow.is_some_and(|s| s.replica == r && s.kind == Slowness::Paused)
+    }
+
+    /// Extra ticks `slow` adds to a journal write on replica `r`.
+    pub(super) fn write_lag(slow: Option<SlowStretch>, r: u8) -> u64 {
+        match slow {
+            Some(SlowStretch {
+                replica,
+                kind: Slowness::Laggy { extra_ticks },
+                ..
+            }) if replica == r => extra_ticks,
+            _ => 0,
+        }
+    }
 }
 
 /// Ticks a random slow stretch lasts at least, and at most on top.
@@ -67,42 +120,26 @@ impl Cluster {
                 self.deliver(packet)?;
             }
         }
-        if !self.faults_on || self.slow.is_some() || self.options.slow_per_10k == 0 {
-            return Ok(());
+        let idle = self.faults_on && self.slow.is_none();
+        let (n, rate, now) = (
+            self.options.replica_count,
+            self.options.slow_per_10k,
+            self.now,
+        );
+        if let Some(stretch) = SlowStretch::maybe_start(&mut self.slow_prng, idle, rate, n, now) {
+            self.slow_down(stretch.replica, stretch.kind, stretch.until);
         }
-        if !self.slow_prng.chance(self.options.slow_per_10k, 10_000) {
-            return Ok(());
-        }
-        let n = self.options.replica_count;
-        let r = self.slow_prng.below(u64::from(n)) as u8;
-        let kind = if self.slow_prng.chance(1, 2) {
-            Slowness::Paused
-        } else {
-            Slowness::Laggy {
-                extra_ticks: 1 + self.slow_prng.below(LAG_EXTRA_TICKS_MAX),
-            }
-        };
-        let until = self.now + STRETCH_TICKS_MIN + self.slow_prng.below(STRETCH_TICKS_SPREAD);
-        self.slow_down(r, kind, until);
         Ok(())
     }
 
     /// Whether replica `r` is paused now.
     pub fn paused(&self, r: u8) -> bool {
-        self.slow
-            .is_some_and(|s| s.replica == r && s.kind == Slowness::Paused)
+        SlowStretch::pauses(self.slow, r)
     }
 
     /// Extra ticks of a journal write on `r`.
     pub(super) fn write_lag(&self, r: u8) -> u64 {
-        match self.slow {
-            Some(SlowStretch {
-                replica,
-                kind: Slowness::Laggy { extra_ticks },
-                ..
-            }) if replica == r => extra_ticks,
-            _ => 0,
-        }
+        SlowStretch::write_lag(self.slow, r)
     }
 
     /// A packet for a paused replica waits for the end of the stretch; true if held.

@@ -1,7 +1,8 @@
 //! The many-group simulator in CI: every node hosts the metadata group and partition
 //! groups in one `Groups` with idle groups asleep, under node crashes, partitions, a
-//! lossy network and slow nodes; each group's history is checked, and at the end the
-//! groups led by the node that crashes, most of them asleep, must fail over and commit.
+//! lossy network, slow nodes and corrupted journal entries; each group's history is
+//! checked, and at the end the groups led by the node that crashes, most of them asleep,
+//! must fail over and commit.
 
 use replication::sim::{run_many, ManyOptions};
 
@@ -11,11 +12,13 @@ fn check(seed: u64, replicas: u8, ticks: u64, partitions: u32) -> replication::s
     run(options, "")
 }
 
-/// As `check`, with the fault mix of seeds found before nodes were slow now and then.
+/// As `check`, with the fault mix of seeds found before nodes were slow now and then
+/// and journal entries corrupted.
 fn check_without_slow(seed: u64, replicas: u8, ticks: u64, partitions: u32) {
     let mut options = ManyOptions::from_seed(seed, replicas, ticks);
     options.partitions = partitions;
     options.slow_per_10k = 0;
+    options.faults.corrupt_per_10k = 0;
     run(options, " --no-slow");
 }
 
@@ -38,6 +41,7 @@ fn run(options: ManyOptions, flags: &str) -> replication::sim::ManySummary {
 #[test]
 fn many_groups_sweep_three_replicas() {
     let (mut asleep, mut silent_wakes, mut slow_stretches, mut slow_skips) = (0, 0, 0, 0);
+    let mut corruptions = 0;
     for seed in 0..40 {
         let summary = check(seed, 3, 3_000, 24);
         // The crashed node led groups, and every one of them was elected elsewhere.
@@ -46,10 +50,12 @@ fn many_groups_sweep_three_replicas() {
         silent_wakes += summary.silent_wakes;
         slow_stretches += summary.slow_stretches;
         slow_skips += summary.slow_skips;
+        corruptions += summary.corruptions;
     }
     // Nodes were slow, and primaries skipped their backups on them.
     assert!(slow_stretches > 10, "{slow_stretches} slow stretches");
     assert!(slow_skips > 10, "{slow_skips} backups skipped as slow");
+    assert!(corruptions > 10, "{corruptions} journal entries corrupted");
     // The sweep reaches what it is for: sleeping groups whose primary's node went silent.
     assert!(
         asleep > 100,

@@ -34,7 +34,8 @@ struct Args {
     /// No restarts that lose the disk (the fault mix of seeds before wipes existed).
     #[arg(long)]
     no_wipes: bool,
-    /// No slow stretches (the fault mix of seeds before slow nodes existed).
+    /// No slow stretches (the fault mix of seeds before slow nodes existed; with
+    /// --groups, no journal corruption either).
     #[arg(long)]
     no_slow: bool,
     /// No sleeping idle replicas (every replica ticks, as before hibernation existed;
@@ -241,8 +242,10 @@ fn many_options(args: &Args, partitions: u32, seed: u64) -> ManyOptions {
     if args.no_wipes {
         options.wipe_percent = 0;
     }
+    // Slow nodes and corruption joined the many-group simulator together.
     if args.no_wipes || args.no_slow {
         options.slow_per_10k = 0;
+        options.faults.corrupt_per_10k = 0;
     }
     options
 }
@@ -254,7 +257,8 @@ fn many(args: &Args, partitions: u32, from: u64, to: u64) -> ExitCode {
     let (mut commits, mut crashes, mut sleeps, mut silent_wakes, mut view_changes) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
     let (mut failover_groups, mut failover_asleep, mut failover_ticks_max) = (0u64, 0u64, 0u64);
-    let (mut slow_stretches, mut slow_skips) = (0u64, 0u64);
+    let (mut slow_stretches, mut slow_skips, mut corruptions) = (0u64, 0u64, 0u64);
+    let mut wipes = 0u64;
     for seed in from..to {
         match run_many(many_options(args, partitions, seed)) {
             Ok(summary) => {
@@ -269,6 +273,8 @@ fn many(args: &Args, partitions: u32, from: u64, to: u64) -> ExitCode {
                 failover_ticks_max = failover_ticks_max.max(summary.failover_ticks);
                 slow_stretches += summary.slow_stretches;
                 slow_skips += summary.slow_skips;
+                corruptions += summary.corruptions;
+                wipes += summary.wipes;
                 if to - from == 1 || args.trace {
                     println!("seed {seed}: ok {summary:?}");
                 }
@@ -299,7 +305,9 @@ fn many(args: &Args, partitions: u32, from: u64, to: u64) -> ExitCode {
              {sleeps}, \"silent_wakes\": {silent_wakes}, \"failover_groups\": \
              {failover_groups}, \"failover_asleep\": {failover_asleep}, \
              \"failover_ticks_max\": {failover_ticks_max}, \"slow_stretches\": \
-             {slow_stretches}, \"slow_skips\": {slow_skips}, \"seconds\": {seconds:.1}}}",
+             {slow_stretches}, \"slow_skips\": {slow_skips}, \"corruptions\": {corruptions}, \
+             \"wipes\": {wipes}, \
+             \"seconds\": {seconds:.1}}}",
             args.replicas, args.ticks
         );
         return ExitCode::SUCCESS;
@@ -307,7 +315,8 @@ fn many(args: &Args, partitions: u32, from: u64, to: u64) -> ExitCode {
     println!(
         "appliance-sim: {passed} seeds passed ({from}..{to}, {} replicas, {} ticks, {partitions} \
          partition groups + metadata per node): {commits} ops committed, {crashes} node \
-         crashes, {slow_stretches} slow stretches ({slow_skips} backups skipped as slow), \
+         crashes ({wipes} lost disks), {slow_stretches} slow stretches ({slow_skips} backups skipped as slow), \
+         {corruptions} journal entries corrupted, \
          {view_changes} view changes, {sleeps} sleeps of idle groups ({silent_wakes} woken by \
          a silent primary); failover check: {failover_groups} groups led by the \
          crashed node ({failover_asleep} asleep), all elected within {failover_ticks_max} \

@@ -6,7 +6,8 @@
 //! every group's links, and the network loses, duplicates and reorders frames of all of
 //! them. A node may also be slow for a stretch (`sim/slow.rs`): paused (no ticks, no
 //! deliveries, no disk completions, then all at once) or laggy (every frame from or to it
-//! and every journal write late). Each group's history is checked as in the one-group
+//! and every journal write late), and a journal entry of a committed op may be corrupted
+//! on one node, within what the group can recover (as in the one-group simulator). Each group's history is checked as in the one-group
 //! simulator (one committed history, no acknowledged write lost, no request applied
 //! twice).
 //!
@@ -15,7 +16,7 @@
 //! within the heartbeat timeout (plus the view change), asleep or not, and commit a
 //! request sent to it. The node comes back and every group converges again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use zerocopy::FromBytes;
 
@@ -65,6 +66,12 @@ impl ManyOptions {
     /// Options for `seed`, the fault mix drawn from it as in the one-group simulator.
     pub fn from_seed(seed: u64, replica_count: u8, ticks: u64) -> ManyOptions {
         let mut prng = Prng::new(seed ^ 0x0a4e_9109);
+        let mut faults = Faults::from_seed(&mut prng);
+        // A run stops losing disks once an entry is corrupted (`wipe_allowed`): half the
+        // seeds corrupt nothing and keep their lost disks (a stream of its own again).
+        if Prng::new(seed ^ 0x0c0e_ea72).chance(1, 2) {
+            faults.corrupt_per_10k = 0;
+        }
         ManyOptions {
             seed,
             replica_count,
@@ -73,7 +80,7 @@ impl ManyOptions {
             idle_request_per_100k: 1 + prng.below(10),
             ticks,
             liveness_ticks: 20_000,
-            faults: Faults::from_seed(&mut prng),
+            faults,
             wipe_percent: prng.below(31),
             // Its own stream, so the rest of a seed's draws stay as they were.
             slow_per_10k: Prng::new(seed ^ 0x0051_0e57).below(12),
@@ -105,6 +112,8 @@ pub struct ManySummary {
     /// Slow stretches of nodes, and backups the primaries skipped as slow.
     pub slow_stretches: u64,
     pub slow_skips: u64,
+    /// Journal entries corrupted.
+    pub corruptions: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -159,6 +168,10 @@ pub struct ManyCluster {
     slow_prng: Prng,
     slow_stretches: u64,
     held: Vec<Packet>,
+    /// Per group, the ops whose journal entry was corrupted on some node (one at most),
+    /// and the stream that decides corruption.
+    corrupted: BTreeMap<u64, BTreeSet<u64>>,
+    corrupt_prng: Prng,
     trace: Trace,
 }
 
@@ -240,6 +253,9 @@ impl ManyCluster {
             slow_prng: Prng::new(options.seed ^ 0x0051_0e58),
             slow_stretches: 0,
             held: Vec::new(),
+            corrupted: BTreeMap::new(),
+            // Its own stream, so the rest of a seed's draws stay as they were.
+            corrupt_prng: Prng::new(options.seed ^ 0x0c0e_ea71),
             trace: Trace::default(),
             options,
         };
@@ -312,6 +328,7 @@ impl ManyCluster {
             view_changes: self.view_changes_retired,
             slow_stretches: self.slow_stretches,
             slow_skips: self.slow_skips_retired,
+            corruptions: self.corrupted.values().map(|ops| ops.len() as u64).sum(),
         };
         for node in self.nodes.iter().flatten() {
             let (sleeps, silent_wakes, view_changes, slow_skips) = node_counts(node);
@@ -592,6 +609,9 @@ impl ManyCluster {
             self.log(|| format!("network partition kind {kind}"));
             self.sync_links();
         }
+        if self.corrupt_prng.chance(faults.corrupt_per_10k, 10_000) {
+            self.corrupt_one();
+        }
         // Idle groups get a request now and then (and wake for it).
         for c in 0..self.clients.len() {
             if !self.clients[c].busy
@@ -676,12 +696,12 @@ impl ManyCluster {
     }
 
     /// Whether the restart of `r` may lose its disk: at the seed's rate, at most
-    /// replica_count + 2 times a run, and only while, in every group, every other replica
-    /// votes (or will) and holds no torn entry (the one-group simulator's rule: a lost
-    /// disk is the one fault the group survives).
+    /// replica_count + 2 times a run, never once an entry was corrupted, and only while,
+    /// in every group, every other replica votes (or will) and holds no torn entry (the
+    /// one-group simulator's rule: a lost disk is the one fault the group survives).
     fn wipe_allowed(&mut self, r: u8) -> bool {
         let cap = u64::from(self.options.replica_count) + 2;
-        if self.options.wipe_percent == 0 || self.wipes >= cap {
+        if self.options.wipe_percent == 0 || self.wipes >= cap || !self.corrupted.is_empty() {
             return false;
         }
         let others_remember = (0..self.options.replica_count)
@@ -692,6 +712,50 @@ impl ManyCluster {
                 })
             });
         others_remember && self.prng.chance(self.options.wipe_percent, 100)
+    }
+
+    /// Corrupts one journal entry of a random group on one node, at a committed op, as
+    /// the one-group simulator does: never an op already corrupted elsewhere, only if
+    /// another voter holds the committed prepare, and while a replica of the group may
+    /// not vote, only the committed prepare itself.
+    fn corrupt_one(&mut self) {
+        let n = self.options.replica_count;
+        let group = self.groups[self.corrupt_prng.below(self.groups.len() as u64) as usize];
+        let checker = &self.checkers[&group];
+        let commit = checker.commit_max();
+        if commit == 0 {
+            return;
+        }
+        let op = 1 + self.corrupt_prng.below(commit);
+        let r = self.corrupt_prng.below(u64::from(n)) as u8;
+        let Some(identity) = checker.get(op).map(|c| c.identity) else {
+            return;
+        };
+        if self
+            .corrupted
+            .get(&group)
+            .is_some_and(|ops| ops.contains(&op))
+        {
+            return;
+        }
+        let holds = |x: u8| self.storages[usize::from(x)][&group].holds_identity(op, identity);
+        let holders = (0..n)
+            .filter(|x| *x != r && self.remembers(*x, group) && holds(*x))
+            .count();
+        if holders == 0 {
+            return;
+        }
+        let every_replica_votes = (0..n).all(|x| self.remembers(x, group));
+        if !every_replica_votes && !holds(r) {
+            return;
+        }
+        let storage = self.storages[usize::from(r)]
+            .get_mut(&group)
+            .expect("every group");
+        if storage.corrupt(op, &mut self.corrupt_prng) {
+            self.corrupted.entry(group).or_default().insert(op);
+            self.log(|| format!("r{r} group {group:x} journal op {op} corrupted"));
+        }
     }
 
     /// Node `r` restarts every group from its journal and superblock, or, having lost

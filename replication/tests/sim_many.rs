@@ -15,10 +15,9 @@ fn check(seed: u64, replicas: u8, ticks: u64, partitions: u32) -> replication::s
 /// As `check`, with the fault mix of seeds found before nodes were slow now and then
 /// and journal entries corrupted.
 fn check_without_slow(seed: u64, replicas: u8, ticks: u64, partitions: u32) {
-    let mut options = ManyOptions::from_seed(seed, replicas, ticks);
+    let mut options =
+        ManyOptions::from_seed(seed, replicas, ticks).without_slow_nodes_or_corruption();
     options.partitions = partitions;
-    options.slow_per_10k = 0;
-    options.faults.corrupt_per_10k = 0;
     run(options, " --no-slow");
 }
 

@@ -153,14 +153,9 @@ fn main() -> ExitCode {
                 replay.trace = true;
                 replay.trace_lines = args.trace_lines;
                 let flags = format!(
-                    "{}{}{}{}",
+                    "{}{}{}",
                     if args.partition { " --partition" } else { "" },
-                    if args.no_wipes { " --no-wipes" } else { "" },
-                    if args.no_slow && !args.no_wipes {
-                        " --no-slow"
-                    } else {
-                        ""
-                    },
+                    fault_mix_flags(&args),
                     if args.no_hibernate && !args.no_wipes && !args.no_slow {
                         " --no-hibernate"
                     } else {
@@ -242,12 +237,20 @@ fn many_options(args: &Args, partitions: u32, seed: u64) -> ManyOptions {
     if args.no_wipes {
         options.wipe_percent = 0;
     }
-    // Slow nodes and corruption joined the many-group simulator together.
     if args.no_wipes || args.no_slow {
-        options.slow_per_10k = 0;
-        options.faults.corrupt_per_10k = 0;
+        options = options.without_slow_nodes_or_corruption();
     }
     options
+}
+
+/// The flags that replay a seed with the fault mix this sweep ran (`--no-wipes` implies
+/// `--no-slow`).
+fn fault_mix_flags(args: &Args) -> &'static str {
+    match (args.no_wipes, args.no_slow) {
+        (true, _) => " --no-wipes",
+        (false, true) => " --no-slow",
+        (false, false) => "",
+    }
 }
 
 /// A sweep of the many-group simulator.
@@ -283,15 +286,7 @@ fn many(args: &Args, partitions: u32, from: u64, to: u64) -> ExitCode {
                 let mut replay = many_options(args, partitions, seed);
                 replay.trace = true;
                 replay.trace_lines = args.trace_lines;
-                let flags = format!(
-                    " --groups {partitions}{}{}",
-                    if args.no_wipes { " --no-wipes" } else { "" },
-                    if args.no_slow && !args.no_wipes {
-                        " --no-slow"
-                    } else {
-                        ""
-                    }
-                );
+                let flags = format!(" --groups {partitions}{}", fault_mix_flags(args));
                 return failed(args, seed, passed, &failure, run_many(replay), &flags);
             }
         }
@@ -306,8 +301,7 @@ fn many(args: &Args, partitions: u32, from: u64, to: u64) -> ExitCode {
              {failover_groups}, \"failover_asleep\": {failover_asleep}, \
              \"failover_ticks_max\": {failover_ticks_max}, \"slow_stretches\": \
              {slow_stretches}, \"slow_skips\": {slow_skips}, \"corruptions\": {corruptions}, \
-             \"wipes\": {wipes}, \
-             \"seconds\": {seconds:.1}}}",
+             \"wipes\": {wipes}, \"seconds\": {seconds:.1}}}",
             args.replicas, args.ticks
         );
         return ExitCode::SUCCESS;
@@ -315,10 +309,10 @@ fn many(args: &Args, partitions: u32, from: u64, to: u64) -> ExitCode {
     println!(
         "appliance-sim: {passed} seeds passed ({from}..{to}, {} replicas, {} ticks, {partitions} \
          partition groups + metadata per node): {commits} ops committed, {crashes} node \
-         crashes ({wipes} lost disks), {slow_stretches} slow stretches ({slow_skips} backups skipped as slow), \
-         {corruptions} journal entries corrupted, \
-         {view_changes} view changes, {sleeps} sleeps of idle groups ({silent_wakes} woken by \
-         a silent primary); failover check: {failover_groups} groups led by the \
+         crashes ({wipes} lost disks), {slow_stretches} slow stretches ({slow_skips} backups \
+         skipped as slow), {corruptions} journal entries corrupted, {view_changes} view \
+         changes, {sleeps} sleeps of idle groups ({silent_wakes} woken by a silent primary); \
+         failover check: {failover_groups} groups led by the \
          crashed node ({failover_asleep} asleep), all elected within {failover_ticks_max} \
          ticks at most; {seconds:.1}s",
         args.replicas, args.ticks

@@ -7,9 +7,9 @@
 //! them. A node may also be slow for a stretch (`sim/slow.rs`): paused (no ticks, no
 //! deliveries, no disk completions, then all at once) or laggy (every frame from or to it
 //! and every journal write late), and a journal entry of a committed op may be corrupted
-//! on one node, within what the group can recover (as in the one-group simulator). Each group's history is checked as in the one-group
-//! simulator (one committed history, no acknowledged write lost, no request applied
-//! twice).
+//! on one node, within what the group can recover (as in the one-group simulator). Each
+//! group's history is checked as in the one-group simulator (one committed history, no
+//! acknowledged write lost, no request applied twice).
 //!
 //! After the faults stop and every group converged, the idle groups sleep; then the node
 //! that leads most of them crashes, and every group it led must elect another primary
@@ -87,6 +87,14 @@ impl ManyOptions {
             trace: false,
             trace_lines: TRACE_LINES_MAX,
         }
+    }
+
+    /// The fault mix of seeds found before slow nodes and corruption joined the
+    /// many-group simulator (`appliance-sim --groups N --no-slow`).
+    pub fn without_slow_nodes_or_corruption(mut self) -> ManyOptions {
+        self.slow_per_10k = 0;
+        self.faults.corrupt_per_10k = 0;
+        self
     }
 }
 

@@ -717,10 +717,13 @@ impl Node {
                 .by_group
                 .iter()
                 .filter(|(group, partition)| {
+                    // Applied past its checkpoint before the group is looked up: an idle
+                    // partition costs no lookup among thousands of groups.
                     to_delete.contains(group)
-                        || groups
-                            .get(**group)
-                            .is_some_and(|replica| partition.needs_checkpoint(replica.commit()))
+                        || (partition.committed_op > partition.checkpoint_op
+                            && groups.get(**group).is_some_and(|replica| {
+                                partition.needs_checkpoint(replica.commit())
+                            }))
                 })
                 .map(|(group, _)| *group)
                 .collect();

@@ -224,10 +224,27 @@ impl Node {
         self.retention
             .pending
             .retain(|_, at| at.elapsed() < PROPOSAL_TIMEOUT);
+        // Only a sealed segment can go (the active one never does): a topic none of
+        // whose partitions here has one is passed over without reading its partitions'
+        // sizes, so an idle node's check costs one pass over its partitions, not a
+        // look at each partition's segments.
+        let sealed: BTreeSet<(u32, u32)> = self
+            .partitions
+            .by_group
+            .values()
+            .filter(|p| p.log.segment_count() > 1)
+            .map(|p| (p.key.stream, p.key.topic))
+            .collect();
+        if sealed.is_empty() {
+            return;
+        }
         let defaults = self.settings.retention;
         let mut proposals = Vec::new();
         for (stream_id, stream) in &self.state.streams {
             for (topic_id, topic) in &stream.topics {
+                if !sealed.contains(&(*stream_id, *topic_id)) {
+                    continue;
+                }
                 let expiry = resolve(
                     topic.message_expiry,
                     defaults.message_expiry.as_micros() as u64,

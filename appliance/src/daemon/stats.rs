@@ -402,7 +402,7 @@ pub fn publish(
         // each class.
         next.groups = std::mem::take(&mut guard.groups);
         next.groups
-            .sort_by_key(|g| g.group.parse::<u64>().unwrap_or(u64::MAX));
+            .sort_by_cached_key(|g| g.group.parse::<u64>().unwrap_or(u64::MAX));
         next.group_summary.view_changes = transitions.view_changes.get();
     } else {
         next.groups = group_stats(node, connected);

@@ -202,6 +202,44 @@ const VSR_SLOT_SIZE: usize =
 /// bit 0 marks a replacement that may not vote yet) durably: in place into the slot
 /// not holding the newest valid copy, or as a whole new file when there is none.
 pub fn write_vsr_superblock(dir: &Path, superblock: &VsrSuperblock) -> Result<(), FileError> {
+    write_vsr_superblock_with(dir, superblock, true)
+}
+
+/// As `write_vsr_superblock`, but an in-place write is left to the caller's sync of the
+/// whole file system (`sync_file_system`): many groups' superblocks, one device flush.
+/// A file written whole (the first write, or one replacing an unreadable file) is
+/// still synced here.
+pub fn write_vsr_superblock_unsynced(
+    dir: &Path,
+    superblock: &VsrSuperblock,
+) -> Result<(), FileError> {
+    write_vsr_superblock_with(dir, superblock, false)
+}
+
+/// A handle on `dir`'s file system for `sync_file_system`, opened before the writes it
+/// is to cover: the kernel reports a write-back error to a sync through a handle opened
+/// before the error, so one that struck a write before the sync is not missed.
+pub fn open_file_system(dir: &Path) -> Result<File, FileError> {
+    File::open(dir).map_err(io(dir))
+}
+
+/// Forces every file system write so far on `handle`'s file system to stable storage
+/// (syncfs: one journal commit and one device flush for all of them); fails when a
+/// write-back failed since `handle` was opened.
+pub fn sync_file_system(dir: &Path, handle: &File) -> Result<(), FileError> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid open descriptor; syncfs takes no pointers.
+    if unsafe { libc::syncfs(handle.as_raw_fd()) } != 0 {
+        return Err(io(dir)(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+fn write_vsr_superblock_with(
+    dir: &Path,
+    superblock: &VsrSuperblock,
+    sync: bool,
+) -> Result<(), FileError> {
     let payload = encode_vsr_superblock(superblock);
     let path = dir.join(VSR_SUPERBLOCK_FILE);
     let file = match std::fs::OpenOptions::new()
@@ -225,7 +263,10 @@ pub fn write_vsr_superblock(dir: &Path, superblock: &VsrSuperblock) -> Result<()
     let bytes = vsr_slot(sequence + 1, &payload);
     file.write_all_at(&bytes, (target * VSR_SLOT_SIZE) as u64)
         .map_err(io(&path))?;
-    file.sync_data().map_err(io(&path))
+    if sync {
+        file.sync_data().map_err(io(&path))?;
+    }
+    Ok(())
 }
 
 /// Writes the default superblock (view 0) into `dir` (created if absent) when it has
@@ -592,6 +633,29 @@ mod tests {
             replacement: false,
             unformed: false,
         }
+    }
+
+    #[test]
+    fn vsr_superblocks_written_unsynced_are_read_after_one_file_system_sync() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let handle = open_file_system(root.path()).expect("handle");
+        let dirs: Vec<_> = (0..3).map(|g| root.path().join(format!("g{g}"))).collect();
+        for (g, dir) in dirs.iter().enumerate() {
+            create_vsr_superblock(dir, true).expect("create");
+            // The first write of an empty file, then one in place: both unsynced.
+            write_vsr_superblock_unsynced(dir, &superblock_of_view(1, 1)).expect("write");
+            write_vsr_superblock_unsynced(dir, &superblock_of_view(2 + g as u32, 2))
+                .expect("write");
+        }
+        sync_file_system(root.path(), &handle).expect("syncfs");
+        for (g, dir) in dirs.iter().enumerate() {
+            assert_eq!(
+                read_vsr_superblock(dir).expect("read"),
+                superblock_of_view(2 + g as u32, 2)
+            );
+        }
+        let missing = root.path().join("missing");
+        assert!(open_file_system(&missing).is_err());
     }
 
     #[test]

@@ -226,11 +226,11 @@ pub fn open_file_system(dir: &Path) -> Result<File, FileError> {
 /// Forces every file system write so far on `handle`'s file system to stable storage
 /// (syncfs: one journal commit and one device flush for all of them); fails when a
 /// write-back failed since `handle` was opened.
-pub fn sync_file_system(dir: &Path, handle: &File) -> Result<(), FileError> {
+pub fn sync_file_system(handle: &File) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: a valid open descriptor; syncfs takes no pointers.
     if unsafe { libc::syncfs(handle.as_raw_fd()) } != 0 {
-        return Err(io(dir)(std::io::Error::last_os_error()));
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }
@@ -647,7 +647,7 @@ mod tests {
             write_vsr_superblock_unsynced(dir, &superblock_of_view(2 + g as u32, 2))
                 .expect("write");
         }
-        sync_file_system(root.path(), &handle).expect("syncfs");
+        sync_file_system(&handle).expect("syncfs");
         for (g, dir) in dirs.iter().enumerate() {
             assert_eq!(
                 read_vsr_superblock(dir).expect("read"),

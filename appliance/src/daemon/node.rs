@@ -724,7 +724,7 @@ impl Node {
                     // Applied past its checkpoint before the group is looked up: an idle
                     // partition costs no lookup among thousands of groups.
                     to_delete.contains(group)
-                        || (partition.committed_op > partition.checkpoint_op
+                        || (partition.applied_past_checkpoint()
                             && groups.get(**group).is_some_and(|replica| {
                                 partition.needs_checkpoint(replica.commit())
                             }))
@@ -914,9 +914,8 @@ impl Node {
         // Many at once (a node's share of a failover): written in place unsynced, then
         // one sync of the file system covers them all, one device flush instead of one
         // per group.
-        let data_dir = self.settings.data_dir.clone();
         let handle = (superblocks.len() >= SUPERBLOCKS_SYNCED_TOGETHER)
-            .then(|| files::open_file_system(&data_dir).ok())
+            .then(|| files::open_file_system(&self.settings.data_dir).ok())
             .flatten();
         // The file system the sync covers; a group directory elsewhere syncs its own.
         let device = handle
@@ -947,10 +946,11 @@ impl Node {
         }
         if let Some(handle) = handle {
             let synced = glommio::executor()
-                .spawn_blocking(move || files::sync_file_system(&data_dir, &handle))
+                .spawn_blocking(move || files::sync_file_system(&handle))
                 .await;
-            if let Err(files::FileError::Io { path, error }) = synced {
+            if let Err(error) = synced {
                 // Which of them reached the disk is unknown: none counts as written.
+                let path = self.settings.data_dir.display().to_string();
                 for (_, _, _, written) in &mut writes {
                     if written.is_ok() {
                         *written = Err(files::FileError::Io {

@@ -40,7 +40,13 @@ impl Partition {
     /// Whether a checkpoint at the group's commit point `commit` would move this
     /// partition's: it committed past its checkpoint and applied every committed op.
     pub fn needs_checkpoint(&self, commit: u64) -> bool {
-        commit > self.checkpoint_op && commit == self.committed_op
+        commit == self.committed_op && self.applied_past_checkpoint()
+    }
+
+    /// Whether it applied an op its checkpoint does not hold: what `needs_checkpoint`
+    /// asks first, answered without the group's commit point.
+    pub fn applied_past_checkpoint(&self) -> bool {
+        self.committed_op > self.checkpoint_op
     }
 
     /// Forces the segment log and the prepare records to stable storage.

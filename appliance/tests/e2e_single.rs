@@ -429,3 +429,110 @@ fn a_new_sessions_request_numbers_are_never_taken_for_an_old_sessions_retries() 
         "every write applied once"
     );
 }
+
+/// Every `vsr-checkpoint` under `dir` with its op, and whether any staged one is left.
+fn partition_checkpoints(dir: &std::path::Path, found: &mut Vec<u64>, staged: &mut usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            partition_checkpoints(&path, found, staged);
+        } else if path.file_name().is_some_and(|n| n == "vsr-checkpoint.tmp") {
+            *staged += 1;
+        } else if path.file_name().is_some_and(|n| n == "vsr-checkpoint") {
+            let dir = path.parent().expect("a partition directory");
+            if let Ok(Some(checkpoint)) = appliance::daemon::files::read_checkpoint(dir) {
+                found.push(checkpoint.op);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_round_of_many_partition_checkpoints_is_durable_across_a_kill() {
+    // 40 partitions written at once need a checkpoint in the same second: one round,
+    // sharing its file system syncs.
+    const MANY: u32 = 40;
+    let files = ClusterFiles::new(1);
+    let mut daemon = Daemon::start(&files, 0);
+    wait_healthy(&files, &mut daemon, Duration::from_secs(30));
+    let mut client = logged_in(&files, 0xd1);
+    let reply = client
+        .write(Operation::CreateStream, &short("many"))
+        .expect("create stream");
+    assert_eq!(reply.status(), 0);
+    let stream = u32_at(&reply.body, 0);
+    let mut body = stream.to_le_bytes().to_vec();
+    body.extend_from_slice(&short("checkpointed"));
+    body.extend_from_slice(&MANY.to_le_bytes());
+    body.extend_from_slice(&[0u8; 16]);
+    let reply = client.write(Operation::CreateTopic, &body).expect("topic");
+    assert_eq!(reply.status(), 0);
+    let topic = u32_at(&reply.body, 0);
+    // Until every partition's checkpoint holds at least `op` (each batch is one op).
+    let checkpointed = |op: u64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let (mut found, mut staged) = (Vec::new(), 0);
+            partition_checkpoints(&files.data_dir(0), &mut found, &mut staged);
+            if found.len() == MANY as usize && found.iter().all(|o| *o >= op) {
+                assert_eq!(staged, 0, "a staged checkpoint left after its round");
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "checkpoints at op {op}: {found:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    for round in 0..2 {
+        for partition in 0..MANY {
+            let reply = send(&mut client, stream, topic, partition, round * PER_BATCH);
+            assert_eq!(reply.status(), 0, "send");
+            assert_eq!(u64_at(&reply.body, 0), round * PER_BATCH);
+        }
+        checkpointed(round + 1);
+    }
+    // SIGKILL right after: the checkpoints and the batches above them are recovered.
+    for partition in 0..MANY {
+        let reply = send(&mut client, stream, topic, partition, 2 * PER_BATCH);
+        assert_eq!(reply.status(), 0, "send");
+    }
+    daemon.kill();
+    let mut daemon = Daemon::start(&files, 0);
+    wait_healthy(&files, &mut daemon, Duration::from_secs(30));
+    let mut client = logged_in(&files, 0xd2);
+    for partition in 0..MANY {
+        // The partition groups start after the node is healthy: Unavailable until then.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut body = partition_key(stream, topic, partition);
+            body.extend_from_slice(&[0, 1, 0, 0, 0, 0]);
+            body.extend_from_slice(&0u64.to_le_bytes());
+            body.extend_from_slice(&1u32.to_le_bytes());
+            body.push(0);
+            let status = client.read(5, &body).expect("poll").status();
+            if status != 12 {
+                assert_eq!(status, 0, "poll partition {partition}");
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "partition {partition} unavailable"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let messages = consume(&mut client, stream, topic, partition);
+        let want: Vec<(u64, Vec<u8>)> = (0..3 * PER_BATCH)
+            .map(|i| (i, payload(partition, i)))
+            .collect();
+        assert_eq!(messages, want, "partition {partition}");
+        let reply = send(&mut client, stream, topic, partition, 3 * PER_BATCH);
+        assert_eq!(reply.status(), 0, "send after the restart");
+        assert_eq!(u64_at(&reply.body, 0), 3 * PER_BATCH);
+    }
+    assert_eq!(daemon.terminate(Duration::from_secs(20)), Some(0));
+}

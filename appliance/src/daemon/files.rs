@@ -62,12 +62,17 @@ fn checksum(bytes: &[u8]) -> u64 {
 
 /// Writes `payload` under `magic` durably: temp file, fsync, rename, fsync directory.
 fn write_durable(path: &Path, magic: &[u8; 4], payload: &[u8]) -> Result<(), FileError> {
+    replace_file(path, &framed(magic, payload))
+}
+
+/// `payload` under `magic` with its checksum trailer, as `read_checked` reads it.
+fn framed(magic: &[u8; 4], payload: &[u8]) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(payload.len() + 12);
     bytes.extend_from_slice(magic);
     bytes.extend_from_slice(payload);
     let sum = checksum(&bytes);
     bytes.extend_from_slice(&sum.to_le_bytes());
-    replace_file(path, &bytes)
+    bytes
 }
 
 /// Reads a file written by `write_durable`; None when it does not exist.
@@ -142,13 +147,38 @@ pub struct StoredCheckpoint {
 
 /// Persists a partition group's checkpoint durably (replacing the previous one).
 pub fn write_checkpoint(dir: &Path, checkpoint: &StoredCheckpoint) -> Result<(), FileError> {
+    replace_file(
+        &dir.join(CHECKPOINT_FILE),
+        &checkpoint_file_bytes(checkpoint),
+    )
+}
+
+/// Writes a partition group's checkpoint beside its file, unsynced, for a round of
+/// checkpoints that shares its syncs: once a `sync_file_system` made every staged
+/// checkpoint durable, `commit_staged_checkpoint` renames each over its file, and a
+/// second sync makes the renames durable. A crash anywhere in between leaves the
+/// previous checkpoint (a leftover staged file is overwritten by the next one).
+pub fn stage_checkpoint(dir: &Path, checkpoint: &StoredCheckpoint) -> Result<(), FileError> {
+    let temp = dir.join(CHECKPOINT_FILE).with_extension("tmp");
+    let mut file = File::create(&temp).map_err(io(&temp))?;
+    file.write_all(&checkpoint_file_bytes(checkpoint))
+        .map_err(io(&temp))
+}
+
+/// Renames a staged checkpoint (`stage_checkpoint`) over the partition's checkpoint.
+pub fn commit_staged_checkpoint(dir: &Path) -> Result<(), FileError> {
+    let path = dir.join(CHECKPOINT_FILE);
+    std::fs::rename(path.with_extension("tmp"), &path).map_err(io(&path))
+}
+
+fn checkpoint_file_bytes(checkpoint: &StoredCheckpoint) -> Vec<u8> {
     let mut payload = Vec::with_capacity(32 + checkpoint.clients.len());
     payload.extend_from_slice(&checkpoint.op.to_le_bytes());
     payload.extend_from_slice(&checkpoint.position.partition_id.to_le_bytes());
     payload.extend_from_slice(&checkpoint.position.next_offset.to_le_bytes());
     payload.extend_from_slice(&checkpoint.position.last_timestamp.to_le_bytes());
     payload.extend_from_slice(&checkpoint.clients);
-    write_durable(&dir.join(CHECKPOINT_FILE), MAGIC_CHECKPOINT, &payload)
+    framed(MAGIC_CHECKPOINT, &payload)
 }
 
 /// The partition group's checkpoint, or None when none was taken yet.
@@ -221,6 +251,20 @@ pub fn write_vsr_superblock_unsynced(
 /// before the error, so one that struck a write before the sync is not missed.
 pub fn open_file_system(dir: &Path) -> Result<File, FileError> {
     File::open(dir).map_err(io(dir))
+}
+
+/// The device of `handle`'s file system: a directory on it is covered by its
+/// `sync_file_system` (`on_device`).
+pub fn device_of(handle: &File) -> Option<u64> {
+    handle
+        .metadata()
+        .ok()
+        .map(|m| std::os::unix::fs::MetadataExt::dev(&m))
+}
+
+/// Whether `dir` is on `device` (a directory on another file system syncs its own).
+pub fn on_device(dir: &Path, device: u64) -> bool {
+    std::fs::metadata(dir).is_ok_and(|m| std::os::unix::fs::MetadataExt::dev(&m) == device)
 }
 
 /// Forces every file system write so far on `handle`'s file system to stable storage
@@ -656,6 +700,54 @@ mod tests {
         }
         let missing = root.path().join("missing");
         assert!(open_file_system(&missing).is_err());
+    }
+
+    #[test]
+    fn staged_checkpoints_replace_the_old_only_when_committed() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let checkpoint = |op: u64| StoredCheckpoint {
+            op,
+            position: replication::wire::batch::PartitionPosition {
+                partition_id: 7,
+                next_offset: op * 100,
+                last_timestamp: op * 1_000,
+            },
+            clients: vec![op as u8; 40],
+        };
+        let handle = open_file_system(root.path()).expect("handle");
+        let dirs: Vec<_> = (0..3).map(|g| root.path().join(format!("g{g}"))).collect();
+        for dir in &dirs {
+            std::fs::create_dir(dir).expect("dir");
+            write_checkpoint(dir, &checkpoint(1)).expect("write");
+            stage_checkpoint(dir, &checkpoint(2)).expect("stage");
+            // Staged only: a crash here finds the old checkpoint.
+            assert_eq!(read_checkpoint(dir).expect("read"), Some(checkpoint(1)));
+        }
+        sync_file_system(&handle).expect("syncfs");
+        for dir in &dirs[..2] {
+            commit_staged_checkpoint(dir).expect("commit");
+        }
+        sync_file_system(&handle).expect("syncfs");
+        for dir in &dirs[..2] {
+            assert_eq!(read_checkpoint(dir).expect("read"), Some(checkpoint(2)));
+        }
+        assert_eq!(
+            read_checkpoint(&dirs[2]).expect("read"),
+            Some(checkpoint(1))
+        );
+        // A leftover staged file is overwritten by the next one.
+        stage_checkpoint(&dirs[2], &checkpoint(3)).expect("stage");
+        commit_staged_checkpoint(&dirs[2]).expect("commit");
+        assert_eq!(
+            read_checkpoint(&dirs[2]).expect("read"),
+            Some(checkpoint(3))
+        );
+        // Nothing staged: the commit fails and the checkpoint stays.
+        assert!(commit_staged_checkpoint(&dirs[2]).is_err());
+        assert_eq!(
+            read_checkpoint(&dirs[2]).expect("read"),
+            Some(checkpoint(3))
+        );
     }
 
     #[test]

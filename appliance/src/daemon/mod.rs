@@ -17,6 +17,7 @@ pub mod stats;
 pub mod system;
 pub mod xfer;
 
+mod checkpoints;
 mod client;
 mod forward;
 mod group_commit;

@@ -216,14 +216,13 @@ const _: () = assert!(PARTITION_REPAIR_WINDOW_OPS > vsr::PIPELINE_MAX);
 pub const PARTITION_REPAIR_WINDOW_BYTES: u64 = 32 << 20;
 
 /// Prepare records kept before a checkpoint compacts the prepare log.
-const PREPARE_RECORDS_KEPT: usize = 4096;
+pub(super) const PREPARE_RECORDS_KEPT: usize = 4096;
 
 /// Events taken into one round of actions at most (bounds the latency of the first).
 const EVENTS_PER_ROUND_MAX: usize = 256;
 
 /// Ticks between partition checkpoint sweeps (with 10 ms ticks: one second). A sweep
-/// checkpoints one partition per tick, so that no tick stalls the loop with the file
-/// syncs of every partition at once.
+/// checkpoints its partitions in rounds, one per tick (checkpoints.rs).
 const CHECKPOINT_TICKS: u64 = 100;
 /// A partition's prepare log file closes after this long without a record written
 /// (an idle partition then holds one open file, its active segment).
@@ -713,33 +712,9 @@ impl Node {
         }
         // Before the tick's own actions: every Commit so far has been applied.
         if self.ticks.is_multiple_of(CHECKPOINT_TICKS) && self.checkpoint_due.is_empty() {
-            // Only partitions that committed past their checkpoint, or whose retained
-            // segments wait for one (what the sweep would pass over is left out).
-            let (groups, to_delete) = (&self.groups, &self.retention.to_delete);
-            self.checkpoint_due = self
-                .partitions
-                .by_group
-                .iter()
-                .filter(|(group, partition)| {
-                    // Applied past its checkpoint before the group is looked up: an idle
-                    // partition costs no lookup among thousands of groups.
-                    to_delete.contains(group)
-                        || (partition.applied_past_checkpoint()
-                            && groups.get(**group).is_some_and(|replica| {
-                                partition.needs_checkpoint(replica.commit())
-                            }))
-                })
-                .map(|(group, _)| *group)
-                .collect();
+            self.sweep_checkpoints();
         }
-        if let Some(group) = self.checkpoint_due.pop_first() {
-            let started = Instant::now();
-            self.checkpoint_partition(group).await?;
-            slow_step("partition checkpoint", started);
-            if self.retention.to_delete.contains(&group) {
-                self.delete_retained(group)?;
-            }
-        }
+        self.checkpoint_round().await?;
         self.retention_tick();
         if self.ticks.is_multiple_of(CHECKPOINT_TICKS) && self.prepares_closing.is_empty() {
             self.partitions.forget_closed_prepares();
@@ -918,19 +893,13 @@ impl Node {
             .then(|| files::open_file_system(&self.settings.data_dir).ok())
             .flatten();
         // The file system the sync covers; a group directory elsewhere syncs its own.
-        let device = handle
-            .as_ref()
-            .and_then(|h| h.metadata().ok())
-            .map(|m| std::os::unix::fs::MetadataExt::dev(&m));
+        let device = handle.as_ref().and_then(files::device_of);
         // Tasks, so every write is on the pool before the first is awaited.
         let tasks: Vec<_> = superblocks
             .into_iter()
             .map(|(group, dir, superblock)| {
                 glommio::spawn_local(glommio::executor().spawn_blocking(move || {
-                    let covered = device.is_some_and(|device| {
-                        std::fs::metadata(&dir)
-                            .is_ok_and(|m| std::os::unix::fs::MetadataExt::dev(&m) == device)
-                    });
+                    let covered = device.is_some_and(|device| files::on_device(&dir, device));
                     let written = if covered {
                         files::write_vsr_superblock_unsynced(&dir, &superblock)
                     } else {
@@ -1652,60 +1621,6 @@ impl Node {
     /// records and offsets synced, then the commit op, stamp position and client table
     /// written durably; prepare records below it are then dropped. Called only when
     /// every Commit action has been executed, so the state matches the commit point.
-    async fn checkpoint_partition(&mut self, group: u64) -> Result<(), DaemonError> {
-        let (Some(partition), Some(replica)) = (
-            self.partitions.by_group.get_mut(&group),
-            self.groups.get(group),
-        ) else {
-            return Ok(());
-        };
-        if !partition.needs_checkpoint(replica.commit()) {
-            return Ok(());
-        }
-        let Some(checkpoint) = replica.checkpoint() else {
-            return Ok(());
-        };
-        // The compaction rewrites the prepare log: no record write may be in flight.
-        let started = Instant::now();
-        self.drain_lane(group).await?;
-        slow_step("partition checkpoint: journal drained", started);
-        let Some(partition) = self.partitions.by_group.get_mut(&group) else {
-            return Ok(());
-        };
-        let fail = |e: String| {
-            super::storage::no_space_or_runtime(group, format!("partition checkpoint: {e}"))
-        };
-        partition.sync_journal().await.map_err(fail)?;
-        // Offsets unchanged since their last flush are on stable storage already.
-        if partition.offsets.is_dirty() {
-            if let Err(error) = partition.offsets.flush() {
-                return self.skip_checkpoint(group, fail(error.to_string()));
-            }
-        }
-        let stored = files::StoredCheckpoint {
-            op: checkpoint.op,
-            position: checkpoint.position,
-            clients: checkpoint.clients.encode(),
-        };
-        let dir = partition.dir.clone();
-        let written = self.with_room("partition checkpoint", || {
-            files::write_checkpoint(&dir, &stored).map_err(|e| e.to_string())
-        });
-        if let Err(error) = written {
-            return self.skip_checkpoint(group, fail(error));
-        }
-        let Some(partition) = self.partitions.by_group.get_mut(&group) else {
-            return Ok(());
-        };
-        partition.checkpoint_op = checkpoint.op;
-        if partition.prepares.len() > PREPARE_RECORDS_KEPT {
-            if let Err(error) = partition.prepares.compact(checkpoint.op).await {
-                return self.skip_checkpoint(group, fail(error));
-            }
-        }
-        Ok(())
-    }
-
     /// Closes the prepare log file of `group` if it is still idle (its lane has
     /// nothing in flight, no record written for `idle`). Returns whether it closed.
     pub(super) async fn close_idle_prepares(

@@ -49,13 +49,18 @@ impl Partition {
         self.committed_op > self.checkpoint_op
     }
 
-    /// Forces the segment log and the prepare records to stable storage.
-    pub async fn sync_journal(&mut self) -> Result<(), String> {
-        // Two files: their fdatasyncs overlap.
-        let (log, prepares) =
-            futures_lite::future::zip(self.log.sync(), self.prepares.sync()).await;
-        log.map_err(|e| e.to_string())?;
-        prepares
+    /// Forces the segment log and the prepare records to stable storage, as a task that
+    /// holds only the files (the two fdatasyncs overlap, and many partitions' can run at
+    /// once). Once it succeeded, call `log.note_synced()`.
+    pub fn journal_syncer(
+        &self,
+    ) -> impl std::future::Future<Output = Result<(), String>> + 'static {
+        let (log, prepares) = (self.log.syncer(), self.prepares.syncer());
+        async move {
+            let (log, prepares) = futures_lite::future::zip(log.run(), prepares).await;
+            log.map_err(|e| e.to_string())?;
+            prepares
+        }
     }
 
     /// Drops every journaled prepare above `op_max`: records first (none may point past

@@ -109,7 +109,8 @@ fn staged_batches_and_inline_ops_are_recorded_in_order_up_to_a_refused_batch() {
         assert_eq!((entry(3).base_offset, entry(3).next_offset), (3, 5));
         assert_eq!(entry(3).identity, staged[2].1.checksum());
         assert!(partition.prepares.get(4).is_none());
-        partition.sync_journal().await.unwrap();
+        partition.journal_syncer().await.unwrap();
+        partition.log.note_synced();
         partition.log.close().await.unwrap();
         partition.prepares.close().await.unwrap();
         // Reopened: the same records, and every batch they name.

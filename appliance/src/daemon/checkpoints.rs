@@ -1,0 +1,284 @@
+//! Partition checkpoints: a partition group's commit op, stamp position and client table
+//! in its `vsr-checkpoint` file, the point a restart replays its prepare records from,
+//! below which those records are compacted away and retained segments may be deleted.
+//!
+//! Once a second (`CHECKPOINT_TICKS`) the node collects the partitions that applied
+//! past their checkpoint, or whose retained segments wait for one, and checkpoints them
+//! in rounds of at most `CHECKPOINTS_PER_ROUND`, one round per tick. A round first
+//! drains each partition's lane and syncs its journal (every partition's fdatasyncs at
+//! once), then writes the checkpoint files on the blocking pool, never on the node
+//! loop. With 1,000 partitions produced at once, most of them need a checkpoint every
+//! second: a round of `CHECKPOINTS_SYNCED_TOGETHER` or more writes its files beside
+//! the old ones unsynced, makes them durable with one sync of the file system, renames
+//! them over the old ones and makes the renames durable with a second sync: two device
+//! flushes for the round instead of two per partition. A crash anywhere in a round
+//! leaves each partition its old checkpoint or its new one, both whole.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use super::files::{self, FileError, StoredCheckpoint};
+use super::node::{slow_step, Node, PREPARE_RECORDS_KEPT};
+use super::DaemonError;
+
+/// Partitions checkpointed in one round (one tick) at most: bounds how long a round
+/// holds the node loop.
+const CHECKPOINTS_PER_ROUND: usize = 256;
+/// A round with at least this many checkpoints shares its file system syncs.
+const CHECKPOINTS_SYNCED_TOGETHER: usize = 16;
+
+/// A checkpoint of one partition whose journal is synced, ready to be written.
+struct Ready {
+    group: u64,
+    dir: PathBuf,
+    stored: StoredCheckpoint,
+}
+
+impl Node {
+    /// Starts a sweep: the partitions that committed past their checkpoint, or whose
+    /// retained segments wait for one (what the sweep would pass over is left out).
+    pub(super) fn sweep_checkpoints(&mut self) {
+        let (groups, to_delete) = (&self.groups, &self.retention.to_delete);
+        self.checkpoint_due = self
+            .partitions
+            .by_group
+            .iter()
+            .filter(|(group, partition)| {
+                // Applied past its checkpoint before the group is looked up: an idle
+                // partition costs no lookup among thousands of groups.
+                to_delete.contains(group)
+                    || (partition.applied_past_checkpoint()
+                        && groups
+                            .get(**group)
+                            .is_some_and(|replica| partition.needs_checkpoint(replica.commit())))
+            })
+            .map(|(group, _)| *group)
+            .collect();
+    }
+
+    /// Checkpoints the next round of the sweep's partitions, then deletes the retained
+    /// segments their checkpoints released.
+    pub(super) async fn checkpoint_round(&mut self) -> Result<(), DaemonError> {
+        let mut round = Vec::new();
+        while round.len() < CHECKPOINTS_PER_ROUND {
+            let Some(group) = self.checkpoint_due.pop_first() else {
+                break;
+            };
+            round.push(group);
+        }
+        if round.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let ready = self.ready_checkpoints(&round).await?;
+        slow_step("partition checkpoints: journals synced", started);
+        for (group, op, written) in self.write_checkpoints(ready).await {
+            match written {
+                Ok(()) => self.checkpointed(group, op).await?,
+                Err(error) => self.skip_checkpoint(group, error)?,
+            }
+        }
+        slow_step("partition checkpoints", started);
+        for group in round {
+            if self.retention.to_delete.contains(&group) {
+                self.delete_retained(group)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The checkpoints of `round` that are due, each with its lane drained and its
+    /// journal synced (all the partitions' syncs in flight at once).
+    async fn ready_checkpoints(&mut self, round: &[u64]) -> Result<Vec<Ready>, DaemonError> {
+        let mut ready = Vec::with_capacity(round.len());
+        for &group in round {
+            let (Some(partition), Some(replica)) =
+                (self.partitions.by_group.get(&group), self.groups.get(group))
+            else {
+                continue;
+            };
+            if !partition.needs_checkpoint(replica.commit()) {
+                continue;
+            }
+            let Some(checkpoint) = replica.checkpoint() else {
+                continue;
+            };
+            // The compaction after it rewrites the prepare log: no record write may be
+            // in flight.
+            self.drain_lane(group).await?;
+            let Some(partition) = self.partitions.by_group.get(&group) else {
+                continue;
+            };
+            ready.push(Ready {
+                group,
+                dir: partition.dir.clone(),
+                stored: StoredCheckpoint {
+                    op: checkpoint.op,
+                    position: checkpoint.position,
+                    clients: checkpoint.clients.encode(),
+                },
+            });
+        }
+        // Tasks, so every sync is in flight before the first is awaited.
+        let syncs: Vec<_> = ready
+            .iter()
+            .filter_map(|r| self.partitions.by_group.get(&r.group))
+            .map(|partition| glommio::spawn_local(partition.journal_syncer()))
+            .collect();
+        let mut synced = Vec::with_capacity(syncs.len());
+        for sync in syncs {
+            synced.push(sync.await);
+        }
+        let mut kept = Vec::with_capacity(ready.len());
+        for (r, synced) in ready.into_iter().zip(synced) {
+            let fail = |e: String| {
+                super::storage::no_space_or_runtime(r.group, format!("partition checkpoint: {e}"))
+            };
+            if let Err(error) = synced {
+                self.skip_checkpoint(r.group, fail(error))?;
+                continue;
+            }
+            let Some(partition) = self.partitions.by_group.get_mut(&r.group) else {
+                continue;
+            };
+            partition.log.note_synced();
+            // Offsets unchanged since their last flush are on stable storage already.
+            if partition.offsets.is_dirty() {
+                if let Err(error) = partition.offsets.flush() {
+                    self.skip_checkpoint(r.group, fail(error.to_string()))?;
+                    continue;
+                }
+            }
+            kept.push(r);
+        }
+        Ok(kept)
+    }
+
+    /// Writes the round's checkpoint files on the blocking pool, a round of
+    /// `CHECKPOINTS_SYNCED_TOGETHER` or more sharing two file system syncs (module
+    /// doc). Returns each group's op and whether its checkpoint is durable.
+    async fn write_checkpoints(
+        &mut self,
+        ready: Vec<Ready>,
+    ) -> Vec<(u64, u64, Result<(), DaemonError>)> {
+        let handle = (ready.len() >= CHECKPOINTS_SYNCED_TOGETHER)
+            .then(|| files::open_file_system(&self.settings.data_dir).ok())
+            .flatten()
+            .map(std::sync::Arc::new);
+        let device = handle.as_deref().and_then(files::device_of);
+        // Tasks, so every write is on the pool before the first is awaited. A staged
+        // checkpoint (covered by the shared syncs) says so with `true`.
+        let tasks: Vec<_> = ready
+            .into_iter()
+            .map(|r| {
+                glommio::spawn_local(glommio::executor().spawn_blocking(move || {
+                    let staged = device.is_some_and(|device| files::on_device(&r.dir, device));
+                    let written = if staged {
+                        files::stage_checkpoint(&r.dir, &r.stored)
+                    } else {
+                        files::write_checkpoint(&r.dir, &r.stored)
+                    };
+                    (r, staged, written)
+                }))
+            })
+            .collect();
+        let mut writes = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            writes.push(task.await);
+        }
+        if let Some(handle) = handle {
+            let staged: Vec<PathBuf> = writes
+                .iter()
+                .filter(|(_, staged, written)| *staged && written.is_ok())
+                .map(|(r, _, _)| r.dir.clone())
+                .collect();
+            let path = self.settings.data_dir.clone();
+            let committed = glommio::executor()
+                .spawn_blocking(move || commit_staged(&handle, &path, &staged))
+                .await;
+            if let Err(error) = committed {
+                // Which of them reached the disk is unknown: none counts as written.
+                for (_, staged, written) in &mut writes {
+                    if *staged && written.is_ok() {
+                        *written = Err(copy_error(&error));
+                    }
+                }
+            }
+        }
+        let mut outcomes = Vec::with_capacity(writes.len());
+        for (r, _, written) in writes {
+            let written = match written {
+                Err(error) if super::storage::is_no_space(&error.to_string()) => {
+                    // The reserve goes back to the file system, and the write is tried
+                    // once more on its own: retention waits for this checkpoint to free
+                    // the disk.
+                    let (dir, stored) = (&r.dir, &r.stored);
+                    self.with_room("partition checkpoint", || {
+                        files::write_checkpoint(dir, stored).map_err(|e| e.to_string())
+                    })
+                }
+                written => written.map_err(|e| e.to_string()),
+            };
+            let written = written.map_err(|error| {
+                super::storage::no_space_or_runtime(
+                    r.group,
+                    format!("partition checkpoint: {error}"),
+                )
+            });
+            outcomes.push((r.group, r.stored.op, written));
+        }
+        outcomes
+    }
+
+    /// The checkpoint at `op` of `group` is durable: its prepare records below it may go.
+    async fn checkpointed(&mut self, group: u64, op: u64) -> Result<(), DaemonError> {
+        let Some(partition) = self.partitions.by_group.get_mut(&group) else {
+            return Ok(());
+        };
+        partition.checkpoint_op = op;
+        if partition.prepares.len() > PREPARE_RECORDS_KEPT {
+            if let Err(error) = partition.prepares.compact(op).await {
+                let error = super::storage::no_space_or_runtime(
+                    group,
+                    format!("partition checkpoint: {error}"),
+                );
+                return self.skip_checkpoint(group, error);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Makes the staged checkpoints in `dirs` durable and renames each over its
+/// partition's checkpoint, durably: a sync of the file system, the renames, a second
+/// sync (`handle` was opened before the checkpoints were written).
+fn commit_staged(
+    handle: &std::fs::File,
+    data_dir: &std::path::Path,
+    dirs: &[PathBuf],
+) -> Result<(), FileError> {
+    let synced = |handle| {
+        files::sync_file_system(handle).map_err(|error| FileError::Io {
+            path: data_dir.display().to_string(),
+            error,
+        })
+    };
+    synced(handle)?;
+    for dir in dirs {
+        files::commit_staged_checkpoint(dir)?;
+    }
+    synced(handle)
+}
+
+fn copy_error(error: &FileError) -> FileError {
+    match error {
+        FileError::Io { path, error } => FileError::Io {
+            path: path.clone(),
+            error: std::io::Error::new(error.kind(), error.to_string()),
+        },
+        FileError::Corrupt { path, reason } => FileError::Corrupt {
+            path: path.clone(),
+            reason,
+        },
+    }
+}

@@ -464,6 +464,9 @@ fn stats_health_metrics_and_status_on_three_nodes_through_peer_and_quorum_loss()
         assert!(u(&storage["segments"]) >= u(&storage["partitions"]), "{s}");
         assert!(u(&storage["index_bytes"]) > 0, "{s}");
         assert!(u(&storage["prepare_index_bytes"]) > 0, "{s}");
+        // Its committed prepares kept for repair, within the node-wide bound.
+        let repair = u(&storage["repair_window_bytes"]);
+        assert!(repair > 0 && repair <= 256 << 20, "{s}");
     }
     let primary = u(&group(&after[0], "metadata")["primary"]) as usize;
     let requests: u64 = after

@@ -27,6 +27,7 @@ use zerocopy::FromBytes;
 use super::files;
 use super::forward;
 use super::partitions::{self, Partitions};
+use super::repair_windows::RepairWindows;
 use super::DaemonError;
 use crate::protocol::codec::Reader;
 use crate::protocol::Status;
@@ -206,15 +207,6 @@ impl Latencies {
     }
 }
 
-/// Committed partition prepares kept in memory to serve repair to a lagging replica: at
-/// most this many ops, and at most PARTITION_REPAIR_WINDOW_BYTES of them (but always a
-/// pipeline's worth); a replica further behind catches up by state transfer.
-pub const PARTITION_REPAIR_WINDOW_OPS: u64 = 256;
-const _: () = assert!(PARTITION_REPAIR_WINDOW_OPS > vsr::PIPELINE_MAX);
-/// The byte bound of each partition's repair window (memory stays bounded under load:
-/// 256 prepares of 1 MiB batches would hold 256 MiB per partition).
-pub const PARTITION_REPAIR_WINDOW_BYTES: u64 = 32 << 20;
-
 /// Prepare records kept before a checkpoint compacts the prepare log.
 pub(super) const PREPARE_RECORDS_KEPT: usize = 4096;
 
@@ -291,7 +283,7 @@ pub struct Node {
     /// The highest metadata op applied to `state`.
     pub(super) metadata_applied: u64,
     /// Committed prepares each partition group keeps in memory for repair.
-    pub(super) repair_windows: HashMap<u64, RepairWindow>,
+    pub(super) repair_windows: RepairWindows,
     /// Partition groups the current checkpoint sweep has yet to visit.
     pub(super) checkpoint_due: std::collections::BTreeSet<u64>,
     /// Groups whose prepare log the next ticks close (idle since a sweep found them).
@@ -313,36 +305,6 @@ pub struct Node {
     /// A partition group could not start for want of file descriptors (logged once
     /// until one starts again).
     pub(super) open_files_exhausted: bool,
-}
-
-/// The committed ops (and their sizes) a partition group keeps for repair, oldest first.
-#[derive(Default)]
-pub(super) struct RepairWindow {
-    ops: std::collections::VecDeque<(u64, u64)>,
-    bytes: u64,
-}
-
-impl RepairWindow {
-    fn push(&mut self, op: u64, bytes: u64) {
-        self.ops.push_back((op, bytes));
-        self.bytes += bytes;
-    }
-
-    /// Drops the oldest ops beyond `ops_max` or `bytes_max`, keeping at least `ops_min`.
-    fn trim(&mut self, ops_max: u64, bytes_max: u64, ops_min: u64) {
-        while self.ops.len() as u64 > ops_min.max(1)
-            && (self.ops.len() as u64 > ops_max || self.bytes > bytes_max)
-        {
-            if let Some((_, bytes)) = self.ops.pop_front() {
-                self.bytes -= bytes;
-            }
-        }
-    }
-
-    /// The highest op that may leave memory (0: none).
-    fn floor(&self) -> u64 {
-        self.ops.front().map_or(0, |(op, _)| op - 1)
-    }
 }
 
 impl Node {
@@ -485,7 +447,7 @@ impl Node {
             xfer_freezes: 0,
             transferring: BTreeMap::new(),
             metadata_applied,
-            repair_windows: HashMap::new(),
+            repair_windows: RepairWindows::default(),
             checkpoint_due: std::collections::BTreeSet::new(),
             prepares_closing: Vec::new(),
             storage,
@@ -1194,18 +1156,13 @@ impl Node {
         // Committed prepares are in the segment log now: keep only a repair window of
         // them in memory (older ones are answered RangeEvicted).
         let ops_min = self.settings.vsr.pipeline_max + 1;
-        let window = self.repair_windows.entry(group).or_default();
-        window.push(op, prepare.as_bytes().len() as u64);
-        window.trim(
-            PARTITION_REPAIR_WINDOW_OPS,
-            PARTITION_REPAIR_WINDOW_BYTES,
-            ops_min,
-        );
-        let floor = window.floor();
-        if let Some(replica) = self.groups.get_mut(group) {
-            let floor = floor.min(replica.commit());
-            if floor > replica.log().op_min() {
-                replica.on_checkpoint(floor);
+        let bytes = prepare.as_bytes().len() as u64;
+        for (group, floor) in self.repair_windows.push(group, op, bytes, ops_min) {
+            if let Some(replica) = self.groups.get_mut(group) {
+                let floor = floor.min(replica.commit());
+                if floor > replica.log().op_min() {
+                    replica.on_checkpoint(floor);
+                }
             }
         }
         Ok(())
@@ -1382,7 +1339,7 @@ impl Node {
         );
         self.groups.insert(replica);
         self.partitions.by_group.insert(group, opened.partition);
-        self.repair_windows.remove(&group);
+        self.repair_windows.remove(group);
         // Segments below the retained offset may be left from before (a restart, a
         // state transfer): they go once the checkpoint allows.
         self.retention.to_delete.insert(group);
@@ -1782,29 +1739,5 @@ mod tests {
         assert!(!super::super::system::out_of_open_files(
             "write z: No space left on device (os error 28)"
         ));
-    }
-
-    use super::RepairWindow;
-
-    #[test]
-    fn the_repair_window_is_bounded_by_ops_and_bytes_but_keeps_a_pipeline() {
-        let mut window = RepairWindow::default();
-        for op in 1..=10 {
-            window.push(op, 100);
-            window.trim(6, 1_000, 2);
-        }
-        // Six ops fit both bounds: ops 5..=10 stay, 4 and below may go.
-        assert_eq!(window.floor(), 4);
-        // 1 MiB prepares against a 2.5 MiB bound: only two stay.
-        for op in 11..=13 {
-            window.push(op, 1 << 20);
-            window.trim(6, 5 << 19, 2);
-        }
-        assert_eq!((window.floor(), window.bytes), (11, 2 << 20));
-        // Never below the pipeline's worth, however large the prepares.
-        window.push(14, 64 << 20);
-        window.trim(6, 1, 2);
-        assert_eq!(window.floor(), 12);
-        assert_eq!(window.ops.len(), 2);
     }
 }

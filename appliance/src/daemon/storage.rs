@@ -294,7 +294,7 @@ impl Node {
         while let Some(group) = self.stopping.pop_first() {
             self.settle_lane(group).await?;
             self.groups.remove(group);
-            self.repair_windows.remove(&group);
+            self.repair_windows.remove(group);
             self.checkpoint_due.remove(&group);
             let Some(old) = self.partitions.by_group.remove(&group) else {
                 continue;

@@ -307,6 +307,9 @@ pub struct StorageStats {
     /// Memory of the prepare records' in-memory index (bounded by the records kept
     /// between checkpoint compactions).
     pub prepare_index_bytes: u64,
+    /// Memory of the committed prepares kept to serve repair to lagging replicas
+    /// (bounded per partition and node-wide).
+    pub repair_window_bytes: u64,
     /// Free and total bytes of the data directory's file system, and the bytes of the
     /// node's data (segments and the metadata journal).
     pub free_bytes: u64,
@@ -497,6 +500,7 @@ pub(crate) mod tests {
                 segments: 7,
                 index_bytes: 4096,
                 prepare_index_bytes: 8192,
+                repair_window_bytes: 1 << 20,
                 free_bytes: 3 << 30,
                 total_bytes: 8 << 30,
                 used_bytes: 1 << 30,

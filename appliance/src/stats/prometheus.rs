@@ -127,6 +127,12 @@ pub fn render(s: &Snapshot) -> String {
         "Memory of the partition groups' prepare-record indexes.",
         s.storage.prepare_index_bytes,
     );
+    out.one(
+        "appliance_storage_repair_window_bytes",
+        "gauge",
+        "Memory of the committed prepares kept to serve repair.",
+        s.storage.repair_window_bytes,
+    );
     for (name, kind, help, value) in [
         (
             "appliance_storage_free_bytes",

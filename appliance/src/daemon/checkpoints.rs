@@ -90,7 +90,7 @@ impl Node {
     /// The checkpoints of `round` that are due, each with its lane drained and its
     /// journal synced (all the partitions' syncs in flight at once).
     async fn ready_checkpoints(&mut self, round: &[u64]) -> Result<Vec<Ready>, DaemonError> {
-        let mut ready = Vec::with_capacity(round.len());
+        let mut syncing = Vec::with_capacity(round.len());
         for &group in round {
             let (Some(partition), Some(replica)) =
                 (self.partitions.by_group.get(&group), self.groups.get(group))
@@ -109,7 +109,7 @@ impl Node {
             let Some(partition) = self.partitions.by_group.get(&group) else {
                 continue;
             };
-            ready.push(Ready {
+            let ready = Ready {
                 group,
                 dir: partition.dir.clone(),
                 stored: StoredCheckpoint {
@@ -117,24 +117,16 @@ impl Node {
                     position: checkpoint.position,
                     clients: checkpoint.clients.encode(),
                 },
-            });
+            };
+            // A task, so every sync is in flight before the first is awaited.
+            syncing.push((ready, glommio::spawn_local(partition.journal_syncer())));
         }
-        // Tasks, so every sync is in flight before the first is awaited.
-        let syncs: Vec<_> = ready
-            .iter()
-            .filter_map(|r| self.partitions.by_group.get(&r.group))
-            .map(|partition| glommio::spawn_local(partition.journal_syncer()))
-            .collect();
-        let mut synced = Vec::with_capacity(syncs.len());
-        for sync in syncs {
-            synced.push(sync.await);
-        }
-        let mut kept = Vec::with_capacity(ready.len());
-        for (r, synced) in ready.into_iter().zip(synced) {
+        let mut kept = Vec::with_capacity(syncing.len());
+        for (r, sync) in syncing {
             let fail = |e: String| {
                 super::storage::no_space_or_runtime(r.group, format!("partition checkpoint: {e}"))
             };
-            if let Err(error) = synced {
+            if let Err(error) = sync.await {
                 self.skip_checkpoint(r.group, fail(error))?;
                 continue;
             }
@@ -161,11 +153,10 @@ impl Node {
         &mut self,
         ready: Vec<Ready>,
     ) -> Vec<(u64, u64, Result<(), DaemonError>)> {
-        let handle = (ready.len() >= CHECKPOINTS_SYNCED_TOGETHER)
-            .then(|| files::open_file_system(&self.settings.data_dir).ok())
-            .flatten()
-            .map(std::sync::Arc::new);
-        let device = handle.as_deref().and_then(files::device_of);
+        let shared = (ready.len() >= CHECKPOINTS_SYNCED_TOGETHER)
+            .then(|| files::SharedSync::open(&self.settings.data_dir).ok())
+            .flatten();
+        let device = shared.as_ref().map(files::SharedSync::device);
         // Tasks, so every write is on the pool before the first is awaited. A staged
         // checkpoint (covered by the shared syncs) says so with `true`.
         let tasks: Vec<_> = ready
@@ -186,21 +177,20 @@ impl Node {
         for task in tasks {
             writes.push(task.await);
         }
-        if let Some(handle) = handle {
+        if let Some(shared) = shared {
             let staged: Vec<PathBuf> = writes
                 .iter()
                 .filter(|(_, staged, written)| *staged && written.is_ok())
                 .map(|(r, _, _)| r.dir.clone())
                 .collect();
-            let path = self.settings.data_dir.clone();
             let committed = glommio::executor()
-                .spawn_blocking(move || commit_staged(&handle, &path, &staged))
+                .spawn_blocking(move || commit_staged(&shared, &staged))
                 .await;
             if let Err(error) = committed {
                 // Which of them reached the disk is unknown: none counts as written.
                 for (_, staged, written) in &mut writes {
                     if *staged && written.is_ok() {
-                        *written = Err(copy_error(&error));
+                        *written = Err(error.duplicate());
                     }
                 }
             }
@@ -251,34 +241,11 @@ impl Node {
 
 /// Makes the staged checkpoints in `dirs` durable and renames each over its
 /// partition's checkpoint, durably: a sync of the file system, the renames, a second
-/// sync (`handle` was opened before the checkpoints were written).
-fn commit_staged(
-    handle: &std::fs::File,
-    data_dir: &std::path::Path,
-    dirs: &[PathBuf],
-) -> Result<(), FileError> {
-    let synced = |handle| {
-        files::sync_file_system(handle).map_err(|error| FileError::Io {
-            path: data_dir.display().to_string(),
-            error,
-        })
-    };
-    synced(handle)?;
+/// sync (`shared` was opened before the checkpoints were written).
+fn commit_staged(shared: &files::SharedSync, dirs: &[PathBuf]) -> Result<(), FileError> {
+    shared.sync()?;
     for dir in dirs {
         files::commit_staged_checkpoint(dir)?;
     }
-    synced(handle)
-}
-
-fn copy_error(error: &FileError) -> FileError {
-    match error {
-        FileError::Io { path, error } => FileError::Io {
-            path: path.clone(),
-            error: std::io::Error::new(error.kind(), error.to_string()),
-        },
-        FileError::Corrupt { path, reason } => FileError::Corrupt {
-            path: path.clone(),
-            reason,
-        },
-    }
+    shared.sync()
 }

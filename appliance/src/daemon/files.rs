@@ -40,6 +40,22 @@ pub enum FileError {
     Corrupt { path: String, reason: &'static str },
 }
 
+impl FileError {
+    /// The same error again (one failed sync fails every write it was to cover).
+    pub fn duplicate(&self) -> FileError {
+        match self {
+            FileError::Io { path, error } => FileError::Io {
+                path: path.clone(),
+                error: std::io::Error::new(error.kind(), error.to_string()),
+            },
+            FileError::Corrupt { path, reason } => FileError::Corrupt {
+                path: path.clone(),
+                reason,
+            },
+        }
+    }
+}
+
 impl core::fmt::Display for FileError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
@@ -154,7 +170,7 @@ pub fn write_checkpoint(dir: &Path, checkpoint: &StoredCheckpoint) -> Result<(),
 }
 
 /// Writes a partition group's checkpoint beside its file, unsynced, for a round of
-/// checkpoints that shares its syncs: once a `sync_file_system` made every staged
+/// checkpoints that shares its syncs: once a `SharedSync` made every staged
 /// checkpoint durable, `commit_staged_checkpoint` renames each over its file, and a
 /// second sync makes the renames durable. A crash anywhere in between leaves the
 /// previous checkpoint (a leftover staged file is overwritten by the next one).
@@ -236,7 +252,7 @@ pub fn write_vsr_superblock(dir: &Path, superblock: &VsrSuperblock) -> Result<()
 }
 
 /// As `write_vsr_superblock`, but an in-place write is left to the caller's sync of the
-/// whole file system (`sync_file_system`): many groups' superblocks, one device flush.
+/// whole file system (`SharedSync`): many groups' superblocks, one device flush.
 /// A file written whole (the first write, or one replacing an unreadable file) is
 /// still synced here.
 pub fn write_vsr_superblock_unsynced(
@@ -246,37 +262,52 @@ pub fn write_vsr_superblock_unsynced(
     write_vsr_superblock_with(dir, superblock, false)
 }
 
-/// A handle on `dir`'s file system for `sync_file_system`, opened before the writes it
-/// is to cover: the kernel reports a write-back error to a sync through a handle opened
-/// before the error, so one that struck a write before the sync is not missed.
-pub fn open_file_system(dir: &Path) -> Result<File, FileError> {
-    File::open(dir).map_err(io(dir))
+/// One sync of a file system shared by a round of writes (syncfs: one journal commit
+/// and one device flush for all of them).
+pub struct SharedSync {
+    handle: File,
+    device: u64,
+    path: String,
 }
 
-/// The device of `handle`'s file system: a directory on it is covered by its
-/// `sync_file_system` (`on_device`).
-pub fn device_of(handle: &File) -> Option<u64> {
-    handle
-        .metadata()
-        .ok()
-        .map(|m| std::os::unix::fs::MetadataExt::dev(&m))
+impl SharedSync {
+    /// A sync of `dir`'s file system, opened before the writes it is to cover: the
+    /// kernel reports a write-back error to a sync through a handle opened before the
+    /// error, so one that struck a write before the sync is not missed.
+    pub fn open(dir: &Path) -> Result<SharedSync, FileError> {
+        let handle = File::open(dir).map_err(io(dir))?;
+        let device = handle.metadata().map_err(io(dir))?;
+        Ok(SharedSync {
+            handle,
+            device: std::os::unix::fs::MetadataExt::dev(&device),
+            path: dir.display().to_string(),
+        })
+    }
+
+    /// The file system's device: a directory on it is covered by the sync
+    /// (`on_device`).
+    pub fn device(&self) -> u64 {
+        self.device
+    }
+
+    /// Forces every write so far on the file system to stable storage; fails when a
+    /// write-back failed since the sync was opened.
+    pub fn sync(&self) -> Result<(), FileError> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid open descriptor; syncfs takes no pointers.
+        if unsafe { libc::syncfs(self.handle.as_raw_fd()) } != 0 {
+            return Err(FileError::Io {
+                path: self.path.clone(),
+                error: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Whether `dir` is on `device` (a directory on another file system syncs its own).
 pub fn on_device(dir: &Path, device: u64) -> bool {
     std::fs::metadata(dir).is_ok_and(|m| std::os::unix::fs::MetadataExt::dev(&m) == device)
-}
-
-/// Forces every file system write so far on `handle`'s file system to stable storage
-/// (syncfs: one journal commit and one device flush for all of them); fails when a
-/// write-back failed since `handle` was opened.
-pub fn sync_file_system(handle: &File) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a valid open descriptor; syncfs takes no pointers.
-    if unsafe { libc::syncfs(handle.as_raw_fd()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 fn write_vsr_superblock_with(
@@ -682,7 +713,7 @@ mod tests {
     #[test]
     fn vsr_superblocks_written_unsynced_are_read_after_one_file_system_sync() {
         let root = tempfile::tempdir().expect("tempdir");
-        let handle = open_file_system(root.path()).expect("handle");
+        let shared = SharedSync::open(root.path()).expect("handle");
         let dirs: Vec<_> = (0..3).map(|g| root.path().join(format!("g{g}"))).collect();
         for (g, dir) in dirs.iter().enumerate() {
             create_vsr_superblock(dir, true).expect("create");
@@ -691,7 +722,7 @@ mod tests {
             write_vsr_superblock_unsynced(dir, &superblock_of_view(2 + g as u32, 2))
                 .expect("write");
         }
-        sync_file_system(&handle).expect("syncfs");
+        shared.sync().expect("syncfs");
         for (g, dir) in dirs.iter().enumerate() {
             assert_eq!(
                 read_vsr_superblock(dir).expect("read"),
@@ -699,7 +730,7 @@ mod tests {
             );
         }
         let missing = root.path().join("missing");
-        assert!(open_file_system(&missing).is_err());
+        assert!(SharedSync::open(&missing).is_err());
     }
 
     #[test]
@@ -714,7 +745,7 @@ mod tests {
             },
             clients: vec![op as u8; 40],
         };
-        let handle = open_file_system(root.path()).expect("handle");
+        let shared = SharedSync::open(root.path()).expect("handle");
         let dirs: Vec<_> = (0..3).map(|g| root.path().join(format!("g{g}"))).collect();
         for dir in &dirs {
             std::fs::create_dir(dir).expect("dir");
@@ -723,11 +754,11 @@ mod tests {
             // Staged only: a crash here finds the old checkpoint.
             assert_eq!(read_checkpoint(dir).expect("read"), Some(checkpoint(1)));
         }
-        sync_file_system(&handle).expect("syncfs");
+        shared.sync().expect("syncfs");
         for dir in &dirs[..2] {
             commit_staged_checkpoint(dir).expect("commit");
         }
-        sync_file_system(&handle).expect("syncfs");
+        shared.sync().expect("syncfs");
         for dir in &dirs[..2] {
             assert_eq!(read_checkpoint(dir).expect("read"), Some(checkpoint(2)));
         }

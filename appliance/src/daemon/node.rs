@@ -851,11 +851,11 @@ impl Node {
         // Many at once (a node's share of a failover): written in place unsynced, then
         // one sync of the file system covers them all, one device flush instead of one
         // per group.
-        let handle = (superblocks.len() >= SUPERBLOCKS_SYNCED_TOGETHER)
-            .then(|| files::open_file_system(&self.settings.data_dir).ok())
+        let shared = (superblocks.len() >= SUPERBLOCKS_SYNCED_TOGETHER)
+            .then(|| files::SharedSync::open(&self.settings.data_dir).ok())
             .flatten();
         // The file system the sync covers; a group directory elsewhere syncs its own.
-        let device = handle.as_ref().and_then(files::device_of);
+        let device = shared.as_ref().map(files::SharedSync::device);
         // Tasks, so every write is on the pool before the first is awaited.
         let tasks: Vec<_> = superblocks
             .into_iter()
@@ -875,19 +875,15 @@ impl Node {
         for task in tasks {
             writes.push(task.await);
         }
-        if let Some(handle) = handle {
+        if let Some(shared) = shared {
             let synced = glommio::executor()
-                .spawn_blocking(move || files::sync_file_system(&handle))
+                .spawn_blocking(move || shared.sync())
                 .await;
             if let Err(error) = synced {
                 // Which of them reached the disk is unknown: none counts as written.
-                let path = self.settings.data_dir.display().to_string();
                 for (_, _, _, written) in &mut writes {
                     if written.is_ok() {
-                        *written = Err(files::FileError::Io {
-                            path: path.clone(),
-                            error: std::io::Error::new(error.kind(), error.to_string()),
-                        });
+                        *written = Err(error.duplicate());
                     }
                 }
             }
@@ -1574,10 +1570,6 @@ impl Node {
         Ok(())
     }
 
-    /// Checkpoints every partition group whose commit moved: the segment log, prepare
-    /// records and offsets synced, then the commit op, stamp position and client table
-    /// written durably; prepare records below it are then dropped. Called only when
-    /// every Commit action has been executed, so the state matches the commit point.
     /// Closes the prepare log file of `group` if it is still idle (its lane has
     /// nothing in flight, no record written for `idle`). Returns whether it closed.
     pub(super) async fn close_idle_prepares(

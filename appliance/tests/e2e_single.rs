@@ -43,18 +43,24 @@ fn send(client: &mut Client, stream: u32, topic: u32, partition: u32, first: u64
         .expect("send messages")
 }
 
+/// A poll of up to `count` messages at `offset` for consumer 1, without auto commit.
+fn poll_body(stream: u32, topic: u32, partition: u32, offset: u64, count: u32) -> Vec<u8> {
+    let mut body = partition_key(stream, topic, partition);
+    body.push(0); // consumer kind single
+    body.extend_from_slice(&1u32.to_le_bytes());
+    body.push(0); // strategy offset
+    body.extend_from_slice(&offset.to_le_bytes());
+    body.extend_from_slice(&count.to_le_bytes());
+    body.push(0); // no auto commit
+    body
+}
+
 /// Polls a partition from offset 0 and returns every message payload in order.
 fn consume(client: &mut Client, stream: u32, topic: u32, partition: u32) -> Vec<(u64, Vec<u8>)> {
     let mut out = Vec::new();
     let mut next = 0u64;
     loop {
-        let mut body = partition_key(stream, topic, partition);
-        body.push(0); // consumer kind single
-        body.extend_from_slice(&1u32.to_le_bytes());
-        body.push(0); // strategy offset
-        body.extend_from_slice(&next.to_le_bytes());
-        body.extend_from_slice(&1000u32.to_le_bytes());
-        body.push(0); // no auto commit
+        let body = poll_body(stream, topic, partition, next, 1000);
         let reply = client.read(5, &body).expect("poll");
         assert_eq!(reply.status(), 0, "poll status");
         if reply.body.is_empty() {
@@ -76,6 +82,29 @@ fn consume(client: &mut Client, stream: u32, topic: u32, partition: u32) -> Vec<
     }
 }
 
+/// Creates stream `stream_name` and in it topic `topic_name` with `partitions`
+/// partitions and the server's retention defaults; returns their ids.
+fn create_topic(
+    client: &mut Client,
+    stream_name: &str,
+    topic_name: &str,
+    partitions: u32,
+) -> (u32, u32) {
+    let reply = client
+        .write(Operation::CreateStream, &short(stream_name))
+        .expect("create stream");
+    assert_eq!(reply.status(), 0, "create stream: {:?}", reply.body);
+    let stream = u32_at(&reply.body, 0);
+    let mut body = stream.to_le_bytes().to_vec();
+    body.extend_from_slice(&short(topic_name));
+    body.extend_from_slice(&partitions.to_le_bytes());
+    // Retention: message_expiry and max_topic_size 0, the server's defaults.
+    body.extend_from_slice(&[0u8; 16]);
+    let reply = client.write(Operation::CreateTopic, &body).expect("topic");
+    assert_eq!(reply.status(), 0, "create topic: {:?}", reply.body);
+    (stream, u32_at(&reply.body, 0))
+}
+
 fn logged_in(files: &ClusterFiles, id: u128) -> Client {
     let mut client = Client::connect(files.client_addr(0), id).expect("connect");
     let login = client.login("root", ROOT_PASSWORD).expect("login");
@@ -93,19 +122,7 @@ fn single_node_produces_consumes_and_keeps_data_across_a_restart() {
     wait_healthy(&files, &mut daemon, Duration::from_secs(30));
 
     let mut client = logged_in(&files, 0xc1);
-    let reply = client
-        .write(Operation::CreateStream, &short("orders"))
-        .expect("create stream");
-    assert_eq!(reply.status(), 0, "create stream: {:?}", reply.body);
-    let stream = u32_at(&reply.body, 0);
-    let mut body = stream.to_le_bytes().to_vec();
-    body.extend_from_slice(&short("events"));
-    body.extend_from_slice(&PARTITIONS.to_le_bytes());
-    // Retention: message_expiry and max_topic_size 0, the server's defaults.
-    body.extend_from_slice(&[0u8; 16]);
-    let reply = client.write(Operation::CreateTopic, &body).expect("topic");
-    assert_eq!(reply.status(), 0, "create topic: {:?}", reply.body);
-    let topic = u32_at(&reply.body, 0);
+    let (stream, topic) = create_topic(&mut client, "orders", "events", PARTITIONS);
 
     for partition in 0..PARTITIONS {
         for b in 0..BATCHES {
@@ -459,18 +476,7 @@ fn a_round_of_many_partition_checkpoints_is_durable_across_a_kill() {
     let mut daemon = Daemon::start(&files, 0);
     wait_healthy(&files, &mut daemon, Duration::from_secs(30));
     let mut client = logged_in(&files, 0xd1);
-    let reply = client
-        .write(Operation::CreateStream, &short("many"))
-        .expect("create stream");
-    assert_eq!(reply.status(), 0);
-    let stream = u32_at(&reply.body, 0);
-    let mut body = stream.to_le_bytes().to_vec();
-    body.extend_from_slice(&short("checkpointed"));
-    body.extend_from_slice(&MANY.to_le_bytes());
-    body.extend_from_slice(&[0u8; 16]);
-    let reply = client.write(Operation::CreateTopic, &body).expect("topic");
-    assert_eq!(reply.status(), 0);
-    let topic = u32_at(&reply.body, 0);
+    let (stream, topic) = create_topic(&mut client, "many", "checkpointed", MANY);
     // Until every partition's checkpoint holds at least `op` (each batch is one op).
     let checkpointed = |op: u64| {
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -509,11 +515,7 @@ fn a_round_of_many_partition_checkpoints_is_durable_across_a_kill() {
         // The partition groups start after the node is healthy: Unavailable until then.
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         loop {
-            let mut body = partition_key(stream, topic, partition);
-            body.extend_from_slice(&[0, 1, 0, 0, 0, 0]);
-            body.extend_from_slice(&0u64.to_le_bytes());
-            body.extend_from_slice(&1u32.to_le_bytes());
-            body.push(0);
+            let body = poll_body(stream, topic, partition, 0, 1);
             let status = client.read(5, &body).expect("poll").status();
             if status != 12 {
                 assert_eq!(status, 0, "poll partition {partition}");

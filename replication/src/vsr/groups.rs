@@ -633,6 +633,38 @@ mod tests {
                 .heartbeat_timeout_ticks
         }
 
+        /// Node 0 is cut off until the metadata group elects node 1, then comes back
+        /// leading nothing (so it sends no Commit).
+        fn node_0_back_leading_nothing(&mut self) {
+            let timeout = self.heartbeat_timeout();
+            self.up[0] = false;
+            for _ in 0..4 * timeout {
+                self.tick();
+            }
+            self.up[0] = true;
+            for _ in 0..4 * timeout {
+                self.tick();
+            }
+            for r in 0..3 {
+                let normal = (1, crate::vsr::Status::Normal);
+                assert_eq!(self.view_status(r, METADATA_GROUP), normal, "node {r}");
+            }
+        }
+
+        /// Starts node `r`'s replica of a new group (view 0: node 0 is its primary).
+        fn start_new_group(&mut self, r: usize) -> u64 {
+            let group = PartitionKey {
+                stream: 1,
+                topic: 2,
+                partition: 0,
+            }
+            .pack()
+            .expect("valid");
+            let config = Config::new(cluster_id("hibernate"), group, r as u8, 3);
+            self.nodes[r].insert(Replica::new(config));
+            group
+        }
+
         /// The view and status of node `r`'s replica of `group`.
         fn view_status(&self, r: usize, group: u64) -> (u32, crate::vsr::Status) {
             let replica = self.nodes[r].get(group).expect("hosted");
@@ -749,37 +781,15 @@ mod tests {
     fn a_new_group_keeps_its_primary_when_that_node_leads_nothing_yet() {
         let mut nodes = Nodes::new(0);
         let timeout = nodes.heartbeat_timeout();
-        // Node 0 is cut off until the metadata group elects node 1, then comes back
-        // leading nothing.
-        nodes.up[0] = false;
-        for _ in 0..4 * timeout {
-            nodes.tick();
-        }
-        nodes.up[0] = true;
-        for _ in 0..4 * timeout {
-            nodes.tick();
-        }
-        for r in 0..3 {
-            let normal = (1, crate::vsr::Status::Normal);
-            assert_eq!(nodes.view_status(r, METADATA_GROUP), normal, "node {r}");
-        }
+        nodes.node_0_back_leading_nothing();
         // A new group: its backups start first, its primary (node 0) half a heartbeat
         // timeout later.
-        let cluster = cluster_id("hibernate");
-        let group = PartitionKey {
-            stream: 1,
-            topic: 2,
-            partition: 0,
-        }
-        .pack()
-        .expect("valid");
-        for r in 1..3 {
-            nodes.nodes[r].insert(Replica::new(Config::new(cluster, group, r as u8, 3)));
-        }
+        let group = nodes.start_new_group(1);
+        nodes.start_new_group(2);
         for _ in 0..timeout / 2 {
             nodes.tick();
         }
-        nodes.nodes[0].insert(Replica::new(Config::new(cluster, group, 0, 3)));
+        nodes.start_new_group(0);
         for _ in 0..4 * timeout {
             nodes.tick();
         }
@@ -787,6 +797,51 @@ mod tests {
             let normal = (0, crate::vsr::Status::Normal);
             assert_eq!(nodes.view_status(r, group), normal, "node {r}");
         }
+    }
+
+    /// A new group's backups start while the node of its primary, which leads nothing
+    /// yet, was heard less than a heartbeat timeout ago (its link just came up): they take
+    /// the primary as vouched for and fall asleep. That node's silence must not time the
+    /// primary out before a heartbeat timeout from the backups' start, or a group created
+    /// just after a node connected changes views at once.
+    #[test]
+    fn a_new_group_vouched_by_a_node_heard_just_before_keeps_its_primary() {
+        let mut nodes = Nodes::new(0);
+        let timeout = nodes.heartbeat_timeout();
+        nodes.node_0_back_leading_nothing();
+        // Its peers last heard it when its link came up.
+        for r in 1..3 {
+            nodes.nodes[r].set_connected(0, true);
+        }
+        for _ in 0..timeout * 2 / 3 {
+            nodes.tick();
+        }
+        let group = nodes.start_new_group(1);
+        nodes.start_new_group(2);
+        let interval = nodes.nodes[1]
+            .get(group)
+            .expect("hosted")
+            .config()
+            .commit_broadcast_interval_ticks;
+        for _ in 0..interval + 2 {
+            nodes.tick();
+        }
+        for r in 1..3 {
+            assert!(nodes.nodes[r].asleep(group), "node {r} sleeps, vouched for");
+        }
+        // Node 0 was last heard more than a heartbeat timeout ago when it starts the group.
+        for _ in 0..timeout / 3 {
+            nodes.tick();
+        }
+        nodes.start_new_group(0);
+        for _ in 0..4 * timeout {
+            nodes.tick();
+        }
+        for r in 0..3 {
+            let normal = (0, crate::vsr::Status::Normal);
+            assert_eq!(nodes.view_status(r, group), normal, "node {r}");
+        }
+        assert_eq!(nodes.nodes[1].sleep_stats().silent_wakes, 0);
     }
 
     /// An idle group whose primaries go round the nodes comes back to node 0, which led

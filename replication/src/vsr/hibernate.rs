@@ -122,6 +122,10 @@ pub struct Sleep {
     /// the primary in which a Commit of the group from it was last seen.
     heartbeat_seen: u64,
     vouched: Option<(u32, u64)>,
+    /// A new group's backup vouched for at its start by its primary's node: that node's
+    /// silence times the primary out no sooner than this node tick, a heartbeat timeout
+    /// after the start, as the backup's own timer would have.
+    fresh_until: u64,
 }
 
 impl Sleep {
@@ -138,7 +142,9 @@ impl Sleep {
     /// heard (it leads no group, so it sends no Commit) vouches for nothing: the backup
     /// keeps its own heartbeat timer, which gives the primary a whole heartbeat timeout
     /// from the backup's start to be heard; vouching would time it out as soon as the
-    /// backup fell asleep.
+    /// backup fell asleep. For the same reason a node heard just before the start (its
+    /// link came up, it leads nothing yet) times out the primary of a group it vouched for
+    /// no sooner than a heartbeat timeout after the start.
     pub fn of_new(replica: &Replica, peers: &PeerLiveness, now: u64) -> Sleep {
         let mut sleep = Sleep::default();
         let fresh = replica.status == Status::Normal
@@ -150,6 +156,7 @@ impl Sleep {
         let primary = replica.config().primary_of(replica.view);
         if fresh && peers.alive(primary, now) {
             sleep.vouched = Some((replica.view, peers.epoch(primary)));
+            sleep.fresh_until = now + peers.timeout_ticks;
         }
         sleep
     }
@@ -262,7 +269,7 @@ impl Sleep {
             return None;
         }
         let primary = replica.config().primary_of(replica.view());
-        if primary != replica.replica() && !peers.alive(primary, now) {
+        if primary != replica.replica() && !peers.alive(primary, now) && now > self.fresh_until {
             self.asleep = false;
             self.quiet_ticks = 0;
             replica.primary_silent();

@@ -14,7 +14,7 @@
 //! flushes for the round instead of two per partition. A crash anywhere in a round
 //! leaves each partition its old checkpoint or its new one, both whole.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::files::{self, FileError, StoredCheckpoint};
@@ -32,6 +32,22 @@ struct Ready {
     group: u64,
     dir: PathBuf,
     stored: StoredCheckpoint,
+}
+
+/// A covered checkpoint is staged beside the old one, for the round's shared syncs
+/// and renames (`commit_staged`); any other is written durably on its own.
+impl files::RoundWrite for Ready {
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn write(&self, covered: bool) -> Result<(), FileError> {
+        if covered {
+            files::stage_checkpoint(&self.dir, &self.stored)
+        } else {
+            files::write_checkpoint(&self.dir, &self.stored)
+        }
+    }
 }
 
 impl Node {
@@ -156,27 +172,8 @@ impl Node {
         let shared = (ready.len() >= CHECKPOINTS_SYNCED_TOGETHER)
             .then(|| files::SharedSync::open(&self.settings.data_dir).ok())
             .flatten();
-        let device = shared.as_ref().map(files::SharedSync::device);
-        // Tasks, so every write is on the pool before the first is awaited. A staged
-        // checkpoint (covered by the shared syncs) says so with `true`.
-        let tasks: Vec<_> = ready
-            .into_iter()
-            .map(|r| {
-                glommio::spawn_local(glommio::executor().spawn_blocking(move || {
-                    let staged = device.is_some_and(|device| files::on_device(&r.dir, device));
-                    let written = if staged {
-                        files::stage_checkpoint(&r.dir, &r.stored)
-                    } else {
-                        files::write_checkpoint(&r.dir, &r.stored)
-                    };
-                    (r, staged, written)
-                }))
-            })
-            .collect();
-        let mut writes = Vec::with_capacity(tasks.len());
-        for task in tasks {
-            writes.push(task.await);
-        }
+        // A covered checkpoint is staged beside the old one (`Ready::write`).
+        let mut writes = files::write_round(ready, shared.as_ref()).await;
         if let Some(shared) = shared {
             let staged: Vec<PathBuf> = writes
                 .iter()

@@ -306,8 +306,58 @@ impl SharedSync {
 }
 
 /// Whether `dir` is on `device` (a directory on another file system syncs its own).
-pub fn on_device(dir: &Path, device: u64) -> bool {
+fn on_device(dir: &Path, device: u64) -> bool {
     std::fs::metadata(dir).is_ok_and(|m| std::os::unix::fs::MetadataExt::dev(&m) == device)
+}
+
+/// One file write of a round (`write_round`).
+pub trait RoundWrite: Send + 'static {
+    /// The directory the file is in.
+    fn dir(&self) -> &Path;
+    /// Writes the file: `covered`, to be made durable by the round's shared sync;
+    /// otherwise durable on its own.
+    fn write(&self, covered: bool) -> Result<(), FileError>;
+}
+
+/// A partition group's VSR superblock: written in place unsynced when covered.
+impl RoundWrite for (u64, std::path::PathBuf, VsrSuperblock) {
+    fn dir(&self) -> &Path {
+        &self.1
+    }
+
+    fn write(&self, covered: bool) -> Result<(), FileError> {
+        if covered {
+            write_vsr_superblock_unsynced(&self.1, &self.2)
+        } else {
+            write_vsr_superblock(&self.1, &self.2)
+        }
+    }
+}
+
+/// Does the writes of a round on the blocking pool, every one in flight before the
+/// first is awaited. A write whose directory is on `shared`'s file system is covered:
+/// the caller makes it durable with that sync. Returns each write in order, whether it
+/// is covered, and its outcome.
+pub async fn write_round<W: RoundWrite>(
+    writes: Vec<W>,
+    shared: Option<&SharedSync>,
+) -> Vec<(W, bool, Result<(), FileError>)> {
+    let device = shared.map(SharedSync::device);
+    let tasks: Vec<_> = writes
+        .into_iter()
+        .map(|w| {
+            glommio::spawn_local(glommio::executor().spawn_blocking(move || {
+                let covered = device.is_some_and(|device| on_device(w.dir(), device));
+                let written = w.write(covered);
+                (w, covered, written)
+            }))
+        })
+        .collect();
+    let mut done = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        done.push(task.await);
+    }
+    done
 }
 
 fn write_vsr_superblock_with(

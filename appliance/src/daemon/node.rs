@@ -854,34 +854,14 @@ impl Node {
         let shared = (superblocks.len() >= SUPERBLOCKS_SYNCED_TOGETHER)
             .then(|| files::SharedSync::open(&self.settings.data_dir).ok())
             .flatten();
-        // The file system the sync covers; a group directory elsewhere syncs its own.
-        let device = shared.as_ref().map(files::SharedSync::device);
-        // Tasks, so every write is on the pool before the first is awaited.
-        let tasks: Vec<_> = superblocks
-            .into_iter()
-            .map(|(group, dir, superblock)| {
-                glommio::spawn_local(glommio::executor().spawn_blocking(move || {
-                    let covered = device.is_some_and(|device| files::on_device(&dir, device));
-                    let written = if covered {
-                        files::write_vsr_superblock_unsynced(&dir, &superblock)
-                    } else {
-                        files::write_vsr_superblock(&dir, &superblock)
-                    };
-                    (group, dir, superblock, written)
-                }))
-            })
-            .collect();
-        let mut writes = Vec::with_capacity(tasks.len());
-        for task in tasks {
-            writes.push(task.await);
-        }
+        let mut writes = files::write_round(superblocks, shared.as_ref()).await;
         if let Some(shared) = shared {
             let synced = glommio::executor()
                 .spawn_blocking(move || shared.sync())
                 .await;
             if let Err(error) = synced {
                 // Which of them reached the disk is unknown: none counts as written.
-                for (_, _, _, written) in &mut writes {
+                for (_, _, written) in &mut writes {
                     if written.is_ok() {
                         *written = Err(error.duplicate());
                     }
@@ -889,7 +869,7 @@ impl Node {
             }
         }
         let mut outcomes = Vec::new();
-        for (group, dir, superblock, written) in writes {
+        for ((group, dir, superblock), _, written) in writes {
             let written = written.map_err(|e| e.to_string()).or_else(|error| {
                 if !super::storage::is_no_space(&error) {
                     return Err(error);

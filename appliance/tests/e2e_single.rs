@@ -467,6 +467,19 @@ fn partition_checkpoints(dir: &std::path::Path, found: &mut Vec<u64>, staged: &m
     }
 }
 
+/// Tries `attempt` every `pause` until it succeeds; fails with its last error after
+/// `within`.
+fn eventually(within: Duration, pause: Duration, mut attempt: impl FnMut() -> Result<(), String>) {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let Err(error) = attempt() else {
+            return;
+        };
+        assert!(std::time::Instant::now() < deadline, "{error}");
+        std::thread::sleep(pause);
+    }
+}
+
 #[test]
 fn a_round_of_many_partition_checkpoints_is_durable_across_a_kill() {
     // 40 partitions written at once need a checkpoint in the same second: one round,
@@ -479,20 +492,15 @@ fn a_round_of_many_partition_checkpoints_is_durable_across_a_kill() {
     let (stream, topic) = create_topic(&mut client, "many", "checkpointed", MANY);
     // Until every partition's checkpoint holds at least `op` (each batch is one op).
     let checkpointed = |op: u64| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        loop {
+        eventually(Duration::from_secs(20), Duration::from_millis(100), || {
             let (mut found, mut staged) = (Vec::new(), 0);
             partition_checkpoints(&files.data_dir(0), &mut found, &mut staged);
             if found.len() == MANY as usize && found.iter().all(|o| *o >= op) {
                 assert_eq!(staged, 0, "a staged checkpoint left after its round");
-                return;
+                return Ok(());
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "checkpoints at op {op}: {found:?}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            Err(format!("checkpoints at op {op}: {found:?}"))
+        });
     };
     for round in 0..2 {
         for partition in 0..MANY {
@@ -513,20 +521,15 @@ fn a_round_of_many_partition_checkpoints_is_durable_across_a_kill() {
     let mut client = logged_in(&files, 0xd2);
     for partition in 0..MANY {
         // The partition groups start after the node is healthy: Unavailable until then.
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
+        eventually(Duration::from_secs(30), Duration::from_millis(50), || {
             let body = poll_body(stream, topic, partition, 0, 1);
             let status = client.read(5, &body).expect("poll").status();
-            if status != 12 {
-                assert_eq!(status, 0, "poll partition {partition}");
-                break;
+            if status == 12 {
+                return Err(format!("partition {partition} unavailable"));
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "partition {partition} unavailable"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            assert_eq!(status, 0, "poll partition {partition}");
+            Ok(())
+        });
         let messages = consume(&mut client, stream, topic, partition);
         let want: Vec<(u64, Vec<u8>)> = (0..3 * PER_BATCH)
             .map(|i| (i, payload(partition, i)))

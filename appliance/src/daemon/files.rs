@@ -285,7 +285,7 @@ impl SharedSync {
     }
 
     /// The file system's device: a directory on it is covered by the sync
-    /// (`on_device`).
+    /// (`write_round`).
     pub fn device(&self) -> u64 {
         self.device
     }

@@ -3,6 +3,7 @@
 //! merge of a DVC quorum (highest log_view canonical, truncation by nack quorum, repair
 //! of suffix bodies from peers that hold them) and StartView.
 
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 
 use crate::wire::{
@@ -295,6 +296,31 @@ impl Replica {
                 }
                 canonical.insert(header.op, *header);
             }
+        }
+        // Below a canonical header, the op its parent names is canonical too, whichever
+        // DVC holds its header: a replica of the newest log view may know an op only by
+        // identity (restarted from a checkpoint below it, say) while an older-view DVC
+        // holds that very prepare. Counting the older DVC as a nack there would truncate
+        // an op that may have committed.
+        let mut below = canonical.keys().next_back().copied();
+        while let Some(op) = below.filter(|op| *op > 1) {
+            let parent = canonical[&op].parent;
+            let named = match canonical.entry(op - 1) {
+                Entry::Occupied(_) => true,
+                Entry::Vacant(vacant) => self
+                    .dvcs
+                    .values()
+                    .flat_map(|d| d.headers.iter())
+                    .find(|h| h.op == op - 1 && h.frame.checksum == parent)
+                    .map(|header| vacant.insert(*header))
+                    .is_some(),
+            };
+            // Past a gap, go on from the next canonical header below it.
+            below = if named {
+                Some(op - 1)
+            } else {
+                canonical.range(..op - 1).next_back().map(|(o, _)| *o)
+            };
         }
         // A prepare's commit field was its primary's commit point: committed for good.
         // It also bounds the new pipeline, since a primary prepares op k only while

@@ -204,6 +204,19 @@ fn regression_seeds() {
     // Its later DVCs outranked the committed op 6; two replicas adopted the stale header
     // and waited for its body for good. A merge now forgets the headers it did not decide.
     check(104989, 5, 5_000, false);
+    // 16 (2,000 ticks; once replicas released the prepare of their commit point): the
+    // released op stayed marked after commit moved past it, so every later checkpoint
+    // tried to read it back, a lagging replica's state transfer found no source and it
+    // never caught up. Past the commit point a released op is evicted like those below.
+    check(16, 3, 2_000, false);
+    // 24740 (once replicas also dropped committed ops from memory): a replica installed
+    // a peer's checkpoint at op 81 with view 6's suffix headers of ops 83 and 84 in its
+    // superblock, so it knew op 82 only by identity. Merging view 8 with a replica of
+    // log view 3 that held ops 82-84, the unknown canonical header made the older DVC
+    // count as a nack: ops 82-84, committed in view 3, were truncated. The merge now
+    // takes an op's header from any DVC whose header the canonical op above names as
+    // its parent.
+    check(24740, 3, 5_000, false);
 }
 
 /// Sleeping idle replicas (`vsr/hibernate.rs`): seeds that found liveness bugs.

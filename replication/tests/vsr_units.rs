@@ -217,19 +217,13 @@ fn a_restarted_replica_serves_prepares_it_holds_below_an_unreadable_one() {
     };
     let mut r2 = Replica::restart(config, &superblock, &journal);
     let _ = r2.drain_actions();
-    let mut request = replication::wire::RequestPreparesHeader::new();
-    request.frame.cluster = cluster();
-    request.frame.replica = 0;
-    request.nonce = 7;
-    request.from_op = 1;
-    request.to_op = 6;
-    request.group = METADATA_GROUP;
+    let request = request_prepares(0, 1, 6);
     // Asked during a view change (a restarted replica answers once it takes part in one),
     // before any StartView taught it the identities below its unreadable entry.
     r2.on_message(start_view_change(0, 2).as_bytes());
     assert_eq!(r2.status(), Status::ViewChange);
     let _ = r2.drain_actions();
-    r2.on_message(Frame::build(&request, &[]).as_bytes());
+    r2.on_message(request.as_bytes());
     let served: Vec<u64> = r2
         .drain_actions()
         .into_iter()
@@ -1370,4 +1364,87 @@ fn a_merge_does_not_vouch_for_headers_it_never_decided() {
         dvc.frame.view
     );
     assert!(headers.iter().any(|h| h.op == 8));
+}
+
+/// A metadata-group RequestPrepares of `from..=to` from `replica`.
+fn request_prepares(replica: u8, from: u64, to: u64) -> Frame {
+    let mut request = replication::wire::RequestPreparesHeader::new();
+    request.frame.cluster = cluster();
+    request.frame.replica = replica;
+    request.nonce = 7;
+    request.from_op = from;
+    request.to_op = to;
+    request.group = METADATA_GROUP;
+    Frame::build(&request, &[])
+}
+
+/// What replica 1's RequestPrepares for `from..=to` gets back from `primary`: the ops
+/// served and the RangeEvicted op, if any.
+fn ask_prepares(primary: &mut Replica, from: u64, to: u64) -> (Vec<u64>, Option<u64>) {
+    primary.on_message(request_prepares(1, from, to).as_bytes());
+    let (mut served, mut evicted) = (Vec::new(), None);
+    for action in primary.drain_actions() {
+        if let Action::Send { to: 1, frame } = action {
+            match decode(frame.as_bytes(), &Limits::default()) {
+                Ok(Message::RepairPrepare(h, _)) => served.push(h.op),
+                Ok(Message::RangeEvicted(h)) => evicted = Some(h.op),
+                _ => {}
+            }
+        }
+    }
+    (served, evicted)
+}
+
+#[test]
+fn a_released_commit_point_is_evicted_for_repair_and_read_back_for_a_checkpoint() {
+    let config = Config::new(cluster(), METADATA_GROUP, 0, 3);
+    let mut primary = Replica::new(config);
+    primary.set_connected(1, true);
+    primary.set_connected(2, true);
+    for tick in 0..12 {
+        tick_with_ackers(&mut primary, tick, &[1, 2]);
+    }
+    let commit = primary.commit();
+    assert!(commit >= 4, "commit {commit}");
+    // Ops below the commit point may go, but not the commit point's prepare while
+    // anything below it is held.
+    assert!(!primary.release_anchor(), "released with ops below it held");
+    let kept = primary
+        .checkpoint()
+        .expect("the commit point's prepare is held");
+    primary.on_checkpoint(commit);
+    assert_eq!(
+        ask_prepares(&mut primary, commit, commit),
+        (vec![commit], None)
+    );
+    assert!(primary.release_anchor());
+    assert_eq!(primary.released_anchor(), Some(commit));
+    assert!(
+        primary.checkpoint().is_none(),
+        "no checkpoint without the prepare"
+    );
+    // Asked for, it is evicted: the requester catches up by state transfer.
+    assert_eq!(
+        ask_prepares(&mut primary, commit, commit),
+        (vec![], Some(commit + 1))
+    );
+    // Bytes that are not that prepare are refused; the prepare itself is taken back.
+    let mut damaged = kept.anchor.as_bytes().to_vec();
+    let last = damaged.len() - 1;
+    damaged[last] ^= 1;
+    assert!(!primary.restore_anchor(&damaged));
+    assert!(!primary.restore_anchor(&[]));
+    assert!(primary.restore_anchor(kept.anchor.as_bytes()));
+    assert_eq!(primary.released_anchor(), None);
+    let again = primary.checkpoint().expect("restored");
+    assert_eq!(again.anchor.checksum(), kept.anchor.checksum());
+    // Released again, the chain still grows from its header.
+    assert!(primary.release_anchor());
+    for tick in 12..20 {
+        tick_with_ackers(&mut primary, tick, &[1, 2]);
+    }
+    assert!(
+        primary.commit() > commit,
+        "no commit past a released anchor"
+    );
 }

@@ -125,6 +125,7 @@ fn main() -> ExitCode {
     let mut crashes = 0u64;
     let mut checkpoint_restarts = 0u64;
     let mut state_transfers = 0u64;
+    let mut anchors_released = 0u64;
     let mut wipes = 0u64;
     let mut slow_stretches = 0u64;
     let mut slow_skips = 0u64;
@@ -139,6 +140,7 @@ fn main() -> ExitCode {
                 crashes += summary.crashes;
                 checkpoint_restarts += summary.checkpoint_restarts;
                 state_transfers += summary.state_transfers;
+                anchors_released += summary.anchors_released;
                 wipes += summary.wipes;
                 slow_stretches += summary.slow_stretches;
                 slow_skips += summary.slow_skips;
@@ -172,7 +174,7 @@ fn main() -> ExitCode {
              \"replicas\": {}, \"ticks\": {}, \"partition\": {}, \"ops_committed\": {commits}, \
              \"view_changes\": {view_changes}, \"crashes\": {crashes}, \
              \"checkpoint_restarts\": {checkpoint_restarts}, \"state_transfers\": \
-             {state_transfers}, \"wipes\": {wipes}, \"slow_stretches\": {slow_stretches}, \
+             {state_transfers}, \"anchors_released\": {anchors_released}, \"wipes\": {wipes}, \"slow_stretches\": {slow_stretches}, \
              \"slow_skips\": {slow_skips}, \"sleeps\": {sleeps}, \"silent_wakes\": \
              {silent_wakes}, \"seconds\": {:.1}}}",
             args.replicas,
@@ -185,7 +187,8 @@ fn main() -> ExitCode {
     println!(
         "appliance-sim: {passed} seeds passed ({}..{}, {} replicas, {} ticks): {commits} ops \
          committed, {view_changes} view changes, {crashes} crashes ({checkpoint_restarts} \
-         restarts from a checkpoint, {state_transfers} state transfers, {wipes} lost disks), \
+         restarts from a checkpoint, {state_transfers} state transfers, {anchors_released} \
+         commit points released from memory, {wipes} lost disks), \
          {slow_stretches} slow stretches ({slow_skips} backups skipped as slow), {sleeps} \
          sleeps of idle replicas ({silent_wakes} woken by a silent primary), {:.1}s",
         from,

@@ -67,6 +67,12 @@ pub struct SimOptions {
     pub idle_per_10k: u64,
     /// The view the group starts in (`Config::initial_view`): its primary leads first.
     pub initial_view: u32,
+    /// With `checkpoint_restarts`: at each checkpoint a replica also drops committed ops
+    /// from memory (`Replica::on_checkpoint`, a few below its commit point or all of
+    /// them) and at times the body of the commit point itself (`release_anchor`), as the
+    /// appliance's repair windows do under their memory budget. Peers that lack the
+    /// dropped ops are answered RangeEvicted and catch up by state transfer.
+    pub evict: bool,
 }
 
 /// How a restart lost a replica's state.
@@ -150,6 +156,7 @@ impl SimOptions {
             hibernate: Prng::new(seed ^ 0x0051_ee95).chance(1, 2),
             idle_per_10k: 10,
             initial_view: Prng::new(seed ^ 0x0f1e_57ed).below(2 * u64::from(replica_count)) as u32,
+            evict: Prng::new(seed ^ 0x0e71_c7ed).chance(1, 2),
         }
     }
 }
@@ -166,6 +173,8 @@ pub struct Summary {
     /// Restarts that resumed from a checkpoint, and state transfers installed.
     pub checkpoint_restarts: u64,
     pub state_transfers: u64,
+    /// Commit points whose prepare a replica released from memory (`SimOptions::evict`).
+    pub anchors_released: u64,
     /// Restarts that lost the disk or the superblock.
     pub wipes: u64,
     /// Slow stretches, and backups the primaries skipped as slow.
@@ -288,6 +297,9 @@ pub struct Cluster {
     /// decides the stretches.
     clients_idle_until: u64,
     idle_prng: Prng,
+    /// Decides how much each checkpoint drops from memory (`SimOptions::evict`).
+    evict_prng: Prng,
+    pub anchors_released: u64,
 }
 
 impl Cluster {
@@ -372,6 +384,8 @@ impl Cluster {
             silent_wakes: 0,
             clients_idle_until: 0,
             idle_prng: Prng::new(options.seed ^ 0x001d_1e55),
+            evict_prng: Prng::new(options.seed ^ 0x0e71_c7e5),
+            anchors_released: 0,
             configs,
             options,
         }
@@ -427,6 +441,7 @@ impl Cluster {
                     ticks_to_converge: self.now - start,
                     checkpoint_restarts: self.checkpoint_restarts,
                     state_transfers: self.state_transfers,
+                    anchors_released: self.anchors_released,
                     wipes: self.wipes,
                     slow_stretches: self.slow_stretches,
                     slow_skips: self.slow_skips(),
@@ -973,10 +988,7 @@ impl Cluster {
         if self.replicas[usize::from(r)].is_none() {
             return Ok(());
         }
-        let source = self.replicas[usize::from(from)]
-            .as_ref()
-            .and_then(|replica| replica.checkpoint());
-        if let Some(checkpoint) = source {
+        if let Some(checkpoint) = self.checkpoint_of(usize::from(from)) {
             self.log(|| format!("r{r} installs r{from}'s checkpoint {}", checkpoint.op));
             self.storages[usize::from(r)].install(checkpoint);
             self.state_transfers += 1;
@@ -990,16 +1002,47 @@ impl Cluster {
 
     /// Every live replica checkpoints its state at its commit point (the simulator's
     /// state machine is the checker's history, already applied up to there).
+    /// With `evict`, it then drops what the checkpoint covers from memory.
     fn take_checkpoints(&mut self) {
-        for (i, replica) in self.replicas.iter().enumerate() {
-            let Some(replica) = replica else { continue };
-            if replica.status() != Status::Normal {
+        for i in 0..self.replicas.len() {
+            if self.replicas[i]
+                .as_ref()
+                .is_none_or(|replica| replica.status() != Status::Normal)
+            {
                 continue;
             }
-            if let Some(checkpoint) = replica.checkpoint() {
-                self.storages[i].checkpoint = Some(checkpoint);
+            let Some(checkpoint) = self.checkpoint_of(i) else {
+                continue;
+            };
+            let op = checkpoint.op;
+            self.storages[i].checkpoint = Some(checkpoint);
+            if !self.options.evict {
+                continue;
+            }
+            let keep = self.evict_prng.below(6);
+            let release = self.evict_prng.chance(1, 2);
+            let Some(replica) = self.replicas[i].as_mut() else {
+                continue;
+            };
+            replica.on_checkpoint(op.saturating_sub(keep));
+            if keep == 0 && release && replica.release_anchor() {
+                self.anchors_released += 1;
+                self.log(|| format!("r{i} released the prepare of its commit point {op}"));
             }
         }
+    }
+
+    /// The checkpoint of replica `i` at its commit point, its prepare read back from its
+    /// storage when it was released from memory (None when that read fails too).
+    fn checkpoint_of(&mut self, i: usize) -> Option<crate::vsr::Checkpoint> {
+        let replica = self.replicas[i].as_mut()?;
+        if let Some(op) = replica.released_anchor() {
+            let bytes = self.storages[i].entry(op)?;
+            if !replica.restore_anchor(bytes.as_bytes()) {
+                return None;
+            }
+        }
+        replica.checkpoint()
     }
 
     /// The Normal primary of the highest view, if any.

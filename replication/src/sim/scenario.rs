@@ -45,6 +45,7 @@ impl Cluster {
             hibernate: false,
             idle_per_10k: 0,
             initial_view: 0,
+            evict: false,
         };
         let mut cluster = Cluster::new(options);
         cluster.faults_on = false;

@@ -372,6 +372,20 @@ impl Groups {
         Some(replica)
     }
 
+    /// Drops from memory what a durable checkpoint at `op`, the commit point of `group`,
+    /// covers, the prepare of `op` included (`Replica::release_anchor`), without waking
+    /// the group: nothing it sends or times changes. Returns whether the prepare left.
+    pub fn release_anchor(&mut self, group: u64, op: u64) -> bool {
+        let Some(replica) = self.replicas.get_mut(&group) else {
+            return false;
+        };
+        if replica.commit() != op || replica.status() != super::Status::Normal {
+            return false;
+        }
+        replica.on_checkpoint(op);
+        replica.release_anchor()
+    }
+
     /// Routes a replica-plane frame to its group's replica by the group field.
     pub fn on_message(&mut self, bytes: &[u8]) -> Result<u64, RouteError> {
         let group = self.route(decode(bytes, &self.limits))?;

@@ -44,6 +44,9 @@ pub struct Log {
     pub(crate) chain_floor: u64,
     /// Ops at or below this were dropped from memory after a checkpoint.
     pub(crate) op_checkpoint: u64,
+    /// The op whose body was released (0 = none): the commit point just above
+    /// `op_checkpoint`, its header and identity kept, its frame on the driver's disk only.
+    released: u64,
 }
 
 fn header_of(frame: &Frame) -> PrepareHeader {
@@ -155,8 +158,45 @@ impl Log {
         }
     }
 
+    /// Drops the frame of `op`, the lowest op held (its header and identity stay: the
+    /// parent of the op above). Repair answers it RangeEvicted from now on.
+    pub(crate) fn release(&mut self, op: u64) {
+        assert_eq!(op, self.op_min(), "only the lowest op held is released");
+        let slot = self.slots.get_mut(&op).expect("a released op is held");
+        assert!(slot.durable && slot.identity.is_some());
+        slot.frame = None;
+        slot.candidate = None;
+        self.released = op;
+    }
+
+    /// Puts back the frame of the released op (read back from the driver's disk).
+    pub(crate) fn restore(&mut self, frame: Frame) {
+        let op = self.released;
+        let slot = self.slots.get_mut(&op).expect("a released op is held");
+        assert_eq!(slot.identity, Some(frame.checksum()));
+        slot.frame = Some(frame);
+        self.released = 0;
+    }
+
+    /// The op whose frame was released, if any.
+    pub fn released(&self) -> Option<u64> {
+        (self.released != 0).then_some(self.released)
+    }
+
+    /// The oldest op whose frame repair may still serve from memory.
+    pub fn served_min(&self) -> u64 {
+        if self.released == self.op_min() {
+            self.released + 1
+        } else {
+            self.op_min()
+        }
+    }
+
     /// Forgets every op above `op_max`.
     pub(crate) fn truncate_above(&mut self, op_max: u64) {
+        if self.released > op_max {
+            self.released = 0;
+        }
         let _ = self.slots.split_off(&(op_max + 1));
         self.op = self.op.min(op_max);
         self.chain_floor = self.chain_floor.min(self.op);
@@ -238,6 +278,9 @@ impl Log {
     pub(crate) fn checkpoint(&mut self, op: u64) {
         let keep = self.slots.split_off(&(op + 1));
         self.slots = keep;
+        if self.released <= op {
+            self.released = 0;
+        }
         self.op_checkpoint = self.op_checkpoint.max(op);
         self.chain_floor = self.chain_floor.max(self.op_checkpoint);
     }

@@ -228,7 +228,7 @@ impl Replica {
 
     /// What a checkpoint needs from this replica now (commit point, its prepare, the
     /// client table and the partition stamp position), or None when the prepare of the
-    /// commit point is not in memory. The driver must pair it with its own state as of
+    /// commit point is not in memory (`release_anchor`: restore it first). The driver must pair it with its own state as of
     /// the same commit (take it when every Commit action has been executed).
     pub fn checkpoint(&self) -> Option<Checkpoint> {
         let op = self.commit;
@@ -399,10 +399,49 @@ impl Replica {
     /// Ops at or below `op` are in a checkpoint: drop them from memory. Repair requests
     /// for them are answered RangeEvicted from now on.
     ///
-    /// The prepare of the commit point itself always stays: its identity is the parent
-    /// every next prepare links to.
+    /// The prepare of the commit point itself stays: its identity is the parent every
+    /// next prepare links to (`release_anchor` lets its body go, keeping the header).
     pub fn on_checkpoint(&mut self, op: u64) {
         assert!(op <= self.commit, "checkpoint beyond commit");
         self.log.checkpoint(op.min(self.commit.saturating_sub(1)));
+    }
+
+    /// Drops the body of the commit point's prepare from memory when nothing below it is
+    /// held (`on_checkpoint` reached it) and the journal holds it durably: the driver can
+    /// read it back (`restore_anchor`) for a checkpoint or a state transfer. Its header
+    /// and identity stay (the parent of the next op); repair requests for it are
+    /// answered RangeEvicted. A group that keeps no prepare in memory then costs headers
+    /// only. Returns whether it was released.
+    pub fn release_anchor(&mut self) -> bool {
+        let op = self.commit;
+        if op == 0 || self.log.op_min() != op || self.log.released().is_some() {
+            return false;
+        }
+        if self.log.durable_frame(op).is_none() {
+            return false;
+        }
+        self.log.release(op);
+        true
+    }
+
+    /// The op whose prepare `release_anchor` dropped from memory, if any.
+    pub fn released_anchor(&self) -> Option<u64> {
+        self.log.released()
+    }
+
+    /// Puts back the released prepare, as the driver read it from its disk. Returns
+    /// false (and keeps nothing) when `bytes` are not that valid prepare.
+    pub fn restore_anchor(&mut self, bytes: &[u8]) -> bool {
+        let Some(op) = self.log.released() else {
+            return false;
+        };
+        let Ok(Message::Prepare(header, body)) = decode(bytes, &Limits::default()) else {
+            return false;
+        };
+        if header.op != op || self.log.identity(op) != Some(header.frame.checksum) {
+            return false;
+        }
+        self.log.restore(Frame::build(header, body));
+        true
     }
 }

@@ -184,9 +184,9 @@ impl Replica {
         result.frame.replica = self.config.replica;
         result.nonce = header.nonce;
         result.group = self.config.group;
-        if header.from_op < self.log.op_min() {
+        if header.from_op < self.log.served_min() {
             result.frame.command = crate::wire::Command::RangeEvicted as u8;
-            result.op = self.log.op_min();
+            result.op = self.log.served_min();
             let frame = Frame::build(&result, &[]);
             self.counters.ranges_evicted += 1;
             self.actions.push_back(Action::Send { to, frame });

@@ -691,6 +691,11 @@ impl Replica {
             self.log.identity(op - 1).or(Some(header.parent))
         );
         self.commit = op;
+        if self.log.released() == Some(op - 1) {
+            // The released prepare is no longer the commit point: it is evicted like
+            // the ops below it.
+            self.log.checkpoint(op - 1);
+        }
         if !self.positions.contains_key(&op) {
             self.note_position(op, &frame);
         }

@@ -2,7 +2,9 @@
 //! while the cluster holds far more partition data than the repair window rejoins by
 //! state transfer while a producer keeps writing, and afterwards serves committed data
 //! identical to the primary's; a fetcher killed mid-transfer completes after its
-//! restart; chunks corrupted in flight (test hook) are caught and refetched.
+//! restart; chunks corrupted in flight (test hook) are caught and refetched; idle
+//! partitions over `limits.repair_memory_max` give up the prepare of their commit point
+//! and read it back from disk for a state transfer.
 //!
 //! STATEXFER_TEST_BYTES sets the payload the cluster holds before the wipe (default: 2 GiB
 //! for the first test in a release build, 384 MiB otherwise; either is far beyond the
@@ -78,7 +80,10 @@ struct Setup {
 }
 
 fn start(env: &[(&str, &str)]) -> Setup {
-    let files = cluster();
+    start_with(cluster(), env)
+}
+
+fn start_with(files: ClusterFiles, env: &[(&str, &str)]) -> Setup {
     let (daemons, keys) = start_with_topic(&files, env, PARTITIONS);
     Setup {
         daemons,
@@ -401,4 +406,60 @@ fn a_node_that_missed_a_wrapped_metadata_ring_catches_up_by_metadata_state_trans
         snapshots, 1,
         "the installed snapshot is node 2's checkpoint"
     );
+}
+
+/// `storage` of node `replica`'s `/stats`.
+fn storage_stats(files: &ClusterFiles, replica: usize) -> Option<serde_json::Value> {
+    let (code, body) = http_get(files.http_addr(replica), "/stats")?;
+    let stats: serde_json::Value = serde_json::from_str(&body).ok()?;
+    (code == 200).then(|| stats["storage"].clone())
+}
+
+#[test]
+fn commit_prepares_released_over_the_repair_memory_bound_are_read_back_for_a_transfer() {
+    // One batch (400 KiB) is over the bound: once idle and checkpointed, every
+    // partition of every node keeps its last batch on disk only.
+    let files = cluster();
+    files.edit_configs(&[("[limits]\n", "[limits]\nrepair_memory_max = \"256 KiB\"\n")]);
+    let mut setup = start_with(files, &[]);
+    setup.produce(24 * (PER_BATCH * MESSAGE_SIZE) as u64);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let storage: Vec<_> = (0..3).map(|r| storage_stats(&setup.files, r)).collect();
+        let released = storage.iter().all(|s| {
+            s.as_ref().is_some_and(|s| {
+                s["commit_prepares_released"].as_u64().unwrap_or(0) >= u64::from(PARTITIONS)
+                    && s["repair_window_bytes"].as_u64() == Some(0)
+            })
+        });
+        if released {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "commit prepares still held: {storage:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // A wiped node: its peers evict every op it asks for, and serve their state with
+    // the commit point's prepare read back from disk.
+    setup.wipe(2);
+    setup.daemons[2] = Daemon::start(&setup.files, 2);
+    setup.wait_transferred(
+        2,
+        u64::from(PARTITIONS),
+        Duration::from_secs(wait_seconds()),
+    );
+    let served: u64 = (0..2)
+        .map(|r| {
+            setup.xfer_stats(r).expect("stats")["bytes_served"]
+                .as_u64()
+                .unwrap_or(0)
+        })
+        .sum();
+    assert!(served > 0, "no state served");
+    setup.assert_identical();
+    // The restored prepares leave memory again, and the cluster still takes writes.
+    setup.produce(2 * (PER_BATCH * MESSAGE_SIZE) as u64);
+    setup.assert_identical();
 }

@@ -259,6 +259,10 @@ pub struct LimitsConfig {
     /// status`: the metadata group and the groups that need attention first; counts by
     /// status cover every group. `?groups=all` lists every group.
     pub stats_groups_max: u32,
+    /// Committed partition prepares kept in memory to serve repair, over all partitions
+    /// together. Past it the largest partitions' windows give up their oldest
+    /// prepares, and partitions checkpointed at their commit point its prepare too.
+    pub repair_memory_max: ByteSize,
 }
 
 /// `[runtime]`: executors.
@@ -372,6 +376,7 @@ impl Default for LimitsConfig {
             sessions_max: 10_000,
             frame_memory_max: ByteSize(1 << 30),
             stats_groups_max: 1_000,
+            repair_memory_max: ByteSize(256 << 20),
         }
     }
 }

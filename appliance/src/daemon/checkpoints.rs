@@ -72,6 +72,40 @@ impl Node {
             .collect();
     }
 
+    /// While the prepares the repair windows hold are over their node-wide bound, each
+    /// partition checkpointed at its commit point gives up that prepare too (the
+    /// consensus keeps its header; `restore_anchor` reads it back from disk for a state
+    /// transfer): an idle partition then holds no batch in memory, however many were
+    /// written since the node started. Touches no file and wakes no group.
+    pub(super) fn release_anchors(&mut self) {
+        if !self.repair_windows.over_bound() {
+            return;
+        }
+        let mut released = 0u64;
+        for (&group, partition) in &self.partitions.by_group {
+            if !self.repair_windows.over_bound() {
+                break;
+            }
+            let op = partition.checkpoint_op;
+            if op == 0 || partition.committed_op != op || !self.repair_windows.releasable(group, op)
+            {
+                continue;
+            }
+            if self.groups.release_anchor(group, op) {
+                self.repair_windows.release(group, op);
+                released += 1;
+            }
+        }
+        self.commit_prepares_released += released;
+        if released > 0 {
+            tracing::debug!(
+                released,
+                held = self.repair_windows.bytes(),
+                "commit point prepares released from memory"
+            );
+        }
+    }
+
     /// Checkpoints the next round of the sweep's partitions, then deletes the retained
     /// segments their checkpoints released.
     pub(super) async fn checkpoint_round(&mut self) -> Result<(), DaemonError> {

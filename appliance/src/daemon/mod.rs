@@ -302,6 +302,7 @@ fn settings(config: &Config, replica_id: u8) -> Result<Settings, DaemonError> {
                 .max(1),
         },
         stats_groups_max: config.limits.stats_groups_max as usize,
+        repair_memory_max: config.limits.repair_memory_max.0,
         partition_files_max: node::partition_files_by_limit(system::open_files_limit()),
         spread_primaries: config.cluster.spread_primaries,
     })

@@ -66,6 +66,8 @@ pub struct Settings {
     pub retention: super::retention::RetentionSettings,
     /// `limits.stats_groups_max`: groups a bounded `/stats` or `/metrics` lists.
     pub stats_groups_max: usize,
+    /// `limits.repair_memory_max`: committed partition prepares kept for repair.
+    pub repair_memory_max: u64,
     /// Open files the partitions may hold: the open files limit less
     /// `OPEN_FILES_RESERVE` for connections and the node's own files. No partition
     /// starts past this less `prepare_files_min`.
@@ -284,6 +286,8 @@ pub struct Node {
     pub(super) metadata_applied: u64,
     /// Committed prepares each partition group keeps in memory for repair.
     pub(super) repair_windows: RepairWindows,
+    /// Commit-point prepares released from memory (`release_anchors`).
+    pub(super) commit_prepares_released: u64,
     /// Partition groups the current checkpoint sweep has yet to visit.
     pub(super) checkpoint_due: std::collections::BTreeSet<u64>,
     /// Groups whose prepare log the next ticks close (idle since a sweep found them).
@@ -318,6 +322,7 @@ impl Node {
         events: Rc<LocalSender<Event>>,
         xfer: Option<Rc<ConnectedSender<super::xfer::ToXfer>>>,
     ) -> Result<Node, DaemonError> {
+        let repair_windows = RepairWindows::new(settings.repair_memory_max);
         let superblock = match files::read_vsr_superblock(&settings.data_dir) {
             Ok(superblock) => superblock,
             Err(error) if settings.replica_count > 1 => {
@@ -447,7 +452,8 @@ impl Node {
             xfer_freezes: 0,
             transferring: BTreeMap::new(),
             metadata_applied,
-            repair_windows: RepairWindows::default(),
+            repair_windows,
+            commit_prepares_released: 0,
             checkpoint_due: std::collections::BTreeSet::new(),
             prepares_closing: Vec::new(),
             storage,
@@ -675,6 +681,7 @@ impl Node {
         // Before the tick's own actions: every Commit so far has been applied.
         if self.ticks.is_multiple_of(CHECKPOINT_TICKS) && self.checkpoint_due.is_empty() {
             self.sweep_checkpoints();
+            self.release_anchors();
         }
         self.checkpoint_round().await?;
         self.retention_tick();
@@ -1313,9 +1320,18 @@ impl Node {
             end = opened.partition.committed_end,
             "partition group started"
         );
+        // The prepare of its checkpoint, read back, counts against the repair windows'
+        // bound like the prepares it commits from now on.
+        let anchor = opened.checkpoint.as_ref().and_then(|stored| {
+            let frame = replica.log().slot(stored.op)?.frame.as_ref()?;
+            Some((stored.op, frame.as_bytes().len() as u64))
+        });
         self.groups.insert(replica);
         self.partitions.by_group.insert(group, opened.partition);
         self.repair_windows.remove(group);
+        if let Some((op, bytes)) = anchor {
+            self.repair_windows.hold_anchor(group, op, bytes);
+        }
         // Segments below the retained offset may be left from before (a restart, a
         // state transfer): they go once the checkpoint allows.
         self.retention.to_delete.insert(group);

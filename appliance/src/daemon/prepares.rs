@@ -240,6 +240,32 @@ impl PrepareLog {
             .get(usize::try_from(op.checked_sub(first)?).ok()?)
     }
 
+    /// Reads the durable record of `op` back from the file (a read of one record, on
+    /// the calling thread): for a prepare that left memory.
+    pub fn read_record(&self, op: u64) -> Result<Record, String> {
+        use std::os::unix::fs::FileExt;
+        let entry = self
+            .get(op)
+            .ok_or_else(|| format!("no record of op {op}"))?;
+        let len = (self.end.saturating_sub(entry.position))
+            .min((FIXED_LEN + INLINE_BODY_MAX + 8) as u64) as usize;
+        let mut bytes = vec![0; len];
+        std::fs::File::open(&self.path)
+            .and_then(|file| file.read_exact_at(&mut bytes, entry.position))
+            .map_err(io("read", &self.path))?;
+        match Record::decode(&bytes) {
+            Some((record, _))
+                if record.op() == op && record.header.frame.checksum == entry.identity =>
+            {
+                Ok(record)
+            }
+            _ => Err(format!(
+                "{}: the record of op {op} is damaged",
+                self.path.display()
+            )),
+        }
+    }
+
     /// Records held.
     pub fn len(&self) -> usize {
         self.entries.len()

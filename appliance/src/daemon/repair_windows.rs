@@ -4,11 +4,15 @@
 //!
 //! Each partition keeps at most `PARTITION_REPAIR_WINDOW_OPS` ops and
 //! `PARTITION_REPAIR_WINDOW_BYTES` of them (but always a pipeline's worth), and all
-//! partitions together at most `REPAIR_WINDOWS_BYTES_MAX`: past it the largest windows
-//! give up their oldest prepares first, down to one op each (the consensus keeps its
-//! commit op's prepare). Without the node-wide bound, 1,000 partitions written at once
-//! would each keep up to 32 MiB: the node's memory would grow with every partition
-//! written until it ran out.
+//! partitions together at most `limits.repair_memory_max`: past it the largest windows
+//! give up their oldest prepares first, down to one op each: the prepare of the commit
+//! point, which the consensus keeps as the parent of the next op. While every window
+//! together is still over the bound, a partition checkpointed at its commit point gives
+//! that one up too (`release`): the consensus keeps its header only and reads the
+//! prepare back from disk when a state transfer asks for it. Without the node-wide
+//! bound, 1,000 partitions written at once would each keep up to 32 MiB, and every
+//! partition ever written its last batch: the node's memory would grow with every
+//! partition written until it ran out.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
@@ -18,7 +22,8 @@ const _: () = assert!(PARTITION_REPAIR_WINDOW_OPS > replication::vsr::PIPELINE_M
 /// The byte bound of each partition's repair window (256 prepares of 1 MiB batches
 /// would hold 256 MiB per partition).
 pub const PARTITION_REPAIR_WINDOW_BYTES: u64 = 32 << 20;
-/// The byte bound of every partition's repair window together.
+/// The byte bound of every partition's repair window together, by default
+/// (`limits.repair_memory_max`).
 pub const REPAIR_WINDOWS_BYTES_MAX: u64 = 256 << 20;
 
 /// The committed ops (and their sizes) a partition group keeps for repair, oldest first.
@@ -26,26 +31,44 @@ pub const REPAIR_WINDOWS_BYTES_MAX: u64 = 256 << 20;
 struct RepairWindow {
     ops: VecDeque<(u64, u64)>,
     bytes: u64,
+    /// The op `release` gave up (0: none), the floor while no op is held.
+    released: u64,
 }
 
 impl RepairWindow {
     /// The highest op that may leave memory (0: none).
     fn floor(&self) -> u64 {
-        self.ops.front().map_or(0, |(op, _)| op - 1)
+        self.ops.front().map_or(self.released, |(op, _)| op - 1)
     }
 }
 
 /// Every partition's repair window, with their total.
-#[derive(Default)]
 pub(super) struct RepairWindows {
     windows: HashMap<u64, RepairWindow>,
     /// (bytes, group) of every window holding more than one op: the largest gives up
     /// prepares first.
     by_size: BTreeSet<(u64, u64)>,
     bytes: u64,
+    /// The bound of every window together.
+    bytes_max: u64,
+}
+
+impl Default for RepairWindows {
+    fn default() -> RepairWindows {
+        RepairWindows::new(REPAIR_WINDOWS_BYTES_MAX)
+    }
 }
 
 impl RepairWindows {
+    pub(super) fn new(bytes_max: u64) -> RepairWindows {
+        RepairWindows {
+            windows: HashMap::new(),
+            by_size: BTreeSet::new(),
+            bytes: 0,
+            bytes_max,
+        }
+    }
+
     /// Takes committed `op` of `group` (`bytes` long) into its window, trims the window
     /// to its bounds (keeping at least `ops_min` ops) and every window to the node-wide
     /// bound. Returns the groups whose floor rose, with their new floor: the prepares
@@ -79,7 +102,7 @@ impl RepairWindows {
         if window.ops.len() > 1 {
             self.by_size.insert((window.bytes, group));
         }
-        self.trim_to(REPAIR_WINDOWS_BYTES_MAX, &mut raised);
+        self.trim_to(self.bytes_max, &mut raised);
         raised
     }
 
@@ -106,6 +129,42 @@ impl RepairWindows {
                 None => raised.push((group, floor)),
             }
         }
+    }
+
+    /// Whether every window together holds more than the node-wide bound.
+    pub(super) fn over_bound(&self) -> bool {
+        self.bytes > self.bytes_max
+    }
+
+    /// Whether the window of `group` may give up `op`, its commit point (checkpointed):
+    /// while every window together is over the bound, when `op` is the one prepare it
+    /// holds, or it holds none (a prepare nothing counted).
+    pub(super) fn releasable(&self, group: u64, op: u64) -> bool {
+        self.over_bound()
+            && self.windows.get(&group).is_none_or(|window| {
+                window.ops.is_empty() || (window.ops.len() == 1 && window.ops[0].0 == op)
+            })
+    }
+
+    /// Gives up `op` of `group` (`releasable`): its prepare left memory.
+    pub(super) fn release(&mut self, group: u64, op: u64) {
+        let window = self.windows.entry(group).or_default();
+        self.bytes -= window.bytes;
+        window.ops.clear();
+        window.bytes = 0;
+        window.released = op;
+    }
+
+    /// Counts a prepare of `group` held since start (the anchor of its checkpoint, read
+    /// back from disk) as its window's only op, so the node-wide bound sees it.
+    pub(super) fn hold_anchor(&mut self, group: u64, op: u64, bytes: u64) {
+        let window = self.windows.entry(group).or_default();
+        if !window.ops.is_empty() {
+            return;
+        }
+        window.ops.push_back((op, bytes));
+        window.bytes = bytes;
+        self.bytes += bytes;
     }
 
     /// Forgets the window of `group` (its replica stopped or was replaced).
@@ -196,5 +255,46 @@ mod tests {
         assert_eq!(windows.bytes(), REPAIR_WINDOWS_BYTES_MAX);
         assert_eq!(floor(&windows, 2), 4);
         assert_eq!(floor(&windows, 1), 0);
+    }
+
+    #[test]
+    fn over_the_bound_a_window_of_its_commit_point_alone_gives_it_up() {
+        let mut windows = RepairWindows::default();
+        let mb = 1 << 20;
+        // Under the bound nothing is released.
+        windows.push(1, 7, mb, 2);
+        assert!(!windows.releasable(1, 7));
+        // Prepares read back at start count too: 300 partitions' anchors of 1 MiB.
+        for group in 100..400 {
+            windows.hold_anchor(group, 3, mb);
+        }
+        assert!(windows.over_bound());
+        // Only the window's one op, and only when it is the commit point named.
+        assert!(!windows.releasable(1, 6));
+        // Over the bound a window keeps one op (its commit point), not the one below.
+        windows.push(2, 1, mb, 2);
+        windows.push(2, 2, mb, 2);
+        assert_eq!(floor(&windows, 2), 1);
+        assert!(!windows.releasable(2, 1));
+        assert!(windows.releasable(2, 2));
+        assert!(windows.releasable(1, 7));
+        let before = windows.bytes();
+        windows.release(1, 7);
+        assert_eq!(windows.bytes(), before - mb);
+        assert_eq!(floor(&windows, 1), 7);
+        // The next op starts the window again above it, with no floor raised.
+        assert_eq!(windows.push(1, 8, mb, 2), vec![]);
+        assert_eq!(floor(&windows, 1), 7);
+        // Released until the bound holds, then no more.
+        let mut released = 0;
+        for group in 100..400 {
+            if windows.releasable(group, 3) {
+                windows.release(group, 3);
+                released += 1;
+            }
+        }
+        assert!(!windows.over_bound());
+        assert!(windows.bytes() > REPAIR_WINDOWS_BYTES_MAX - mb);
+        assert_eq!(released, 300 - (REPAIR_WINDOWS_BYTES_MAX / mb - 2));
     }
 }

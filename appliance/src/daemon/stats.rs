@@ -193,6 +193,7 @@ fn node_figures(node: &Node) -> Snapshot {
         storage.prepare_index_bytes += partition.prepares.memory_bytes() as u64;
     }
     storage.repair_window_bytes = node.repair_windows.bytes();
+    storage.commit_prepares_released = node.commit_prepares_released;
     let disk = &node.storage;
     storage.free_bytes = disk.free_bytes;
     storage.total_bytes = disk.total_bytes;

@@ -174,11 +174,40 @@ impl Node {
         Ok(())
     }
 
+    /// Puts the prepare of a partition group's commit point back in memory when it left
+    /// (`release_anchors`), read back from its prepare record and segment log.
+    fn restore_anchor(&mut self, group: u64) -> Result<(), String> {
+        let (Some(replica), Some(partition)) =
+            (self.groups.get(group), self.partitions.by_group.get(&group))
+        else {
+            return Ok(());
+        };
+        let Some(op) = replica.released_anchor() else {
+            return Ok(());
+        };
+        let record = partition.prepares.read_record(op)?;
+        let frame = super::partitions::frame_of(&partition.log, &record)?;
+        let restored = self
+            .groups
+            .get_mut(group)
+            .is_some_and(|replica| replica.restore_anchor(frame.as_bytes()));
+        if !restored {
+            return Err(format!("op {op} read back is not the committed prepare"));
+        }
+        Ok(())
+    }
+
     /// The group's committed state, frozen: Err(true) when it cannot be frozen now,
     /// Err(false) when this node does not hold the group (or is fetching it itself).
     fn freeze(&mut self, group: u64) -> Result<Frozen, bool> {
         if self.transferring.contains_key(&group) {
             return Err(false);
+        }
+        if group != METADATA_GROUP {
+            self.restore_anchor(group).map_err(|error| {
+                tracing::warn!(group, %error, "state transfer source: commit point unreadable");
+                true
+            })?;
         }
         let replica = self.groups.get(group).ok_or(false)?;
         let commit_max = replica.commit_max();

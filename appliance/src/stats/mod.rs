@@ -310,6 +310,10 @@ pub struct StorageStats {
     /// Memory of the committed prepares kept to serve repair to lagging replicas
     /// (bounded per partition and node-wide).
     pub repair_window_bytes: u64,
+    /// Times a partition checkpointed at its commit point gave up that prepare too
+    /// while the repair windows were over `limits.repair_memory_max` (read back from
+    /// disk when a state transfer asks for it).
+    pub commit_prepares_released: u64,
     /// Free and total bytes of the data directory's file system, and the bytes of the
     /// node's data (segments and the metadata journal).
     pub free_bytes: u64,

@@ -133,6 +133,12 @@ pub fn render(s: &Snapshot) -> String {
         "Memory of the committed prepares kept to serve repair.",
         s.storage.repair_window_bytes,
     );
+    out.one(
+        "appliance_storage_commit_prepares_released_total",
+        "counter",
+        "Commit-point prepares partitions gave up over limits.repair_memory_max.",
+        s.storage.commit_prepares_released,
+    );
     for (name, kind, help, value) in [
         (
             "appliance_storage_free_bytes",

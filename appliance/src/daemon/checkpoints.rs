@@ -76,33 +76,41 @@ impl Node {
     /// partition checkpointed at its commit point gives up that prepare too (the
     /// consensus keeps its header; `restore_anchor` reads it back from disk for a state
     /// transfer): an idle partition then holds no batch in memory, however many were
-    /// written since the node started. Touches no file and wakes no group.
+    /// written since the node started. Touches no file and wakes no group. The first
+    /// sweep that releases nothing after some that did (the writes moved on or ended)
+    /// returns the freed memory to the kernel.
     pub(super) fn release_anchors(&mut self) {
-        if !self.repair_windows.over_bound() {
-            return;
-        }
         let mut released = 0u64;
-        for (&group, partition) in &self.partitions.by_group {
-            if !self.repair_windows.over_bound() {
-                break;
-            }
-            let op = partition.checkpoint_op;
-            if op == 0 || partition.committed_op != op || !self.repair_windows.releasable(group, op)
-            {
-                continue;
-            }
-            if self.groups.release_anchor(group, op) {
-                self.repair_windows.release(group, op);
-                released += 1;
+        if self.repair_windows.over_bound() {
+            for (&group, partition) in &self.partitions.by_group {
+                if !self.repair_windows.over_bound() {
+                    break;
+                }
+                let op = partition.checkpoint_op;
+                if op == 0
+                    || partition.committed_op != op
+                    || !self.repair_windows.releasable(group, op)
+                {
+                    continue;
+                }
+                if self.groups.release_anchor(group, op) {
+                    self.repair_windows.release(group, op);
+                    released += 1;
+                }
             }
         }
         self.commit_prepares_released += released;
         if released > 0 {
+            self.trim_pending = true;
             tracing::debug!(
                 released,
                 held = self.repair_windows.bytes(),
                 "commit point prepares released from memory"
             );
+        } else if std::mem::take(&mut self.trim_pending) {
+            let started = Instant::now();
+            give_back_freed_memory();
+            slow_step("freed memory returned to the kernel", started);
         }
     }
 
@@ -267,6 +275,17 @@ impl Node {
             }
         }
         Ok(())
+    }
+}
+
+/// Returns the allocator's free pages to the kernel: the batches just released were
+/// freed amid live allocations, where the allocator would keep them for good (a node
+/// that wrote 1,000 partitions kept about 1 GiB resident with 256 MiB of prepares held).
+fn give_back_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointers; it only madvises free heap pages away.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

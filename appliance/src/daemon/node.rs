@@ -288,6 +288,8 @@ pub struct Node {
     pub(super) repair_windows: RepairWindows,
     /// Commit-point prepares released from memory (`release_anchors`).
     pub(super) commit_prepares_released: u64,
+    /// Prepares were released since the allocator last returned freed memory.
+    pub(super) trim_pending: bool,
     /// Partition groups the current checkpoint sweep has yet to visit.
     pub(super) checkpoint_due: std::collections::BTreeSet<u64>,
     /// Groups whose prepare log the next ticks close (idle since a sweep found them).
@@ -454,6 +456,7 @@ impl Node {
             metadata_applied,
             repair_windows,
             commit_prepares_released: 0,
+            trim_pending: false,
             checkpoint_due: std::collections::BTreeSet::new(),
             prepares_closing: Vec::new(),
             storage,

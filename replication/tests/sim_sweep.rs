@@ -217,6 +217,12 @@ fn regression_seeds() {
     // takes an op's header from any DVC whose header the canonical op above names as
     // its parent.
     check(24740, 3, 5_000, false);
+    // 41981: a forming primary merged view 8 to op 3, persisted log view 8 and crashed
+    // before its view started, its journal still holding view 2's op 4. Restarted, it
+    // read op 4 back above its log, claimed it as possibly acknowledged, and no merge
+    // with the one other voter could decide it: views changed for good. The merge now
+    // truncates the journal to the merged log, as a StartView's receiver does.
+    check(41981, 3, 5_000, false);
 }
 
 /// Sleeping idle replicas (`vsr/hibernate.rs`): seeds that found liveness bugs.

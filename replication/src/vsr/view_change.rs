@@ -399,6 +399,13 @@ impl Replica {
         // other prepares at the same ops, and no merge could decide between them.
         self.log_view = self.view;
         self.persist_superblock();
+        // What the merge cut off goes from the journal too, as a StartView's receiver
+        // drops it: a forming primary that crashed before its view started would
+        // otherwise read an older view's prepare above the merged log back at restart,
+        // claim that op as possibly acknowledged, and no merge without it could end.
+        self.actions.push_back(Action::JournalTruncate {
+            op_max: self.log.op,
+        });
         self.on_repair_timeout();
         self.forming_try_start_view();
     }

@@ -228,8 +228,9 @@ impl Replica {
 
     /// What a checkpoint needs from this replica now (commit point, its prepare, the
     /// client table and the partition stamp position), or None when the prepare of the
-    /// commit point is not in memory (`release_anchor`: restore it first). The driver must pair it with its own state as of
-    /// the same commit (take it when every Commit action has been executed).
+    /// commit point is not in memory (`release_anchor`: restore it first). The driver
+    /// must pair it with its own state as of the same commit (take it when every Commit
+    /// action has been executed).
     pub fn checkpoint(&self) -> Option<Checkpoint> {
         let op = self.commit;
         let anchor = self.log.slot(op)?.frame.clone()?;

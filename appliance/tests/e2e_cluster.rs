@@ -646,6 +646,69 @@ fn register_and_logout_through_a_backup_are_forwarded_to_the_primary() {
     assert!(!log.contains("panicked"), "primary log: {log}");
 }
 
+/// A commit's reply goes only to a connection on which that request waits. Client `id`
+/// sends a write to the primary while both backups are stopped (no quorum), then reads
+/// on a second connection with the same client id; once the write commits, the second
+/// connection's next frame answers its own read (a reply it never asked for would be
+/// read as its next request's answer), and the retried write gets the one cached reply.
+#[test]
+fn a_reply_goes_only_where_its_request_waits() {
+    let files = ClusterFiles::new(NODES);
+    let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
+    for daemon in &mut daemons {
+        wait_healthy(&files, daemon, Duration::from_secs(60));
+    }
+    let primary = agreed_primary(&files, Duration::from_secs(60));
+    let id = 0xa11e;
+    let mut writing = Client::connect(files.client_addr(primary), id).expect("connect");
+    assert_eq!(
+        writing
+            .login("root", ROOT_PASSWORD)
+            .expect("login")
+            .status(),
+        0
+    );
+    assert_eq!(writing.register().expect("register").status(), 0);
+    let backups: Vec<usize> = (0..NODES).filter(|r| *r != primary).collect();
+    for backup in &backups {
+        // SAFETY: a signal to a child process this test started.
+        unsafe { libc::kill(daemons[*backup].pid(), libc::SIGSTOP) };
+    }
+    let create = writing.frame(Operation::CreateStream as u8, 0, 1, &short("awaited"));
+    writing.send_raw(create.as_bytes()).expect("send");
+    let mut reading = Client::connect(files.client_addr(primary), id).expect("connect");
+    assert_eq!(
+        reading
+            .login("root", ROOT_PASSWORD)
+            .expect("login")
+            .status(),
+        0
+    );
+    assert_eq!(reading.read(3, &[]).expect("list streams").status(), 0);
+    std::thread::sleep(Duration::from_millis(200));
+    for backup in &backups {
+        // SAFETY: as above.
+        unsafe { libc::kill(daemons[*backup].pid(), libc::SIGCONT) };
+    }
+    wait_streams(&files, primary, &["awaited"], Duration::from_secs(30));
+    let frame = reading.frame(NON_REPLICATED, 3, 0, &[]);
+    reading.send_raw(frame.as_bytes()).expect("send");
+    let next = reading.read_reply().expect("a frame");
+    assert_eq!(
+        (next.header.request, next.header.operation, next.status()),
+        (0, NON_REPLICATED, 0),
+        "the reading connection's next frame answers its read"
+    );
+    // The write's retry gets the reply the client table keeps, applied once.
+    let retried = writing
+        .call(Operation::CreateStream as u8, 0, 1, &short("awaited"))
+        .expect("retried write");
+    assert_eq!(retried.status(), 0, "the cached reply: {:?}", retried.body);
+    assert_eq!(streams(&files, primary, 0xa11f), ["awaited"]);
+    let log = log_of(&files.log(primary));
+    assert!(!log.contains("panicked"), "primary log: {log}");
+}
+
 /// A TCP proxy on 127.0.0.1 in front of `target` that appends every byte it carries, in
 /// both directions, to `capture`. Returns its port.
 fn capturing_proxy(target: u16, capture: std::sync::Arc<std::sync::Mutex<Vec<u8>>>) -> u16 {

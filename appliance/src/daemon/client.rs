@@ -529,8 +529,11 @@ impl Node {
                     .insert((group, header.client), Instant::now());
                 self.track_pending(connection, header);
             }
-            RequestOutcome::InProgress => self.track_pending(connection, header),
-            RequestOutcome::Replied | RequestOutcome::Evicted => {}
+            // A cached reply is queued: it goes where the request waits.
+            RequestOutcome::InProgress | RequestOutcome::Replied => {
+                self.track_pending(connection, header)
+            }
+            RequestOutcome::Evicted => {}
             RequestOutcome::NotPrimary { primary } => {
                 if primary == self.settings.replica {
                     // Recovering or in a view change with ourselves next: retry here.

@@ -961,7 +961,7 @@ impl Node {
                         .request
                         .record(at.elapsed().as_micros() as u64);
                 }
-                self.send_to_client(client, frame);
+                self.reply_to_waiting(client, frame);
             }
             Action::Evict { client, frame } => self.send_to_client(client, frame),
             Action::StateTransfer { from, op_min } => {
@@ -1190,6 +1190,28 @@ impl Node {
             }
             _ => Frame::build(&header, frame.as_bytes().get(256..).unwrap_or(&[])),
         }
+    }
+
+    /// Sends a reply only where the client waits for it: on its connection with that
+    /// request pending. A commit reached while the request is only on its way (a new
+    /// primary committing the old view's pipeline) is not sent: the request, when it
+    /// arrives, gets the client table's copy, the one reply the client reads for it. Sent
+    /// twice, the second would be read as the answer to the client's next request.
+    fn reply_to_waiting(&mut self, client: u128, frame: Frame) {
+        let Ok((header, _)) = ReplyHeader::read_from_prefix(frame.as_bytes()) else {
+            return;
+        };
+        let Some(connection) = self.client_connections.get(&client) else {
+            return;
+        };
+        let Some(entry) = self.connections.get_mut(connection) else {
+            return;
+        };
+        if entry.pending.get(&client) != Some(&header.request) {
+            return;
+        }
+        entry.pending.remove(&client);
+        let _ = self.bus.send_to_client(*connection, frame);
     }
 
     pub(super) fn send_to_client(&mut self, client: u128, frame: Frame) {

@@ -301,6 +301,13 @@ impl Client {
     /// moves the cursor past it, so the next attempt tries another node.
     fn forget(&mut self, addr: SocketAddr) {
         self.conns.remove(&addr);
+        self.pass_over(addr);
+    }
+
+    /// Forgets a node as anyone's primary and moves the cursor past it, keeping its
+    /// connection: it answered, it only cannot take the request now (a view change or
+    /// recovery). Coming back to it later costs no new connection and login.
+    fn pass_over(&mut self, addr: SocketAddr) {
         self.primaries.retain(|_, a| *a != addr);
         if let Some(index) = self.nodes.iter().position(|a| *a == addr) {
             if index == self.cursor % self.nodes.len() {
@@ -586,7 +593,7 @@ impl Client {
                 }
                 Step::RetryElsewhere => {
                     last = Some(refused);
-                    self.forget(addr);
+                    self.pass_over(addr);
                     std::thread::sleep(budget.backoff(Instant::now()));
                 }
                 Step::Relogin => {

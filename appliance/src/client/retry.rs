@@ -22,14 +22,14 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     /// A failover takes the cluster about its heartbeat timeout plus a view change; a
-    /// backoff capped at 100 ms finds the new primary within that of the view change, and
-    /// 300 attempts still cover an outage of about 20 s (30 s at most).
+    /// backoff capped at 50 ms finds the new primary within that of the view change, and
+    /// 600 attempts still cover an outage of about 30 s, the total bound.
     fn default() -> RetryPolicy {
         RetryPolicy {
-            attempts_max: 300,
+            attempts_max: 600,
             total_timeout: Duration::from_secs(30),
             backoff_min: Duration::from_millis(20),
-            backoff_max: Duration::from_millis(100),
+            backoff_max: Duration::from_millis(50),
         }
     }
 }

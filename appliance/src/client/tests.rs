@@ -274,11 +274,14 @@ fn unavailable_is_retried_until_it_clears() {
     let cluster = FakeCluster::start(1).unwrap();
     let mut client = logged_in(&cluster, 0);
     let partition = topic(&mut client);
+    let logins_before = logins(&cluster);
     cluster.state().faults.unavailable = 3;
     client.send_messages(partition, &batch(1)).unwrap();
     let sends = sends(&cluster);
     assert_eq!(sends.len(), 4);
     assert!(sends.iter().all(|s| s.2 == sends[0].2));
+    // The node answered: its connection stays, no new login per retry.
+    assert_eq!(logins(&cluster), logins_before);
 }
 
 #[test]

@@ -330,15 +330,30 @@ fn queue_overruns_are_dropped_and_counted() {
         config_0.peer_queue_capacity = 4;
         let bus_0 = Bus::start(config_0, recorder()).unwrap();
         assert!(wait_until(LINK_WAIT, || bus_0.is_connected(1)).await);
-        // No await between sends: the writer cannot drain, so only 4 fit.
+        // No await between sends: the writer cannot drain, so only 4 large frames fit,
+        // and small ones (no prepare body) up to 8 per slot, 32 frames in all.
+        let large = |nonce: u128| {
+            let mut header = replication::wire::StateChunkHeader::new();
+            header.frame.cluster = cluster_id(CLUSTER);
+            header.group = replication::wire::METADATA_GROUP;
+            header.nonce = nonce;
+            Frame::build(&header, &[7u8; 8192])
+        };
+        let accepted = (0..10)
+            .filter(|i| bus_0.send(1, large(*i + 1)).is_ok())
+            .count();
+        assert_eq!(accepted, 4);
         let accepted = (0..100)
             .filter(|i| bus_0.send(1, commit_frame(0, *i)).is_ok())
             .count();
-        assert_eq!(accepted, 4);
+        assert_eq!(accepted, 28);
         let stats = bus_0.stats().snapshot();
-        assert_eq!(stats.peer(1).unwrap().dropped, 96);
-        assert_eq!(stats.rejected("peer_queue_full"), 96);
-        assert!(wait_until(LINK_WAIT, || seen_1.seen.borrow().frames.len() == 4).await);
+        assert_eq!(stats.peer(1).unwrap().dropped, 6 + 72);
+        assert_eq!(stats.rejected("peer_queue_full"), 78);
+        assert!(wait_until(LINK_WAIT, || seen_1.seen.borrow().frames.len() == 32).await);
+        // Drained, the queue takes large frames again.
+        assert!(bus_0.send(1, large(100)).is_ok());
+        assert!(wait_until(LINK_WAIT, || seen_1.seen.borrow().frames.len() == 33).await);
         // Sends to a peer that is not connected are dropped and counted too.
         assert!(bus_1.send(0, commit_frame(1, 1)).is_ok());
         bus_0.shutdown();

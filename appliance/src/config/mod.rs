@@ -164,7 +164,8 @@ pub struct Ports {
 #[serde(deny_unknown_fields, default)]
 pub struct MessageBusConfig {
     pub max_message_size: ByteSize,
-    /// Frames queued per peer; overruns are dropped and counted.
+    /// Frames over 4 KiB queued per peer, and 8 times that of all frames; overruns are
+    /// dropped and counted.
     pub peer_queue_capacity: u32,
     /// Frames per writev.
     pub max_batch: u32,

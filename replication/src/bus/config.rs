@@ -91,7 +91,8 @@ pub struct BusConfig {
     pub client_listen: Option<SocketAddr>,
     /// message_bus.max_message_size: larger frames close the connection.
     pub max_message_size: u32,
-    /// message_bus.peer_queue_capacity: frames queued per peer; overruns are dropped.
+    /// message_bus.peer_queue_capacity: frames over SMALL_FRAME_MAX queued per peer, and
+    /// SMALL_FRAME_SLOTS times that of all frames (`link.rs`); overruns are dropped.
     pub peer_queue_capacity: usize,
     /// message_bus.max_batch: frames per writev.
     pub max_batch: usize,

@@ -20,12 +20,25 @@ pub(crate) enum Remote {
     Client(ClientId),
 }
 
+/// A frame to a peer of at most this many bytes (view change, Commit, PrepareOk, repair
+/// requests: no prepare body) is small: the queue holds SMALL_FRAME_SLOTS of them per
+/// slot of its capacity.
+pub const SMALL_FRAME_MAX: usize = 4096;
+/// Small frames a peer queue holds per slot of `message_bus.peer_queue_capacity`: the
+/// view changes of thousands of groups queue a burst of small frames at once, which a
+/// queue sized for prepares would drop (and the groups would wait for retransmits).
+pub const SMALL_FRAME_SLOTS: usize = 8;
+
 pub(crate) struct Link {
     pub(crate) id: u64,
     remote: Remote,
     stream: SharedStream,
     queue: RefCell<VecDeque<Outbound>>,
+    /// Frames larger than SMALL_FRAME_MAX in the queue.
+    large: Cell<usize>,
+    /// Bound on the large frames queued; on all frames, times `small_slots`.
     capacity: usize,
+    small_slots: usize,
     writer: RefCell<Option<Waker>>,
     room: RefCell<Vec<Waker>>,
     dead: Cell<bool>,
@@ -38,18 +51,32 @@ impl Link {
             remote,
             stream,
             queue: RefCell::new(VecDeque::with_capacity(capacity.min(4096))),
+            large: Cell::new(0),
             capacity,
+            // Only peers: a client's queue holds its capacity of frames, whatever their size.
+            small_slots: match remote {
+                Remote::Replica(_) => SMALL_FRAME_SLOTS,
+                Remote::Client(_) => 1,
+            },
             writer: RefCell::new(None),
             room: RefCell::new(Vec::new()),
             dead: Cell::new(false),
         }
     }
 
-    /// Queues a frame; gives it back when the queue is full or the link is dead.
+    /// Queues a frame; gives it back when the queue is full or the link is dead: `capacity`
+    /// large frames, and `small_slots` times that of all frames.
     pub(crate) fn push(&self, frame: Outbound) -> Result<(), Outbound> {
         let mut queue = self.queue.borrow_mut();
-        if self.dead.get() || queue.len() >= self.capacity {
+        let large = self.is_large(&frame);
+        if self.dead.get()
+            || queue.len() >= self.capacity * self.small_slots
+            || large && self.large.get() >= self.capacity
+        {
             return Err(frame);
+        }
+        if large {
+            self.large.set(self.large.get() + 1);
         }
         queue.push_back(frame);
         drop(queue);
@@ -63,10 +90,19 @@ impl Link {
         self.queue.borrow().len()
     }
 
-    /// Resolves once the queue has room or the link is dead.
+    /// Whether `frame` counts against the capacity of large frames (every frame of a
+    /// client link does).
+    fn is_large(&self, frame: &Outbound) -> bool {
+        self.small_slots == 1 || frame.as_bytes().len() > SMALL_FRAME_MAX
+    }
+
+    /// Resolves once the queue has room for a large frame or the link is dead.
     pub(crate) async fn room(&self) {
         poll_fn(|cx| {
-            if self.dead.get() || self.queue.borrow().len() < self.capacity {
+            if self.dead.get()
+                || self.large.get() < self.capacity
+                    && self.queue.borrow().len() < self.capacity * self.small_slots
+            {
                 Poll::Ready(())
             } else {
                 let mut room = self.room.borrow_mut();
@@ -128,6 +164,8 @@ pub(crate) async fn write_loop(inner: Rc<Inner>, link: Rc<Link>) {
             let mut queue = link.queue.borrow_mut();
             let take = queue.len().min(max_batch);
             batch.extend(queue.drain(..take));
+            let large = batch.iter().filter(|f| link.is_large(f)).count();
+            link.large.set(link.large.get().saturating_sub(large));
             if let Remote::Replica(replica) = link.remote {
                 if let Some(stats) = inner.stats.peer(replica) {
                     stats.set_queue_depth(queue.len());
@@ -160,6 +198,7 @@ pub(crate) async fn write_loop(inner: Rc<Inner>, link: Rc<Link>) {
         let mut queue = link.queue.borrow_mut();
         let left = queue.len();
         queue.clear();
+        link.large.set(0);
         left
     };
     drop_frames(&inner, link.remote, left);

@@ -1201,17 +1201,14 @@ impl Node {
         let Ok((header, _)) = ReplyHeader::read_from_prefix(frame.as_bytes()) else {
             return;
         };
-        let Some(connection) = self.client_connections.get(&client) else {
-            return;
-        };
-        let Some(entry) = self.connections.get_mut(connection) else {
-            return;
-        };
-        if entry.pending.get(&client) != Some(&header.request) {
-            return;
+        let waiting = self
+            .client_connections
+            .get(&client)
+            .and_then(|connection| self.connections.get(connection))
+            .is_some_and(|entry| entry.pending.get(&client) == Some(&header.request));
+        if waiting {
+            self.send_to_client(client, frame);
         }
-        entry.pending.remove(&client);
-        let _ = self.bus.send_to_client(*connection, frame);
     }
 
     pub(super) fn send_to_client(&mut self, client: u128, frame: Frame) {

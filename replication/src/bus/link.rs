@@ -67,19 +67,14 @@ impl Link {
     /// Queues a frame; gives it back when the queue is full or the link is dead: `capacity`
     /// large frames, and `small_slots` times that of all frames.
     pub(crate) fn push(&self, frame: Outbound) -> Result<(), Outbound> {
-        let mut queue = self.queue.borrow_mut();
         let large = self.is_large(&frame);
-        if self.dead.get()
-            || queue.len() >= self.capacity * self.small_slots
-            || large && self.large.get() >= self.capacity
-        {
+        if self.dead.get() || !self.has_room(large) {
             return Err(frame);
         }
         if large {
             self.large.set(self.large.get() + 1);
         }
-        queue.push_back(frame);
-        drop(queue);
+        self.queue.borrow_mut().push_back(frame);
         if let Some(waker) = self.writer.borrow_mut().take() {
             waker.wake();
         }
@@ -88,6 +83,12 @@ impl Link {
 
     pub(crate) fn depth(&self) -> usize {
         self.queue.borrow().len()
+    }
+
+    /// Whether the queue takes one more frame, `large` or not.
+    fn has_room(&self, large: bool) -> bool {
+        self.queue.borrow().len() < self.capacity * self.small_slots
+            && (!large || self.large.get() < self.capacity)
     }
 
     /// Whether `frame` counts against the capacity of large frames (every frame of a
@@ -99,10 +100,7 @@ impl Link {
     /// Resolves once the queue has room for a large frame or the link is dead.
     pub(crate) async fn room(&self) {
         poll_fn(|cx| {
-            if self.dead.get()
-                || self.large.get() < self.capacity
-                    && self.queue.borrow().len() < self.capacity * self.small_slots
-            {
+            if self.dead.get() || self.has_room(true) {
                 Poll::Ready(())
             } else {
                 let mut room = self.room.borrow_mut();

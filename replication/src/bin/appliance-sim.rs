@@ -42,6 +42,10 @@ struct Args {
     /// implied by --no-wipes and --no-slow).
     #[arg(long)]
     no_hibernate: bool,
+    /// Superblock writes complete at once (seeds as they ran before a replica went on
+    /// handling frames while its superblock write was in flight)
+    #[arg(long)]
+    no_superblock_lag: bool,
     /// The view every group starts in (by default drawn from the seed; 0 replays seeds
     /// as they ran before groups started in other views).
     #[arg(long)]
@@ -85,6 +89,10 @@ fn options(args: &Args, seed: u64) -> SimOptions {
     // Seeds replayed as they ran before slow nodes or hibernation existed.
     if args.no_hibernate || args.no_wipes || args.no_slow {
         options.hibernate = false;
+    }
+    // Seeds replayed as they ran before superblock writes took time.
+    if args.no_superblock_lag || args.no_hibernate || args.no_wipes || args.no_slow {
+        options.superblock_lag_max = 0;
     }
     if let Some(view) = args.initial_view {
         options.initial_view = view;

@@ -73,6 +73,18 @@ pub struct SimOptions {
     /// appliance's repair windows do under their memory budget. Peers that lack the
     /// dropped ops are answered RangeEvicted and catch up by state transfer.
     pub evict: bool,
+    /// A replica's superblock write completes up to this many ticks after it is issued
+    /// (0: at once). Meanwhile the replica goes on handling frames and ticks while its
+    /// later actions wait for the write, as the appliance's partition groups do; a crash
+    /// loses the write and what waited for it.
+    pub superblock_lag_max: u64,
+}
+
+/// A superblock write in flight, and the replica's actions that wait for it.
+struct SuperblockWrite {
+    due: u64,
+    superblock: crate::vsr::Superblock,
+    after: Vec<Action>,
 }
 
 /// How a restart lost a replica's state.
@@ -157,6 +169,14 @@ impl SimOptions {
             idle_per_10k: 10,
             initial_view: Prng::new(seed ^ 0x0f1e_57ed).below(2 * u64::from(replica_count)) as u32,
             evict: Prng::new(seed ^ 0x0e71_c7ed).chance(1, 2),
+            superblock_lag_max: {
+                let mut lag = Prng::new(seed ^ 0x05b1_a900);
+                if lag.chance(1, 2) {
+                    1 + lag.below(40)
+                } else {
+                    0
+                }
+            },
         }
     }
 }
@@ -300,6 +320,10 @@ pub struct Cluster {
     /// Decides how much each checkpoint drops from memory (`SimOptions::evict`).
     evict_prng: Prng,
     pub anchors_released: u64,
+    /// Each replica's superblock write in flight (`SimOptions::superblock_lag_max`), and
+    /// the stream that decides how long each takes.
+    superblock_writes: Vec<Option<SuperblockWrite>>,
+    superblock_prng: Prng,
 }
 
 impl Cluster {
@@ -386,6 +410,8 @@ impl Cluster {
             idle_prng: Prng::new(options.seed ^ 0x001d_1e55),
             evict_prng: Prng::new(options.seed ^ 0x0e71_c7e5),
             anchors_released: 0,
+            superblock_writes: (0..n).map(|_| None).collect(),
+            superblock_prng: Prng::new(options.seed ^ 0x05b1_a901),
             configs,
             options,
         }
@@ -571,6 +597,7 @@ impl Cluster {
                 continue;
             }
             let i = usize::from(r);
+            self.complete_superblock_write(r)?;
             let done = self.storages[i].sync(self.now);
             if let Some(replica) = self.replicas[i].as_mut() {
                 if !done.is_empty() {
@@ -687,8 +714,18 @@ impl Cluster {
         if !voter {
             check_non_voter(r, &actions)?;
         }
+        self.execute(r, actions)
+    }
+
+    /// Runs `r`'s actions in order; those after a superblock write still in flight wait
+    /// for it.
+    fn execute(&mut self, r: u8, actions: Vec<Action>) -> Result<(), String> {
         let n = self.options.replica_count;
         for action in actions {
+            if let Some(write) = self.superblock_writes[usize::from(r)].as_mut() {
+                write.after.push(action);
+                continue;
+            }
             match action {
                 Action::Send { to, frame } => {
                     self.log(|| format!("r{r} -> r{to} {}", describe(&frame)));
@@ -717,7 +754,17 @@ impl Cluster {
                             superblock.headers.len()
                         )
                     });
-                    self.storages[usize::from(r)].superblock = superblock;
+                    let lag = self.options.superblock_lag_max;
+                    if lag == 0 {
+                        self.storages[usize::from(r)].superblock = superblock;
+                    } else {
+                        let due = self.now + 1 + self.superblock_prng.below(lag);
+                        self.superblock_writes[usize::from(r)] = Some(SuperblockWrite {
+                            due,
+                            superblock,
+                            after: Vec::new(),
+                        });
+                    }
                 }
                 Action::Commit { op, prepare } => {
                     let header = PrepareHeader::read_from_prefix(prepare.as_bytes())
@@ -758,6 +805,22 @@ impl Cluster {
         Ok(())
     }
 
+    /// Completes `r`'s superblock write if it is due: it is durable, and the actions
+    /// that waited for it run.
+    fn complete_superblock_write(&mut self, r: u8) -> Result<(), String> {
+        let i = usize::from(r);
+        if self.superblock_writes[i]
+            .as_ref()
+            .is_none_or(|w| w.due > self.now)
+        {
+            return Ok(());
+        }
+        let write = self.superblock_writes[i].take().expect("checked above");
+        self.log(|| format!("r{r} superblock durable"));
+        self.storages[i].superblock = write.superblock;
+        self.execute(r, write.after)
+    }
+
     fn client_index(&self, client: u128) -> Option<u16> {
         self.clients
             .iter()
@@ -784,6 +847,8 @@ impl Cluster {
     /// Crashes replica `r`: its memory is gone and its storage loses unsynced writes.
     pub fn crash(&mut self, r: u8) {
         self.sleeps[usize::from(r)] = Sleep::default();
+        // A write in flight is lost with the actions that waited for it.
+        self.superblock_writes[usize::from(r)] = None;
         if let Some(replica) = self.replicas[usize::from(r)].take() {
             self.view_changes_retired += replica.counters().view_changes;
             self.slow_skips_retired += replica.slow_counts().0;
@@ -905,14 +970,14 @@ impl Cluster {
         (0..self.options.replica_count).all(|x| self.remembers(x))
     }
 
-    /// Whether replica `x` votes (up) or will when it restarts (down, state kept).
+    /// Whether replica `x` votes (up) and will when it restarts (its durable superblock
+    /// says so: a write in flight that made it a voter is lost in a crash).
     pub(super) fn remembers(&self, x: u8) -> bool {
+        let superblock = &self.storages[usize::from(x)].superblock;
+        let durable = !superblock.replacement && !superblock.unformed;
         match &self.replicas[usize::from(x)] {
-            Some(replica) => replica.is_voter(),
-            None => {
-                let superblock = &self.storages[usize::from(x)].superblock;
-                !superblock.replacement && !superblock.unformed
-            }
+            Some(replica) => replica.is_voter() && durable,
+            None => durable,
         }
     }
 
@@ -986,6 +1051,12 @@ impl Cluster {
     /// again.
     fn state_transfer(&mut self, r: u8, from: u8) -> Result<(), String> {
         if self.replicas[usize::from(r)].is_none() {
+            return Ok(());
+        }
+        if self.superblock_writes[usize::from(r)].is_some() {
+            // As the appliance: no install while the replica's superblock write is in
+            // flight (the restart would read the superblock without it); later.
+            self.transfers.push((r, from));
             return Ok(());
         }
         if let Some(checkpoint) = self.checkpoint_of(usize::from(from)) {

@@ -46,6 +46,7 @@ impl Cluster {
             idle_per_10k: 0,
             initial_view: 0,
             evict: false,
+            superblock_lag_max: 0,
         };
         let mut cluster = Cluster::new(options);
         cluster.faults_on = false;

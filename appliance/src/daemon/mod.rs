@@ -24,6 +24,7 @@ mod group_commit;
 mod repair_windows;
 mod retention;
 mod storage;
+mod superblocks;
 mod xfer_node;
 
 use std::collections::BTreeMap;

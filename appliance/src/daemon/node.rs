@@ -140,6 +140,7 @@ pub enum Event {
 enum Input {
     Event(Event),
     Io(super::group_commit::IoDone),
+    Superblocks(super::superblocks::RoundDone),
 }
 
 /// The bus's callbacks: enqueue, never block.
@@ -226,9 +227,6 @@ const PREPARES_CLOSE_PER_TICK: usize = 4;
 /// Ticks run per wakeup while the node has nothing in flight (`Node::ticks_may_wait`).
 const IDLE_TICK_STRIDE: u32 = 5;
 
-/// A round with at least this many partition superblocks to write syncs them with one
-/// sync of the file system (`write_superblocks`).
-const SUPERBLOCKS_SYNCED_TOGETHER: usize = 32;
 /// Time per tick (and per applied metadata op) spent starting partition groups: about
 /// five groups, so a tick's heartbeats and timeouts are never late by more than this.
 pub(super) const PARTITION_START_BUDGET: Duration = Duration::from_millis(10);
@@ -276,6 +274,8 @@ pub struct Node {
     /// Completions of the lanes' IO tasks.
     pub(super) io_done_tx: Rc<LocalSender<super::group_commit::IoDone>>,
     pub(super) io_done: LocalReceiver<super::group_commit::IoDone>,
+    /// Partition groups' superblock writes in flight, and the actions they hold back.
+    pub(super) superblocks: super::superblocks::Superblocks,
     /// The statexfer executor's inbox (None: state transfer is off, e.g. in tools).
     pub(super) xfer: Option<Rc<ConnectedSender<super::xfer::ToXfer>>>,
     pub(super) xfer_work: super::xfer_node::XferWork,
@@ -449,6 +449,7 @@ impl Node {
             lanes: BTreeMap::new(),
             io_done_tx: Rc::new(io_done_tx),
             io_done,
+            superblocks: super::superblocks::Superblocks::new(),
             xfer,
             xfer_work: Default::default(),
             xfer_freezes: 0,
@@ -503,10 +504,13 @@ impl Node {
                 async { events.recv().await.map(Input::Event) },
                 futures_lite::future::or(
                     async { self.io_done.recv().await.map(Input::Io) },
-                    async {
-                        glommio::timer::sleep(wait).await;
-                        None
-                    },
+                    futures_lite::future::or(
+                        async { self.superblocks.done.recv().await.map(Input::Superblocks) },
+                        async {
+                            glommio::timer::sleep(wait).await;
+                            None
+                        },
+                    ),
                 ),
             )
             .await;
@@ -515,6 +519,7 @@ impl Node {
                 match input {
                     Input::Event(event) => self.on_event(event)?,
                     Input::Io(done) => self.on_io_done(done)?,
+                    Input::Superblocks(done) => self.on_superblocks_done(done)?,
                 }
                 // Whatever else is already queued joins this round, so the journal
                 // writes of many requests share one write and one sync (group commit).
@@ -528,6 +533,11 @@ impl Node {
                     futures_lite::future::poll_once(self.io_done.recv()).await
                 {
                     self.on_io_done(done)?;
+                }
+                while let Some(Some(done)) =
+                    futures_lite::future::poll_once(self.superblocks.done.recv()).await
+                {
+                    self.on_superblocks_done(done)?;
                 }
                 let events_done = Instant::now();
                 self.pump().await?;
@@ -777,24 +787,24 @@ impl Node {
     }
 
     /// Executes queued actions until every group is quiet. A partition group's VSR
-    /// superblock write holds back that group's later actions only: the writes of every
-    /// group that reached one in a round run together (a view change of many groups
-    /// costs about one write's time, not one per group), then each group goes on in
-    /// its own order.
+    /// superblock write holds back that group's later actions only, and runs beside the
+    /// loop (superblocks.rs): the group goes on in its own order once it is durable.
     pub(super) async fn pump(&mut self) -> Result<(), DaemonError> {
-        let mut actions = self.groups.drain_actions();
+        let mut actions = self.superblocks.take_released();
+        actions.extend(self.groups.drain_actions());
         loop {
             if actions.is_empty() {
+                let data_dir = self.settings.data_dir.clone();
+                let open = &self.partitions.prepares_open;
+                self.superblocks
+                    .start_rounds(&data_dir, |group| open.contains(&group));
                 // The round's journal IO starts once its sends and replies are out.
                 return self.start_journal_io().await;
             }
-            let mut held: BTreeMap<u64, Vec<Action>> = BTreeMap::new();
-            let mut superblocks = Vec::new();
             for (group, action) in actions {
-                if let Some(after) = held.get_mut(&group) {
-                    after.push(action);
+                let Some(action) = self.superblocks.hold(group, action) else {
                     continue;
-                }
+                };
                 // A group a full disk stops loses its pending actions with its replica,
                 // as in a crash.
                 if self.stopping.contains(&group) || self.paused.contains_key(&group) {
@@ -805,13 +815,16 @@ impl Node {
                     self.absorb_no_space(ordered)?;
                     continue;
                 }
-                // A partition group's superblock joins the round's writes (below); the
+                // A partition group's superblock is written beside the loop; the
                 // metadata group's goes with its journal superblock (`execute`).
                 if let Action::PersistSuperblock(superblock) = &action {
                     if group != METADATA_GROUP {
                         if let Some(partition) = self.partitions.by_group.get(&group) {
-                            superblocks.push((group, partition.dir.clone(), superblock.clone()));
-                            held.insert(group, Vec::new());
+                            self.superblocks.queue(
+                                group,
+                                partition.dir.clone(),
+                                superblock.clone(),
+                            );
                         }
                         continue;
                     }
@@ -832,68 +845,8 @@ impl Node {
                 self.absorb_no_space(executed)?;
                 slow_step(kind, started);
             }
-            let started = Instant::now();
-            for (group, written) in self.write_superblocks(superblocks).await {
-                if written.is_err() {
-                    // Not written: the group's later actions (the messages that promise
-                    // it) are dropped with it.
-                    held.remove(&group);
-                    self.absorb_no_space(written)?;
-                }
-            }
-            slow_step("action superblocks", started);
-            // What the held groups do next comes before anything they queue from now on.
-            actions = held
-                .into_iter()
-                .flat_map(|(group, after)| after.into_iter().map(move |a| (group, a)))
-                .collect();
-            actions.extend(self.groups.drain_actions());
+            actions = self.groups.drain_actions();
         }
-    }
-
-    /// Writes partition groups' VSR superblocks at once, each on the blocking pool, and
-    /// returns each group's outcome; a write that met a full disk runs once more after
-    /// the reserve went back to the file system.
-    async fn write_superblocks(
-        &mut self,
-        superblocks: Vec<(u64, PathBuf, vsr::Superblock)>,
-    ) -> Vec<(u64, Result<(), DaemonError>)> {
-        // Many at once (a node's share of a failover): written in place unsynced, then
-        // one sync of the file system covers them all, one device flush instead of one
-        // per group.
-        let shared = (superblocks.len() >= SUPERBLOCKS_SYNCED_TOGETHER)
-            .then(|| files::SharedSync::open(&self.settings.data_dir).ok())
-            .flatten();
-        let mut writes = files::write_round(superblocks, shared.as_ref()).await;
-        if let Some(shared) = shared {
-            let synced = glommio::executor()
-                .spawn_blocking(move || shared.sync())
-                .await;
-            if let Err(error) = synced {
-                // Which of them reached the disk is unknown: none counts as written.
-                for (_, _, written) in &mut writes {
-                    if written.is_ok() {
-                        *written = Err(error.duplicate());
-                    }
-                }
-            }
-        }
-        let mut outcomes = Vec::new();
-        for ((group, dir, superblock), _, written) in writes {
-            let written = written.map_err(|e| e.to_string()).or_else(|error| {
-                if !super::storage::is_no_space(&error) {
-                    return Err(error);
-                }
-                // As `with_room`: the reserve goes back to the file system, once more.
-                self.storage
-                    .on_no_space(&format!("partition VSR superblock: {error}"));
-                files::write_vsr_superblock(&dir, &superblock).map_err(|e| e.to_string())
-            });
-            let written =
-                written.map_err(|error| super::storage::no_space_or_runtime(group, error));
-            outcomes.push((group, written));
-        }
-        outcomes
     }
 
     async fn execute(&mut self, group: u64, action: Action) -> Result<(), DaemonError> {

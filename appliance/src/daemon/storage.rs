@@ -293,6 +293,7 @@ impl Node {
     pub(super) async fn stop_full_groups(&mut self) -> Result<(), DaemonError> {
         while let Some(group) = self.stopping.pop_first() {
             self.settle_lane(group).await?;
+            self.settle_superblock(group).await?;
             self.groups.remove(group);
             self.repair_windows.remove(group);
             self.checkpoint_due.remove(&group);

@@ -326,6 +326,12 @@ impl Node {
                 partition.prepares.head()
             )));
         }
+        if self.superblocks.holds(group) {
+            // Its view promise is being written: the copy below would miss it.
+            return Err(Refusal::Skip(
+                "its VSR superblock write is in flight".into(),
+            ));
+        }
         let live = partition.dir.clone();
         let key = partition.key;
         let fatal =

@@ -1,0 +1,286 @@
+//! Partition groups' VSR superblock writes, beside the node loop.
+//!
+//! A group's superblock write holds back that group's later actions only (vsr/mod.rs:
+//! a PersistSuperblock completes before any later action of the group runs), so the
+//! loop does not wait for it: the group's actions queue behind the write while every
+//! other group, and the node's own work, goes on. The writes queued in one pass of the
+//! actions run together as a round (a view change of thousands of groups costs about
+//! one round, not one write per group), and with many of them one sync of the file
+//! system covers them all.
+//!
+//! Groups that journaled a prepare lately (their prepare log is open) go in a round of
+//! their own: when a node's thousands of idle groups change views at once, a busy
+//! group's view change does not wait for their round.
+//!
+//! Whatever replaces or stops a group's replica settles its write first
+//! (`Node::settle_superblock`): a write still in flight would otherwise race the new
+//! replica's own.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::Instant;
+
+use glommio::channels::local_channel::{LocalReceiver, LocalSender};
+use replication::vsr::{self, Action};
+
+use super::files;
+use super::node::Node;
+use super::DaemonError;
+
+/// A round with at least this many superblocks syncs them with one sync of the file
+/// system.
+const SYNCED_TOGETHER: usize = 32;
+
+/// One superblock write: the group, its partition directory, what is written.
+type Write = (u64, PathBuf, vsr::Superblock);
+
+/// A round that completed: each write with its outcome.
+pub(super) struct RoundDone {
+    outcomes: Vec<(Write, Result<(), files::FileError>)>,
+    started: Instant,
+}
+
+pub(super) struct Superblocks {
+    /// Groups whose write is queued or in flight, with the actions they queued since,
+    /// in order.
+    held: BTreeMap<u64, Vec<Action>>,
+    /// Writes queued in this pass, started by `start_rounds`.
+    queued: Vec<Write>,
+    /// Actions of groups whose write is durable, to run before anything they queue next.
+    released: Vec<(u64, Action)>,
+    done_tx: Rc<LocalSender<RoundDone>>,
+    pub(super) done: LocalReceiver<RoundDone>,
+}
+
+impl Superblocks {
+    pub(super) fn new() -> Superblocks {
+        let (done_tx, done) = glommio::channels::local_channel::new_unbounded();
+        Superblocks {
+            held: BTreeMap::new(),
+            queued: Vec::new(),
+            released: Vec::new(),
+            done_tx: Rc::new(done_tx),
+            done,
+        }
+    }
+
+    /// Whether `group` waits on a superblock write.
+    pub(super) fn holds(&self, group: u64) -> bool {
+        self.held.contains_key(&group)
+    }
+
+    /// Holds `action` back behind the group's write, if it has one; otherwise returns it.
+    pub(super) fn hold(&mut self, group: u64, action: Action) -> Option<Action> {
+        match self.held.get_mut(&group) {
+            Some(after) => {
+                after.push(action);
+                None
+            }
+            None => Some(action),
+        }
+    }
+
+    /// Queues a write of `group`'s superblock; the group's later actions wait for it.
+    pub(super) fn queue(&mut self, group: u64, dir: PathBuf, superblock: vsr::Superblock) {
+        self.held.insert(group, Vec::new());
+        self.queued.push((group, dir, superblock));
+    }
+
+    /// The actions released since last taken, in the order their groups queued them.
+    pub(super) fn take_released(&mut self) -> Vec<(u64, Action)> {
+        std::mem::take(&mut self.released)
+    }
+
+    fn release(&mut self, group: u64) {
+        if let Some(after) = self.held.remove(&group) {
+            self.released
+                .extend(after.into_iter().map(|action| (group, action)));
+        }
+    }
+
+    /// Starts the queued writes: those of `busy` groups as one round, the rest as
+    /// another.
+    pub(super) fn start_rounds(&mut self, data_dir: &std::path::Path, busy: impl Fn(u64) -> bool) {
+        if self.queued.is_empty() {
+            return;
+        }
+        let (first, rest): (Vec<Write>, Vec<Write>) = std::mem::take(&mut self.queued)
+            .into_iter()
+            .partition(|w| busy(w.0));
+        for round in [first, rest] {
+            if round.is_empty() {
+                continue;
+            }
+            let done = self.done_tx.clone();
+            let data_dir = data_dir.to_path_buf();
+            glommio::spawn_local(async move {
+                let started = Instant::now();
+                let outcomes = write_round(&data_dir, round).await;
+                // Unbounded: never refused while the node holds the receiver.
+                let _ = done.try_send(RoundDone { outcomes, started });
+            })
+            .detach();
+        }
+    }
+}
+
+/// Writes `writes`, each on the blocking pool; many at once are written in place
+/// unsynced, then one sync of the file system covers them all (one device flush
+/// instead of one per group).
+async fn write_round(
+    data_dir: &std::path::Path,
+    writes: Vec<Write>,
+) -> Vec<(Write, Result<(), files::FileError>)> {
+    let shared = (writes.len() >= SYNCED_TOGETHER)
+        .then(|| files::SharedSync::open(data_dir).ok())
+        .flatten();
+    let mut written = files::write_round(writes, shared.as_ref()).await;
+    if let Some(shared) = shared {
+        let synced = glommio::executor()
+            .spawn_blocking(move || shared.sync())
+            .await;
+        if let Err(error) = synced {
+            // Which of them reached the disk is unknown: none counts as written.
+            for (_, _, outcome) in &mut written {
+                if outcome.is_ok() {
+                    *outcome = Err(error.duplicate());
+                }
+            }
+        }
+    }
+    written
+        .into_iter()
+        .map(|(write, _, outcome)| (write, outcome))
+        .collect()
+}
+
+impl Node {
+    /// A round of superblock writes completed: the groups written go on (their held
+    /// actions run at the next pump); a write that met a full disk runs once more after
+    /// the reserve went back to the file system, and a group whose write failed loses
+    /// its held actions (the messages that promise what was not written).
+    pub(super) fn on_superblocks_done(&mut self, done: RoundDone) -> Result<(), DaemonError> {
+        super::node::slow_step("superblock round", done.started);
+        for ((group, dir, superblock), outcome) in done.outcomes {
+            if !self.superblocks.holds(group) {
+                continue;
+            }
+            let outcome = outcome.map_err(|e| e.to_string()).or_else(|error| {
+                if !super::storage::is_no_space(&error) {
+                    return Err(error);
+                }
+                // As `with_room`: the reserve goes back to the file system, once more.
+                self.storage
+                    .on_no_space(&format!("partition VSR superblock: {error}"));
+                files::write_vsr_superblock(&dir, &superblock).map_err(|e| e.to_string())
+            });
+            match outcome {
+                Ok(()) => self.superblocks.release(group),
+                Err(error) => {
+                    self.superblocks.held.remove(&group);
+                    self.absorb_no_space(Err(super::storage::no_space_or_runtime(group, error)))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until `group` has no superblock write in flight (before its replica is
+    /// stopped or replaced). Its held actions run at the next pump, if it still runs.
+    pub(super) async fn settle_superblock(&mut self, group: u64) -> Result<(), DaemonError> {
+        while self.superblocks.holds(group) {
+            if !self.superblocks.queued.is_empty() {
+                let data_dir = self.settings.data_dir.clone();
+                let open = &self.partitions.prepares_open;
+                self.superblocks
+                    .start_rounds(&data_dir, |g| open.contains(&g));
+            }
+            let Some(done) = self.superblocks.done.recv().await else {
+                return Err(DaemonError::Runtime("superblock completions closed".into()));
+            };
+            self.on_superblocks_done(done)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn truncate(op_max: u64) -> Action {
+        Action::JournalTruncate { op_max }
+    }
+
+    fn ops(actions: &[(u64, Action)]) -> Vec<(u64, u64)> {
+        actions
+            .iter()
+            .map(|(group, action)| match action {
+                Action::JournalTruncate { op_max } => (*group, *op_max),
+                other => panic!("unexpected action {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_group_waits_for_its_write_and_the_others_do_not() {
+        let mut superblocks = Superblocks::new();
+        superblocks.queue(7, PathBuf::from("p7"), vsr::Superblock::default());
+        assert!(superblocks.holds(7));
+        // Another group's action runs at once; group 7's wait, in order.
+        assert!(superblocks.hold(8, truncate(1)).is_some());
+        assert!(superblocks.hold(7, truncate(2)).is_none());
+        assert!(superblocks.hold(7, truncate(3)).is_none());
+        assert!(superblocks.take_released().is_empty());
+        superblocks.release(7);
+        assert!(!superblocks.holds(7));
+        assert_eq!(ops(&superblocks.take_released()), vec![(7, 2), (7, 3)]);
+        // Released once: nothing runs twice, and the group's next action runs at once.
+        assert!(superblocks.take_released().is_empty());
+        assert!(superblocks.hold(7, truncate(4)).is_some());
+    }
+
+    #[test]
+    fn busy_groups_are_written_in_a_round_of_their_own() {
+        let dir = std::env::temp_dir().join(format!("superblocks-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let rounds = journal::runtime::block_on(async {
+            let mut superblocks = Superblocks::new();
+            for group in 1..=40u64 {
+                let group_dir = dir.join(group.to_string());
+                std::fs::create_dir_all(&group_dir).expect("create dir");
+                let superblock = vsr::Superblock {
+                    view: group as u32,
+                    ..Default::default()
+                };
+                superblocks.queue(group, group_dir, superblock);
+            }
+            superblocks.start_rounds(&dir, |group| group == 3);
+            let mut rounds = Vec::new();
+            for _ in 0..2 {
+                let round = superblocks.done.recv().await.expect("a round");
+                let groups: Vec<u64> = round
+                    .outcomes
+                    .into_iter()
+                    .map(|((group, _, _), outcome)| {
+                        outcome.expect("written");
+                        group
+                    })
+                    .collect();
+                rounds.push(groups);
+            }
+            rounds
+        })
+        .expect("executor");
+        let mut sizes: Vec<usize> = rounds.iter().map(Vec::len).collect();
+        sizes.sort();
+        assert_eq!(sizes, vec![1, 39]);
+        assert!(rounds.iter().any(|round| round == &vec![3]));
+        for group in 1..=40u64 {
+            let read = files::read_vsr_superblock(&dir.join(group.to_string())).expect("read");
+            assert_eq!(read.view, group as u32);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -337,28 +337,46 @@ impl RoundWrite for (u64, std::path::PathBuf, VsrSuperblock) {
 /// Does the writes of a round on the blocking pool, every one in flight before the
 /// first is awaited. A write whose directory is on `shared`'s file system is covered:
 /// the caller makes it durable with that sync. Returns each write in order, whether it
-/// is covered, and its outcome.
+/// is covered, and its outcome. Under a shared sync the writes only reach the page
+/// cache, so they go `SHARED_CHUNK` to a blocking task (a task per write cost more in
+/// hand-offs than the writes themselves); each write that syncs itself gets its own.
 pub async fn write_round<W: RoundWrite>(
     writes: Vec<W>,
     shared: Option<&SharedSync>,
 ) -> Vec<(W, bool, Result<(), FileError>)> {
     let device = shared.map(SharedSync::device);
-    let tasks: Vec<_> = writes
+    let chunk = if shared.is_some() { SHARED_CHUNK } else { 1 };
+    let mut chunks: Vec<Vec<W>> = Vec::new();
+    for w in writes {
+        match chunks.last_mut() {
+            Some(last) if last.len() < chunk => last.push(w),
+            _ => chunks.push(vec![w]),
+        }
+    }
+    let tasks: Vec<_> = chunks
         .into_iter()
-        .map(|w| {
+        .map(|chunk| {
             glommio::spawn_local(glommio::executor().spawn_blocking(move || {
-                let covered = device.is_some_and(|device| on_device(w.dir(), device));
-                let written = w.write(covered);
-                (w, covered, written)
+                chunk
+                    .into_iter()
+                    .map(|w| {
+                        let covered = device.is_some_and(|device| on_device(w.dir(), device));
+                        let written = w.write(covered);
+                        (w, covered, written)
+                    })
+                    .collect::<Vec<_>>()
             }))
         })
         .collect();
-    let mut done = Vec::with_capacity(tasks.len());
+    let mut done = Vec::new();
     for task in tasks {
-        done.push(task.await);
+        done.extend(task.await);
     }
     done
 }
+
+/// Writes a blocking task does in a round under a shared sync (`write_round`).
+const SHARED_CHUNK: usize = 128;
 
 fn write_vsr_superblock_with(
     dir: &Path,

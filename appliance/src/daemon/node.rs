@@ -795,9 +795,7 @@ impl Node {
         loop {
             if actions.is_empty() {
                 let data_dir = self.settings.data_dir.clone();
-                let open = &self.partitions.prepares_open;
-                self.superblocks
-                    .start_rounds(&data_dir, |group| open.contains(&group));
+                self.superblocks.start_rounds(&data_dir);
                 // The round's journal IO starts once its sends and replies are out.
                 return self.start_journal_io().await;
             }
@@ -820,10 +818,13 @@ impl Node {
                 if let Action::PersistSuperblock(superblock) = &action {
                     if group != METADATA_GROUP {
                         if let Some(partition) = self.partitions.by_group.get(&group) {
+                            // Groups that journaled lately go in the busy lane.
+                            let busy = self.partitions.prepares_open.contains(&group);
                             self.superblocks.queue(
                                 group,
                                 partition.dir.clone(),
                                 superblock.clone(),
+                                busy,
                             );
                         }
                         continue;

@@ -3,14 +3,14 @@
 //! A group's superblock write holds back that group's later actions only (vsr/mod.rs:
 //! a PersistSuperblock completes before any later action of the group runs), so the
 //! loop does not wait for it: the group's actions queue behind the write while every
-//! other group, and the node's own work, goes on. The writes queued in one pass of the
-//! actions run together as a round (a view change of thousands of groups costs about
-//! one round, not one write per group), and with many of them one sync of the file
-//! system covers them all.
+//! other group, and the node's own work, goes on.
 //!
-//! Groups that journaled a prepare lately (their prepare log is open) go in a round of
-//! their own: when a node's thousands of idle groups change views at once, a busy
-//! group's view change does not wait for their round.
+//! Writes go in rounds, one round in flight per lane: the writes queued while a round
+//! runs make the next one (group commit), so a view change of thousands of groups costs
+//! a few rounds, not one write per group, and with many writes in a round one sync of
+//! the file system covers them all. Groups that journaled a prepare lately (their
+//! prepare log is open) have a lane of their own: when a node's thousands of idle groups
+//! change views at once, a busy group's view change does not wait for their rounds.
 //!
 //! Whatever replaces or stops a group's replica settles its write first
 //! (`Node::settle_superblock`): a write still in flight would otherwise race the new
@@ -37,16 +37,22 @@ type Write = (u64, PathBuf, vsr::Superblock);
 
 /// A round that completed: each write with its outcome.
 pub(super) struct RoundDone {
+    lane: usize,
     outcomes: Vec<(Write, Result<(), files::FileError>)>,
     started: Instant,
 }
+
+/// The lane of groups that journaled a prepare lately, and the lane of the others.
+const BUSY: usize = 0;
+const IDLE: usize = 1;
 
 pub(super) struct Superblocks {
     /// Groups whose write is queued or in flight, with the actions they queued since,
     /// in order.
     held: BTreeMap<u64, Vec<Action>>,
-    /// Writes queued in this pass, started by `start_rounds`.
-    queued: Vec<Write>,
+    /// Per lane: the writes for its next round, and whether a round is in flight.
+    queued: [Vec<Write>; 2],
+    in_flight: [bool; 2],
     /// Actions of groups whose write is durable, to run before anything they queue next.
     released: Vec<(u64, Action)>,
     done_tx: Rc<LocalSender<RoundDone>>,
@@ -58,7 +64,8 @@ impl Superblocks {
         let (done_tx, done) = glommio::channels::local_channel::new_unbounded();
         Superblocks {
             held: BTreeMap::new(),
-            queued: Vec::new(),
+            queued: [Vec::new(), Vec::new()],
+            in_flight: [false; 2],
             released: Vec::new(),
             done_tx: Rc::new(done_tx),
             done,
@@ -81,10 +88,18 @@ impl Superblocks {
         }
     }
 
-    /// Queues a write of `group`'s superblock; the group's later actions wait for it.
-    pub(super) fn queue(&mut self, group: u64, dir: PathBuf, superblock: vsr::Superblock) {
+    /// Queues a write of `group`'s superblock (in the busy lane if `busy`); the group's
+    /// later actions wait for it.
+    pub(super) fn queue(
+        &mut self,
+        group: u64,
+        dir: PathBuf,
+        superblock: vsr::Superblock,
+        busy: bool,
+    ) {
         self.held.insert(group, Vec::new());
-        self.queued.push((group, dir, superblock));
+        let lane = if busy { BUSY } else { IDLE };
+        self.queued[lane].push((group, dir, superblock));
     }
 
     /// The actions released since last taken, in the order their groups queued them.
@@ -99,26 +114,32 @@ impl Superblocks {
         }
     }
 
-    /// Starts the queued writes: those of `busy` groups as one round, the rest as
-    /// another.
-    pub(super) fn start_rounds(&mut self, data_dir: &std::path::Path, busy: impl Fn(u64) -> bool) {
-        if self.queued.is_empty() {
-            return;
-        }
-        let (first, rest): (Vec<Write>, Vec<Write>) = std::mem::take(&mut self.queued)
-            .into_iter()
-            .partition(|w| busy(w.0));
-        for round in [first, rest] {
-            if round.is_empty() {
+    /// A round completed: its lane may start the next one. Returns its outcomes.
+    fn complete(&mut self, done: RoundDone) -> Vec<(Write, Result<(), files::FileError>)> {
+        super::node::slow_step("superblock round", done.started);
+        self.in_flight[done.lane] = false;
+        done.outcomes
+    }
+
+    /// Starts a round in each lane that has writes queued and none in flight.
+    pub(super) fn start_rounds(&mut self, data_dir: &std::path::Path) {
+        for lane in [BUSY, IDLE] {
+            if self.in_flight[lane] || self.queued[lane].is_empty() {
                 continue;
             }
+            self.in_flight[lane] = true;
+            let round = std::mem::take(&mut self.queued[lane]);
             let done = self.done_tx.clone();
             let data_dir = data_dir.to_path_buf();
             glommio::spawn_local(async move {
                 let started = Instant::now();
                 let outcomes = write_round(&data_dir, round).await;
                 // Unbounded: never refused while the node holds the receiver.
-                let _ = done.try_send(RoundDone { outcomes, started });
+                let _ = done.try_send(RoundDone {
+                    lane,
+                    outcomes,
+                    started,
+                });
             })
             .detach();
         }
@@ -161,8 +182,7 @@ impl Node {
     /// the reserve went back to the file system, and a group whose write failed loses
     /// its held actions (the messages that promise what was not written).
     pub(super) fn on_superblocks_done(&mut self, done: RoundDone) -> Result<(), DaemonError> {
-        super::node::slow_step("superblock round", done.started);
-        for ((group, dir, superblock), outcome) in done.outcomes {
+        for ((group, dir, superblock), outcome) in self.superblocks.complete(done) {
             if !self.superblocks.holds(group) {
                 continue;
             }
@@ -183,6 +203,9 @@ impl Node {
                 }
             }
         }
+        // What queued meanwhile is the lane's next round.
+        let data_dir = self.settings.data_dir.clone();
+        self.superblocks.start_rounds(&data_dir);
         Ok(())
     }
 
@@ -190,12 +213,8 @@ impl Node {
     /// stopped or replaced). Its held actions run at the next pump, if it still runs.
     pub(super) async fn settle_superblock(&mut self, group: u64) -> Result<(), DaemonError> {
         while self.superblocks.holds(group) {
-            if !self.superblocks.queued.is_empty() {
-                let data_dir = self.settings.data_dir.clone();
-                let open = &self.partitions.prepares_open;
-                self.superblocks
-                    .start_rounds(&data_dir, |g| open.contains(&g));
-            }
+            let data_dir = self.settings.data_dir.clone();
+            self.superblocks.start_rounds(&data_dir);
             let Some(done) = self.superblocks.done.recv().await else {
                 return Err(DaemonError::Runtime("superblock completions closed".into()));
             };
@@ -223,10 +242,23 @@ mod tests {
             .collect()
     }
 
+    /// The next round to complete: its groups, each written.
+    async fn next_round(superblocks: &mut Superblocks) -> Vec<u64> {
+        let done = superblocks.done.recv().await.expect("a round");
+        superblocks
+            .complete(done)
+            .into_iter()
+            .map(|((group, _, _), outcome)| {
+                outcome.expect("written");
+                group
+            })
+            .collect()
+    }
+
     #[test]
     fn a_group_waits_for_its_write_and_the_others_do_not() {
         let mut superblocks = Superblocks::new();
-        superblocks.queue(7, PathBuf::from("p7"), vsr::Superblock::default());
+        superblocks.queue(7, PathBuf::from("p7"), vsr::Superblock::default(), false);
         assert!(superblocks.holds(7));
         // Another group's action runs at once; group 7's wait, in order.
         assert!(superblocks.hold(8, truncate(1)).is_some());
@@ -254,21 +286,12 @@ mod tests {
                     view: group as u32,
                     ..Default::default()
                 };
-                superblocks.queue(group, group_dir, superblock);
+                superblocks.queue(group, group_dir, superblock, group == 3);
             }
-            superblocks.start_rounds(&dir, |group| group == 3);
+            superblocks.start_rounds(&dir);
             let mut rounds = Vec::new();
             for _ in 0..2 {
-                let round = superblocks.done.recv().await.expect("a round");
-                let groups: Vec<u64> = round
-                    .outcomes
-                    .into_iter()
-                    .map(|((group, _, _), outcome)| {
-                        outcome.expect("written");
-                        group
-                    })
-                    .collect();
-                rounds.push(groups);
+                rounds.push(next_round(&mut superblocks).await);
             }
             rounds
         })
@@ -281,6 +304,35 @@ mod tests {
             let read = files::read_vsr_superblock(&dir.join(group.to_string())).expect("read");
             assert_eq!(read.view, group as u32);
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn writes_queued_while_a_round_runs_make_the_next_round() {
+        let dir = std::env::temp_dir().join(format!("superblocks-next-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let rounds = journal::runtime::block_on(async {
+            let mut superblocks = Superblocks::new();
+            let queue = |superblocks: &mut Superblocks, group: u64| {
+                let group_dir = dir.join(group.to_string());
+                std::fs::create_dir_all(&group_dir).expect("create dir");
+                superblocks.queue(group, group_dir, vsr::Superblock::default(), false);
+            };
+            queue(&mut superblocks, 1);
+            superblocks.start_rounds(&dir);
+            queue(&mut superblocks, 2);
+            queue(&mut superblocks, 3);
+            // The lane's round is in flight: 2 and 3 wait for it.
+            superblocks.start_rounds(&dir);
+            let mut rounds = Vec::new();
+            for _ in 0..2 {
+                rounds.push(next_round(&mut superblocks).await);
+                superblocks.start_rounds(&dir);
+            }
+            rounds
+        })
+        .expect("executor");
+        assert_eq!(rounds, vec![vec![1], vec![2, 3]]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

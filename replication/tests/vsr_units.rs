@@ -1448,3 +1448,51 @@ fn a_released_commit_point_is_evicted_for_repair_and_read_back_for_a_checkpoint(
         "no commit past a released anchor"
     );
 }
+
+/// A forming primary that starts its view right after the merge (nothing to repair)
+/// persists the merged view once: the superblock it would write when the view starts is
+/// the one the merge already wrote, and each write is a round of superblock writes on the
+/// node's critical path of a failover.
+#[test]
+fn a_view_started_right_after_the_merge_is_persisted_once() {
+    let mut r1 = Replica::new(Config::new(cluster(), METADATA_GROUP, 1, 3));
+    r1.on_message(start_view_change(2, 1).as_bytes());
+    let bumped: Vec<(u32, u32)> = r1
+        .drain_actions()
+        .into_iter()
+        .filter_map(|action| match action {
+            Action::PersistSuperblock(sb) => Some((sb.view, sb.log_view)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(bumped, vec![(1, 0)], "the view is promised before the vote");
+    r1.on_message(do_view_change(2, &[], 0, 0).as_bytes());
+    let mut persisted = Vec::new();
+    let mut started_after = None;
+    for action in r1.drain_actions() {
+        match action {
+            Action::PersistSuperblock(sb) => persisted.push((sb.view, sb.log_view)),
+            Action::Broadcast { frame } => {
+                if let Ok(Message::StartView(..)) = decode(frame.as_bytes(), &Limits::default()) {
+                    started_after = Some(persisted.len());
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        r1.status(),
+        Status::Normal,
+        "nothing to repair: the view starts"
+    );
+    assert_eq!(
+        persisted,
+        vec![(1, 1)],
+        "one write for the merge and the start"
+    );
+    assert_eq!(
+        started_after,
+        Some(1),
+        "the StartView goes out after that write"
+    );
+}

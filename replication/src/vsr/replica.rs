@@ -97,6 +97,9 @@ pub struct Replica {
     pub(crate) progress_tick: u64,
     /// The superblock as last persisted.
     pub(crate) superblock: super::Superblock,
+    /// The superblock of the last PersistSuperblock this replica issued: persisting the
+    /// same one again is skipped (that write completes before any later action).
+    pub(crate) superblock_issued: Option<super::Superblock>,
     pub(crate) heartbeat_sent: u64,
     pub(crate) heartbeat_seen: u64,
     /// Primary: the commit point of its latest Commit broadcasts with an empty pipeline,
@@ -194,6 +197,7 @@ impl Replica {
             timestamp_last: 0,
             progress_tick: 0,
             superblock: super::Superblock::default(),
+            superblock_issued: None,
             heartbeat_sent: 0,
             heartbeat_seen: 0,
             commit_broadcasts: (0, 0),

@@ -63,6 +63,12 @@ impl Replica {
         }
         self.superblock.view = self.view;
         self.superblock.log_view = self.log_view;
+        // A forming primary that starts its view right after the merge persists what
+        // the merge did: one write, not two.
+        if self.superblock_issued.as_ref() == Some(&self.superblock) {
+            return;
+        }
+        self.superblock_issued = Some(self.superblock.clone());
         self.actions
             .push_back(Action::PersistSuperblock(self.superblock.clone()));
     }

@@ -417,6 +417,7 @@ impl Node {
             settings.vsr.heartbeat_timeout_ticks,
         );
         let (io_done_tx, io_done) = glommio::channels::local_channel::new_unbounded();
+        let superblocks = super::superblocks::Superblocks::new(settings.data_dir.clone());
         let storage = super::storage::StorageState::open(&settings.data_dir, settings.budget);
         // Unreadable, it is taken as high as it may be: every partition group this node
         // starts empty then waits to catch up before it votes.
@@ -449,7 +450,7 @@ impl Node {
             lanes: BTreeMap::new(),
             io_done_tx: Rc::new(io_done_tx),
             io_done,
-            superblocks: super::superblocks::Superblocks::new(),
+            superblocks,
             xfer,
             xfer_work: Default::default(),
             xfer_freezes: 0,
@@ -794,8 +795,7 @@ impl Node {
         actions.extend(self.groups.drain_actions());
         loop {
             if actions.is_empty() {
-                let data_dir = self.settings.data_dir.clone();
-                self.superblocks.start_rounds(&data_dir);
+                self.superblocks.start_rounds();
                 // The round's journal IO starts once its sends and replies are out.
                 return self.start_journal_io().await;
             }

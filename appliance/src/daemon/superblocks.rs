@@ -57,10 +57,12 @@ pub(super) struct Superblocks {
     released: Vec<(u64, Action)>,
     done_tx: Rc<LocalSender<RoundDone>>,
     pub(super) done: LocalReceiver<RoundDone>,
+    /// The data directory, whose file system a round's shared sync covers.
+    data_dir: PathBuf,
 }
 
 impl Superblocks {
-    pub(super) fn new() -> Superblocks {
+    pub(super) fn new(data_dir: PathBuf) -> Superblocks {
         let (done_tx, done) = glommio::channels::local_channel::new_unbounded();
         Superblocks {
             held: BTreeMap::new(),
@@ -69,6 +71,7 @@ impl Superblocks {
             released: Vec::new(),
             done_tx: Rc::new(done_tx),
             done,
+            data_dir,
         }
     }
 
@@ -122,7 +125,7 @@ impl Superblocks {
     }
 
     /// Starts a round in each lane that has writes queued and none in flight.
-    pub(super) fn start_rounds(&mut self, data_dir: &std::path::Path) {
+    pub(super) fn start_rounds(&mut self) {
         for lane in [BUSY, IDLE] {
             if self.in_flight[lane] || self.queued[lane].is_empty() {
                 continue;
@@ -130,7 +133,7 @@ impl Superblocks {
             self.in_flight[lane] = true;
             let round = std::mem::take(&mut self.queued[lane]);
             let done = self.done_tx.clone();
-            let data_dir = data_dir.to_path_buf();
+            let data_dir = self.data_dir.clone();
             glommio::spawn_local(async move {
                 let started = Instant::now();
                 let outcomes = write_round(&data_dir, round).await;
@@ -204,8 +207,7 @@ impl Node {
             }
         }
         // What queued meanwhile is the lane's next round.
-        let data_dir = self.settings.data_dir.clone();
-        self.superblocks.start_rounds(&data_dir);
+        self.superblocks.start_rounds();
         Ok(())
     }
 
@@ -213,8 +215,7 @@ impl Node {
     /// stopped or replaced). Its held actions run at the next pump, if it still runs.
     pub(super) async fn settle_superblock(&mut self, group: u64) -> Result<(), DaemonError> {
         while self.superblocks.holds(group) {
-            let data_dir = self.settings.data_dir.clone();
-            self.superblocks.start_rounds(&data_dir);
+            self.superblocks.start_rounds();
             let Some(done) = self.superblocks.done.recv().await else {
                 return Err(DaemonError::Runtime("superblock completions closed".into()));
             };
@@ -257,7 +258,7 @@ mod tests {
 
     #[test]
     fn a_group_waits_for_its_write_and_the_others_do_not() {
-        let mut superblocks = Superblocks::new();
+        let mut superblocks = Superblocks::new(PathBuf::from("data"));
         superblocks.queue(7, PathBuf::from("p7"), vsr::Superblock::default(), false);
         assert!(superblocks.holds(7));
         // Another group's action runs at once; group 7's wait, in order.
@@ -278,7 +279,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("superblocks-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let rounds = journal::runtime::block_on(async {
-            let mut superblocks = Superblocks::new();
+            let mut superblocks = Superblocks::new(dir.clone());
             for group in 1..=40u64 {
                 let group_dir = dir.join(group.to_string());
                 std::fs::create_dir_all(&group_dir).expect("create dir");
@@ -288,7 +289,7 @@ mod tests {
                 };
                 superblocks.queue(group, group_dir, superblock, group == 3);
             }
-            superblocks.start_rounds(&dir);
+            superblocks.start_rounds();
             let mut rounds = Vec::new();
             for _ in 0..2 {
                 rounds.push(next_round(&mut superblocks).await);
@@ -312,22 +313,22 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("superblocks-next-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let rounds = journal::runtime::block_on(async {
-            let mut superblocks = Superblocks::new();
+            let mut superblocks = Superblocks::new(dir.clone());
             let queue = |superblocks: &mut Superblocks, group: u64| {
                 let group_dir = dir.join(group.to_string());
                 std::fs::create_dir_all(&group_dir).expect("create dir");
                 superblocks.queue(group, group_dir, vsr::Superblock::default(), false);
             };
             queue(&mut superblocks, 1);
-            superblocks.start_rounds(&dir);
+            superblocks.start_rounds();
             queue(&mut superblocks, 2);
             queue(&mut superblocks, 3);
             // The lane's round is in flight: 2 and 3 wait for it.
-            superblocks.start_rounds(&dir);
+            superblocks.start_rounds();
             let mut rounds = Vec::new();
             for _ in 0..2 {
                 rounds.push(next_round(&mut superblocks).await);
-                superblocks.start_rounds(&dir);
+                superblocks.start_rounds();
             }
             rounds
         })

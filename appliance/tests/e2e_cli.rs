@@ -80,7 +80,7 @@ fn readiness_and_stopping_are_notified_and_sigterm_exits_0() {
     let mut client = Client::connect(files.client_addr(0), 0x42).expect("connect");
     assert_eq!(
         client.login("root", ROOT_PASSWORD).expect("login").status(),
-        0
+        Status::Ok
     );
     assert_eq!(daemon.terminate(Duration::from_secs(20)), Some(0));
     let n = socket.recv(&mut buf).expect("STOPPING=1");

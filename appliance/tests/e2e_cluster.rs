@@ -20,14 +20,14 @@ fn streams(files: &ClusterFiles, replica: usize, id: u128) -> Vec<String> {
     };
     if !client
         .login("root", ROOT_PASSWORD)
-        .is_ok_and(|r| r.status() == 0)
+        .is_ok_and(|r| r.status() == Status::Ok)
     {
         return Vec::new();
     }
     let Ok(reply) = client.read(3, &[]) else {
         return Vec::new();
     };
-    if reply.status() != 0 || reply.body.len() < 4 {
+    if reply.status() != Status::Ok || reply.body.len() < 4 {
         return Vec::new();
     }
     let count = u32_at(&reply.body, 0) as usize;
@@ -109,14 +109,14 @@ fn write_somewhere(
             let _ = client.stream.set_read_timeout(Some(Duration::from_secs(3)));
             if !client
                 .login("root", ROOT_PASSWORD)
-                .is_ok_and(|r| r.status() == 0)
+                .is_ok_and(|r| r.status() == Status::Ok)
             {
                 continue;
             }
             client.session = session;
             match client.call(operation as u8, 0, request, body) {
-                Ok(reply) if reply.status() == 0 => return reply,
-                Ok(reply) => last = format!("node {replica}: status {}", reply.status()),
+                Ok(reply) if reply.status() == Status::Ok => return reply,
+                Ok(reply) => last = format!("node {replica}: status {:?}", reply.status()),
                 Err(e) => last = format!("node {replica}: {e}"),
             }
         }
@@ -140,7 +140,7 @@ fn agreed_primary(files: &ClusterFiles, within: Duration) -> usize {
             };
             if !client
                 .login("root", ROOT_PASSWORD)
-                .is_ok_and(|r| r.status() == 0)
+                .is_ok_and(|r| r.status() == Status::Ok)
             {
                 continue;
             }
@@ -186,17 +186,17 @@ fn three_nodes_redirect_replicate_survive_a_primary_kill_and_catch_up() {
     let mut backup = Client::connect(files.client_addr(others[0]), 0x77).expect("connect");
     assert_eq!(
         backup.login("root", ROOT_PASSWORD).expect("login").status(),
-        0
+        Status::Ok
     );
     assert_eq!(
         backup.register().expect("register").status(),
-        0,
+        Status::Ok,
         "forwarded"
     );
     let reply = backup
         .call(Operation::CreateStream as u8, 0, 1, &short("redirected"))
         .expect("reply");
-    assert_eq!(reply.status(), 1, "NotPrimary");
+    assert_eq!(reply.status(), Status::NotPrimary, "NotPrimary");
     assert_eq!(usize::from(reply.body[0]), primary, "primary id");
     let address = String::from_utf8_lossy(&reply.body[2..]).to_string();
     assert_eq!(address, files.client_addr(primary).to_string());
@@ -212,11 +212,11 @@ fn three_nodes_redirect_replicate_survive_a_primary_kill_and_catch_up() {
             session: 0,
             request: 0,
             operation: Operation::Register,
-            body: &[],
+            body: &login_register_body("root", ROOT_PASSWORD),
         },
         Duration::from_secs(60),
     );
-    let session = u64_at(&registered.body, 0);
+    let session = u64_at(&registered.body, REGISTER_SESSION_AT);
     write_somewhere(
         &files,
         &all,
@@ -240,7 +240,7 @@ fn three_nodes_redirect_replicate_survive_a_primary_kill_and_catch_up() {
     let mut client = Client::connect(files.client_addr(primary), id).expect("connect");
     assert_eq!(
         client.login("root", ROOT_PASSWORD).expect("login").status(),
-        0
+        Status::Ok
     );
     client.session = session;
     let frame = client.frame(Operation::CreateStream as u8, 0, 2, &short("b"));
@@ -290,7 +290,7 @@ fn poll_all(files: &ClusterFiles, replica: usize, stream: u32, topic: u32) -> Ve
     };
     if !client
         .login("root", ROOT_PASSWORD)
-        .is_ok_and(|r| r.status() == 0)
+        .is_ok_and(|r| r.status() == Status::Ok)
     {
         return Vec::new();
     }
@@ -306,7 +306,7 @@ fn poll_all(files: &ClusterFiles, replica: usize, stream: u32, topic: u32) -> Ve
         let Ok(reply) = client.read(5, &body) else {
             return out;
         };
-        if reply.status() != 0 || reply.body.is_empty() {
+        if reply.status() != Status::Ok || reply.body.is_empty() {
             return out;
         }
         let mut at = 0;
@@ -353,7 +353,11 @@ fn cluster_with_topic(files: &ClusterFiles, id: u128, name: &str) -> (Vec<Daemon
         wait_healthy(files, daemon, Duration::from_secs(60));
     }
     let write = writer(files, id);
-    let session = u64_at(&write(0, Operation::Register, &[], 0).body, 0);
+    let register = login_register_body("root", ROOT_PASSWORD);
+    let session = u64_at(
+        &write(0, Operation::Register, &register, 0).body,
+        REGISTER_SESSION_AT,
+    );
     let stream = u32_at(
         &write(1, Operation::CreateStream, &short(name), session).body,
         0,
@@ -413,7 +417,7 @@ fn three_nodes_replicate_a_partition_and_every_node_serves_it() {
     let mut client = Client::connect(files.client_addr(partition_primary), id).expect("connect");
     assert_eq!(
         client.login("root", ROOT_PASSWORD).expect("login").status(),
-        0
+        Status::Ok
     );
     client.session = session;
     let frame = client.frame(Operation::SendMessages as u8, 0, 13, &body);
@@ -509,7 +513,7 @@ fn every_node_killed_at_once_restarts_with_every_acknowledged_batch() {
     let mut client = Client::connect(files.client_addr(primary), id).expect("connect");
     assert_eq!(
         client.login("root", ROOT_PASSWORD).expect("login").status(),
-        0
+        Status::Ok
     );
     client.session = session;
     let started = Instant::now();
@@ -519,7 +523,7 @@ fn every_node_killed_at_once_restarts_with_every_acknowledged_batch() {
         let reply = client
             .call(Operation::SendMessages as u8, 0, 3 + b, &body)
             .expect("reply");
-        assert_eq!(reply.status(), 0, "batch {b}");
+        assert_eq!(reply.status(), Status::Ok, "batch {b}");
         assert_eq!(u64_at(&reply.body, 0), b * 4, "base offset of batch {b}");
         expected.extend(payloads);
         b += 1;
@@ -598,16 +602,17 @@ fn register_and_logout_through_a_backup_are_forwarded_to_the_primary() {
         .set_read_timeout(Some(Duration::from_secs(20)));
     assert_eq!(
         client.login("root", ROOT_PASSWORD).expect("login").status(),
-        0
+        Status::Ok
     );
     let reply = client.register().expect("register reply");
     assert_eq!(
         reply.status(),
-        0,
+        Status::Ok,
         "Register through a backup: {:?}",
         reply.body
     );
-    let session = u64_at(&reply.body, 0);
+    // After the empty result section (4 bytes) and the user id (4): the session.
+    let session = u64_at(&reply.body, 8);
     assert!(session > 0);
     // The session is the cluster's: the primary accepts a write under it at once.
     let mut on_primary = Client::connect(files.client_addr(primary), id).expect("connect");
@@ -616,24 +621,32 @@ fn register_and_logout_through_a_backup_are_forwarded_to_the_primary() {
             .login("root", ROOT_PASSWORD)
             .expect("login")
             .status(),
-        0
+        Status::Ok
     );
     on_primary.session = session;
     let reply = on_primary
         .call(Operation::CreateStream as u8, 0, 1, &short("fwd"))
         .expect("reply");
-    assert_eq!(reply.status(), 0, "write under the forwarded session");
+    assert_eq!(
+        reply.status(),
+        Status::Ok,
+        "write under the forwarded session"
+    );
     // A backup still redirects ordinary writes.
     client.session = session;
     let reply = client
         .call(Operation::CreateStream as u8, 0, 2, &short("other"))
         .expect("reply");
-    assert_eq!(reply.status(), 1, "NotPrimary from the backup");
+    assert_eq!(
+        reply.status(),
+        Status::NotPrimary,
+        "NotPrimary from the backup"
+    );
     // Logout through the backup ends the session everywhere.
     let reply = client
         .call(Operation::Logout as u8, 0, 2, &[])
         .expect("reply");
-    assert_eq!(reply.status(), 0, "Logout through a backup");
+    assert_eq!(reply.status(), Status::Ok, "Logout through a backup");
     let frame = on_primary.frame(Operation::CreateStream as u8, 0, 3, &short("late"));
     on_primary.send_raw(frame.as_bytes()).expect("send");
     let evicted = on_primary.read_reply().expect("a frame");
@@ -666,9 +679,9 @@ fn a_reply_goes_only_where_its_request_waits() {
             .login("root", ROOT_PASSWORD)
             .expect("login")
             .status(),
-        0
+        Status::Ok
     );
-    assert_eq!(writing.register().expect("register").status(), 0);
+    assert_eq!(writing.register().expect("register").status(), Status::Ok);
     let backups: Vec<usize> = (0..NODES).filter(|r| *r != primary).collect();
     for backup in &backups {
         // SAFETY: a signal to a child process this test started.
@@ -682,9 +695,12 @@ fn a_reply_goes_only_where_its_request_waits() {
             .login("root", ROOT_PASSWORD)
             .expect("login")
             .status(),
-        0
+        Status::Ok
     );
-    assert_eq!(reading.read(3, &[]).expect("list streams").status(), 0);
+    assert_eq!(
+        reading.read(3, &[]).expect("list streams").status(),
+        Status::Ok
+    );
     std::thread::sleep(Duration::from_millis(200));
     for backup in &backups {
         // SAFETY: as above.
@@ -696,14 +712,19 @@ fn a_reply_goes_only_where_its_request_waits() {
     let next = reading.read_reply().expect("a frame");
     assert_eq!(
         (next.header.request, next.header.operation, next.status()),
-        (0, NON_REPLICATED, 0),
+        (0, NON_REPLICATED, Status::Ok),
         "the reading connection's next frame answers its read"
     );
     // The write's retry gets the reply the client table keeps, applied once.
     let retried = writing
         .call(Operation::CreateStream as u8, 0, 1, &short("awaited"))
         .expect("retried write");
-    assert_eq!(retried.status(), 0, "the cached reply: {:?}", retried.body);
+    assert_eq!(
+        retried.status(),
+        Status::Ok,
+        "the cached reply: {:?}",
+        retried.body
+    );
     assert_eq!(streams(&files, primary, 0xa11f), ["awaited"]);
     let log = log_of(&files.log(primary));
     assert!(!log.contains("panicked"), "primary log: {log}");
@@ -782,14 +803,14 @@ fn login_through_a_backup_never_sends_the_password_over_the_replica_plane() {
             .login("root", "not-the-password")
             .expect("reply")
             .status(),
-        7
+        Status::InvalidCredentials
     );
     assert_eq!(
         client.login("root", ROOT_PASSWORD).expect("login").status(),
-        0
+        Status::Ok
     );
     let reply = client.register().expect("register reply");
-    assert_eq!(reply.status(), 0, "Register through the backup");
+    assert_eq!(reply.status(), Status::Ok, "Register through the backup");
     let captured = capture.lock().expect("capture").clone();
     let contains = |needle: &[u8]| captured.windows(needle.len()).any(|w| w == needle);
     assert!(
@@ -879,7 +900,11 @@ fn replica_plane_tls_encrypts_replication_and_keeps_out_a_foreign_certificate() 
     daemons[2] = Daemon::start(&files, 2);
     let secret_name = "tls-only-stream-name";
     let write = writer(&files, 0x715);
-    let session = u64_at(&write(0, Operation::Register, &[], 0).body, 0);
+    let register = login_register_body("root", ROOT_PASSWORD);
+    let session = u64_at(
+        &write(0, Operation::Register, &register, 0).body,
+        REGISTER_SESSION_AT,
+    );
     write(1, Operation::CreateStream, &short(secret_name), session);
     for replica in 0..2 {
         wait_streams(&files, replica, &[secret_name], Duration::from_secs(30));

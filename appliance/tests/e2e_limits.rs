@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::*;
 use replication::wire::{Frame, Header, Operation, RequestHeader};
 
-const LIMIT_REACHED: u32 = 8;
+const LIMIT_REACHED: Status = Status::LimitReached;
 
 fn node(env: &[(&str, &str)]) -> (ClusterFiles, Daemon) {
     let files = ClusterFiles::new(1);
@@ -25,14 +25,14 @@ fn node(env: &[(&str, &str)]) -> (ClusterFiles, Daemon) {
 fn logged_in(files: &ClusterFiles, id: u128) -> Client {
     let mut client = Client::connect(files.client_addr(0), id).expect("connect");
     let reply = client.login("root", ROOT_PASSWORD).expect("login");
-    assert_eq!(reply.status(), 0, "login");
+    assert_eq!(reply.status(), Status::Ok, "login");
     client
 }
 
 fn registered(files: &ClusterFiles, id: u128) -> Client {
     let mut client = logged_in(files, id);
     let reply = client.register().expect("register");
-    assert_eq!(reply.status(), 0, "register: {:?}", reply.body);
+    assert_eq!(reply.status(), Status::Ok, "register: {:?}", reply.body);
     client
 }
 
@@ -43,7 +43,7 @@ fn still_served(client: &mut Client, name: &str) {
         .expect("create stream");
     assert_eq!(
         reply.status(),
-        0,
+        Status::Ok,
         "admitted session refused: {:?}",
         reply.body
     );
@@ -98,7 +98,8 @@ fn requests_past_the_in_flight_limit_are_refused_with_the_key() {
     let mut greedy = Client::connect(files.client_addr(0), 2).expect("connect");
     let mut body = short("root");
     body.extend_from_slice(&short(ROOT_PASSWORD));
-    let login = greedy.frame(NON_REPLICATED, 1, 0, &body);
+    body.extend_from_slice(&[0; 8]); // LoginUser: no version, no context
+    let login = greedy.frame(NON_REPLICATED, 38, 0, &body);
     let three = [login.as_bytes(), login.as_bytes(), login.as_bytes()].concat();
     greedy.send_raw(&three).expect("send");
     let replies: Vec<Reply> = (0..3)
@@ -113,11 +114,14 @@ fn requests_past_the_in_flight_limit_are_refused_with_the_key() {
         refused[0].body,
         b"limits.requests_in_flight_per_session".to_vec()
     );
-    assert_eq!(replies.iter().filter(|r| r.status() == 0).count(), 2);
+    assert_eq!(
+        replies.iter().filter(|r| r.status() == Status::Ok).count(),
+        2
+    );
     assert!(rejected(&files, 0, "requests_in_flight_limit", 1) >= 1);
     // The refusal did not end the greedy connection either: it is logged in and served.
     let reply = greedy.register().expect("register");
-    assert_eq!(reply.status(), 0);
+    assert_eq!(reply.status(), Status::Ok);
     still_served(&mut admitted, "after-in-flight-limit");
 }
 
@@ -144,7 +148,7 @@ fn a_request_past_the_body_limit_closes_its_connection_before_the_body() {
     assert_eq!(
         reply.header.request,
         1,
-        "{} {}",
+        "{:?} {}",
         reply.status(),
         String::from_utf8_lossy(&reply.body)
     );
@@ -176,7 +180,7 @@ fn a_frame_past_the_frame_memory_limit_is_refused_and_the_connection_kept() {
     // it sends something that fits.
     still_served(&mut admitted, "during-frame-memory-limit");
     let reply = newcomer.read(2, &[]).expect("cluster metadata");
-    assert_eq!(reply.status(), 0);
+    assert_eq!(reply.status(), Status::Ok);
     // The holder finishes its frame and is answered: its memory was never taken away.
     holder
         .stream

@@ -12,9 +12,9 @@ use common::*;
 use replication::wire::batch::{BatchBuilder, NewMessage};
 use replication::wire::{Operation, PartitionKey};
 
-const PERMISSION_DENIED: u32 = 5;
-const UNAUTHENTICATED: u32 = 6;
-const INVALID_CREDENTIALS: u32 = 7;
+const PERMISSION_DENIED: Status = Status::PermissionDenied;
+const UNAUTHENTICATED: Status = Status::Unauthenticated;
+const INVALID_CREDENTIALS: Status = Status::InvalidCredentials;
 /// The daemon answers a failed login after 500 ms (daemon/client.rs); a floor a little
 /// under it, so the check is that the delay exists, not how precise it is.
 const FAILED_LOGIN_DELAY_FLOOR: Duration = Duration::from_millis(450);
@@ -37,9 +37,9 @@ fn root(files: &ClusterFiles) -> Library {
 fn session_of(files: &ClusterFiles, id: u128, user: &str, password: &str) -> Client {
     let mut client = Client::connect(files.client_addr(0), id).expect("connect");
     let reply = client.login(user, password).expect("login");
-    assert_eq!(reply.status(), 0, "login of {user}");
+    assert_eq!(reply.status(), Status::Ok, "login of {user}");
     let reply = client.register().expect("register");
-    assert_eq!(reply.status(), 0, "register of {user}");
+    assert_eq!(reply.status(), Status::Ok, "register of {user}");
     client
 }
 
@@ -100,7 +100,7 @@ fn a_user_without_write_permission_cannot_produce_and_reads_only_when_granted() 
         .expect("produce");
     assert_eq!(reply.status(), PERMISSION_DENIED, "reader produced");
     let reply = reader.read(5, &poll_body(key)).expect("poll");
-    assert_eq!(reply.status(), 0, "reader cannot read");
+    assert_eq!(reply.status(), Status::Ok, "reader cannot read");
     assert!(
         reply
             .body
@@ -137,7 +137,7 @@ fn a_deleted_users_session_is_refused_on_its_next_request() {
         .create_user("temp", b"temp-password", &[read_only(stream)])
         .expect("temp");
     let mut temp = session_of(&files, 21, "temp", "temp-password");
-    assert_eq!(temp.read(2, &[]).expect("metadata").status(), 0);
+    assert_eq!(temp.read(2, &[]).expect("metadata").status(), Status::Ok);
 
     root.delete_user(user).expect("delete user");
     let reply = temp.read(2, &[]).expect("metadata after delete");
@@ -177,5 +177,5 @@ fn a_wrong_password_and_an_unknown_user_get_the_same_delayed_reply() {
     assert!(rejected(&files, 0, "login_failed", 2) >= 2);
     // The right password still works.
     let (ok, _) = attempt(32, "root", ROOT_PASSWORD);
-    assert_eq!(ok.status(), 0);
+    assert_eq!(ok.status(), Status::Ok);
 }

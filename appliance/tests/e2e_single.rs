@@ -62,7 +62,7 @@ fn consume(client: &mut Client, stream: u32, topic: u32, partition: u32) -> Vec<
     loop {
         let body = poll_body(stream, topic, partition, next, 1000);
         let reply = client.read(5, &body).expect("poll");
-        assert_eq!(reply.status(), 0, "poll status");
+        assert_eq!(reply.status(), Status::Ok, "poll status");
         if reply.body.is_empty() {
             return out;
         }
@@ -93,7 +93,12 @@ fn create_topic(
     let reply = client
         .write(Operation::CreateStream, &short(stream_name))
         .expect("create stream");
-    assert_eq!(reply.status(), 0, "create stream: {:?}", reply.body);
+    assert_eq!(
+        reply.status(),
+        Status::Ok,
+        "create stream: {:?}",
+        reply.body
+    );
     let stream = u32_at(&reply.body, 0);
     let mut body = stream.to_le_bytes().to_vec();
     body.extend_from_slice(&short(topic_name));
@@ -101,16 +106,16 @@ fn create_topic(
     // Retention: message_expiry and max_topic_size 0, the server's defaults.
     body.extend_from_slice(&[0u8; 16]);
     let reply = client.write(Operation::CreateTopic, &body).expect("topic");
-    assert_eq!(reply.status(), 0, "create topic: {:?}", reply.body);
+    assert_eq!(reply.status(), Status::Ok, "create topic: {:?}", reply.body);
     (stream, u32_at(&reply.body, 0))
 }
 
 fn logged_in(files: &ClusterFiles, id: u128) -> Client {
     let mut client = Client::connect(files.client_addr(0), id).expect("connect");
     let login = client.login("root", ROOT_PASSWORD).expect("login");
-    assert_eq!(login.status(), 0, "login");
+    assert_eq!(login.status(), Status::Ok, "login");
     let register = client.register().expect("register");
-    assert_eq!(register.status(), 0, "register");
+    assert_eq!(register.status(), Status::Ok, "register");
     assert_ne!(client.session, 0);
     client
 }
@@ -129,7 +134,7 @@ fn single_node_produces_consumes_and_keeps_data_across_a_restart() {
             let reply = send(&mut client, stream, topic, partition, b * PER_BATCH);
             assert_eq!(
                 reply.status(),
-                0,
+                Status::Ok,
                 "send: {:?}",
                 String::from_utf8_lossy(&reply.body)
             );
@@ -144,7 +149,7 @@ fn single_node_produces_consumes_and_keeps_data_across_a_restart() {
     let retry = client
         .call(Operation::SendMessages as u8, 0, last, &body)
         .expect("retry");
-    assert_eq!(retry.status(), 0);
+    assert_eq!(retry.status(), Status::Ok);
     assert_eq!(
         u64_at(&retry.body, 0),
         (BATCHES - 1) * PER_BATCH,
@@ -175,7 +180,7 @@ fn single_node_produces_consumes_and_keeps_data_across_a_restart() {
     let reply = client
         .write(Operation::StoreConsumerOffset, &body)
         .expect("store offset");
-    assert_eq!(reply.status(), 0);
+    assert_eq!(reply.status(), Status::Ok);
 
     // Graceful stop: SIGTERM exits 0.
     assert_eq!(daemon.terminate(Duration::from_secs(20)), Some(0));
@@ -183,18 +188,18 @@ fn single_node_produces_consumes_and_keeps_data_across_a_restart() {
     wait_healthy(&files, &mut daemon, Duration::from_secs(30));
     let mut client = logged_in(&files, 0xc2);
     let list = client.read(3, &[]).expect("list streams");
-    assert_eq!(list.status(), 0);
+    assert_eq!(list.status(), Status::Ok);
     assert_eq!(u32_at(&list.body, 0), 1, "one stream after restart");
     check(&mut client);
     let mut body = partition_key(stream, topic, 1);
     body.push(0);
     body.extend_from_slice(&7u32.to_le_bytes());
     let offset = client.read(6, &body).expect("get offset");
-    assert_eq!(offset.status(), 0);
+    assert_eq!(offset.status(), Status::Ok);
     assert_eq!(u64_at(&offset.body, 0), 41);
     // Appends continue after the restored offsets.
     let reply = send(&mut client, stream, topic, 2, BATCHES * PER_BATCH);
-    assert_eq!(reply.status(), 0);
+    assert_eq!(reply.status(), Status::Ok);
     assert_eq!(u64_at(&reply.body, 0), BATCHES * PER_BATCH);
 
     // SIGKILL, restart: acknowledged data survives.
@@ -215,10 +220,14 @@ fn bad_client_input_is_answered_or_closed_and_the_node_keeps_serving() {
     // Not logged in.
     let mut anonymous = Client::connect(files.client_addr(0), 0xa1).expect("connect");
     let reply = anonymous.read(3, &[]).expect("reply");
-    assert_eq!(reply.status(), 6, "unauthenticated");
+    assert_eq!(reply.status(), Status::Unauthenticated, "unauthenticated");
     // Wrong password.
     let reply = anonymous.login("root", "wrong").expect("reply");
-    assert_eq!(reply.status(), 7, "invalid credentials");
+    assert_eq!(
+        reply.status(),
+        Status::InvalidCredentials,
+        "invalid credentials"
+    );
 
     let mut client = logged_in(&files, 0xa2);
     // Unknown operation, internal operation: InvalidRequest with the reason.
@@ -226,14 +235,18 @@ fn bad_client_input_is_answered_or_closed_and_the_node_keeps_serving() {
         let frame = client.frame(operation, 0, 0, &[]);
         client.send_raw(frame.as_bytes()).expect("send");
         let reply = client.read_reply().expect("reply");
-        assert_eq!(reply.status(), 2, "operation {operation}");
+        assert_eq!(
+            reply.status(),
+            Status::InvalidRequest,
+            "operation {operation}"
+        );
         assert!(!reply.body.is_empty(), "a reason");
     }
     // A body that does not parse.
     let reply = client
         .write(Operation::CreateStream, &[200, 1])
         .expect("reply");
-    assert_eq!(reply.status(), 2);
+    assert_eq!(reply.status(), Status::InvalidRequest);
     // A batch that fails its checksum.
     let mut body = partition_key(1, 1, 0);
     let mut bad = BatchBuilder::with_capacity(64);
@@ -248,7 +261,7 @@ fn bad_client_input_is_answered_or_closed_and_the_node_keeps_serving() {
     bad[end] ^= 0xff;
     body.extend_from_slice(&bad);
     let reply = client.write(Operation::SendMessages, &body).expect("reply");
-    assert_eq!(reply.status(), 2);
+    assert_eq!(reply.status(), Status::InvalidRequest);
 
     // Garbage bytes, a replica command, an oversize frame: each connection is refused.
     let garbage = |bytes: Vec<u8>| {
@@ -283,7 +296,7 @@ fn bad_client_input_is_answered_or_closed_and_the_node_keeps_serving() {
     let reply = client
         .write(Operation::CreateStream, &short("still-here"))
         .expect("create");
-    assert_eq!(reply.status(), 0);
+    assert_eq!(reply.status(), Status::Ok);
     std::thread::sleep(Duration::from_millis(300));
     let (code, stats) = http_get(files.http_addr(0), "/stats").expect("stats");
     assert_eq!(code, 200);
@@ -304,7 +317,7 @@ fn bad_client_input_is_answered_or_closed_and_the_node_keeps_serving() {
 /// Names of the streams node 0 lists.
 fn stream_count(client: &mut Client) -> u32 {
     let reply = client.read(3, &[]).expect("list streams");
-    assert_eq!(reply.status(), 0);
+    assert_eq!(reply.status(), Status::Ok);
     u32_at(&reply.body, 0)
 }
 
@@ -322,7 +335,12 @@ fn metadata_checkpoints_let_the_journal_wrap_across_restarts() {
             let reply = client
                 .call(Operation::CreateStream as u8, 0, request, &short(&name))
                 .expect("reply");
-            assert_eq!(reply.status(), 0, "CreateStream {name}: {:?}", reply.body);
+            assert_eq!(
+                reply.status(),
+                Status::Ok,
+                "CreateStream {name}: {:?}",
+                reply.body
+            );
             request += 1;
         }
     };
@@ -380,7 +398,7 @@ fn runtime_pin_cpus_pins_the_replica_executor_to_one_cpu() {
     let reply = client
         .call(Operation::CreateStream as u8, 0, 1, &short("pinned"))
         .expect("reply");
-    assert_eq!(reply.status(), 0);
+    assert_eq!(reply.status(), Status::Ok);
 }
 
 #[test]
@@ -411,12 +429,15 @@ fn a_new_sessions_request_numbers_are_never_taken_for_an_old_sessions_retries() 
     // Session 1 writes batches under request numbers 3 and 4.
     for first in [0, PER_BATCH] {
         let reply = send(&mut client, stream, topic, 0, first);
-        assert_eq!((reply.status(), u64_at(&reply.body, 0)), (0, first));
+        assert_eq!(
+            (reply.status(), u64_at(&reply.body, 0)),
+            (Status::Ok, first)
+        );
     }
     // The client registers again (e.g. after its session was lost) and numbers its
     // requests from 1: the same numbers are new writes of the new session, not retries
     // answered from the old session's cached replies.
-    assert_eq!(client.register().expect("register").status(), 0);
+    assert_eq!(client.register().expect("register").status(), Status::Ok);
     for (request, first) in [
         (1u64, 2 * PER_BATCH),
         (2, 3 * PER_BATCH),
@@ -428,7 +449,11 @@ fn a_new_sessions_request_numbers_are_never_taken_for_an_old_sessions_retries() 
         let reply = client
             .call(Operation::SendMessages as u8, 0, request, &body)
             .expect("reply");
-        assert_eq!(reply.status(), 0, "request {request} of the new session");
+        assert_eq!(
+            reply.status(),
+            Status::Ok,
+            "request {request} of the new session"
+        );
         assert_eq!(
             reply.header.request, request,
             "the reply names the client's number"
@@ -505,7 +530,7 @@ fn a_round_of_many_partition_checkpoints_is_durable_across_a_kill() {
     for round in 0..2 {
         for partition in 0..MANY {
             let reply = send(&mut client, stream, topic, partition, round * PER_BATCH);
-            assert_eq!(reply.status(), 0, "send");
+            assert_eq!(reply.status(), Status::Ok, "send");
             assert_eq!(u64_at(&reply.body, 0), round * PER_BATCH);
         }
         checkpointed(round + 1);
@@ -513,7 +538,7 @@ fn a_round_of_many_partition_checkpoints_is_durable_across_a_kill() {
     // SIGKILL right after: the checkpoints and the batches above them are recovered.
     for partition in 0..MANY {
         let reply = send(&mut client, stream, topic, partition, 2 * PER_BATCH);
-        assert_eq!(reply.status(), 0, "send");
+        assert_eq!(reply.status(), Status::Ok, "send");
     }
     daemon.kill();
     let mut daemon = Daemon::start(&files, 0);
@@ -524,10 +549,10 @@ fn a_round_of_many_partition_checkpoints_is_durable_across_a_kill() {
         eventually(Duration::from_secs(30), Duration::from_millis(50), || {
             let body = poll_body(stream, topic, partition, 0, 1);
             let status = client.read(5, &body).expect("poll").status();
-            if status == 12 {
+            if status == Status::Unavailable {
                 return Err(format!("partition {partition} unavailable"));
             }
-            assert_eq!(status, 0, "poll partition {partition}");
+            assert_eq!(status, Status::Ok, "poll partition {partition}");
             Ok(())
         });
         let messages = consume(&mut client, stream, topic, partition);
@@ -536,7 +561,7 @@ fn a_round_of_many_partition_checkpoints_is_durable_across_a_kill() {
             .collect();
         assert_eq!(messages, want, "partition {partition}");
         let reply = send(&mut client, stream, topic, partition, 3 * PER_BATCH);
-        assert_eq!(reply.status(), 0, "send after the restart");
+        assert_eq!(reply.status(), Status::Ok, "send after the restart");
         assert_eq!(u64_at(&reply.body, 0), 3 * PER_BATCH);
     }
     assert_eq!(daemon.terminate(Duration::from_secs(20)), Some(0));

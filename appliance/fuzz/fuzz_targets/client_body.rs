@@ -13,7 +13,9 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let operation = Operation::ALL[usize::from(selector) % Operation::ALL.len()];
-    let read_command = u32::from(selector >> 5);
+    // The read codes the client port serves (ReadCommand).
+    const READS: [u32; 8] = [1, 2, 3, 4, 5, 6, 12, 38];
+    let read_command = READS[usize::from(selector >> 5)];
     if let Ok(request) = ClientRequest::decode(operation, read_command, body) {
         let (op, read) = request.operation();
         let encoded = request.encode();

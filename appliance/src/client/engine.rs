@@ -12,7 +12,11 @@ use super::conn::{Connection, ExchangeError, Incoming};
 use super::error::ClientError;
 use super::retry::{proves_not_applied, step_for, Budget, RetryPolicy, Step};
 use crate::protocol::reply::{reason_text, LoginReply, NotPrimaryReply, RegisterReply};
-use crate::protocol::{ClientRequest, ReadCommand, Status};
+use crate::protocol::request::PROTOCOL_VERSION;
+use crate::protocol::{ClientRequest, ClientVersion, Credentials, ReadCommand, Status};
+
+/// The SDK name this library gives in a Register.
+pub const SDK_NAME: &str = "appliance-client";
 
 /// Nodes a client remembers (the configured ones plus those replies name).
 pub const NODES_MAX: usize = 256;
@@ -258,7 +262,22 @@ impl Client {
     /// Registers a session (any node; a backup forwards it). Replaces a previous one.
     pub fn register(&mut self) -> Result<u64, ClientError> {
         let server = self.target(METADATA_GROUP);
-        let body = self.call(METADATA_GROUP, &ClientRequest::Register)?;
+        let Some((username, password)) = self.credentials.clone() else {
+            return Err(ClientError::Status {
+                status: Status::Unauthenticated,
+                reason: "log in before registering a session".to_owned(),
+            });
+        };
+        let register = ClientRequest::Register {
+            version: ClientVersion {
+                protocol_version: PROTOCOL_VERSION,
+                sdk_name: SDK_NAME.to_owned(),
+                sdk_version: env!("CARGO_PKG_VERSION").to_owned(),
+            },
+            credentials: Credentials::Password { username, password },
+            context: None,
+        };
+        let body = self.call(METADATA_GROUP, &register)?;
         let reply =
             RegisterReply::decode(&body).map_err(|e| ClientError::body(server, "Register", e))?;
         self.session = Some(Session {
@@ -356,6 +375,8 @@ impl Client {
         let login = ClientRequest::Login {
             username: user,
             password,
+            version: Some(env!("CARGO_PKG_VERSION").to_owned()),
+            context: None,
         };
         let (operation, read_command) = login.operation();
         let frame = self.frame(operation, read_command, 0, 0, &login.encode());
@@ -372,7 +393,7 @@ impl Client {
                 return Err(not_delivered(ClientError::evicted(reason)))
             }
         };
-        match Status::from_u32(status) {
+        match Status::from_reply(status, &body) {
             Some(Status::Ok) => {
                 let reply = LoginReply::decode(&body)
                     .map_err(|e| not_delivered(ClientError::body(addr, "Login", e)))?;
@@ -525,19 +546,21 @@ impl Client {
                     }
                     (Status::NoSession, Vec::new())
                 }
-                Ok(Incoming::Reply { header, body }) => match Status::from_u32(header.status) {
-                    Some(status) => (status, body),
-                    None => {
-                        self.forget(addr);
-                        last = Some(ClientError::UnexpectedReply {
-                            server: addr,
-                            what: format!("unknown status {}", header.status),
-                        });
-                        fate.maybe_applied |= kind == Kind::Replicated;
-                        std::thread::sleep(budget.backoff(Instant::now()));
-                        continue;
+                Ok(Incoming::Reply { header, body }) => {
+                    match Status::from_reply(header.status, &body) {
+                        Some(status) => (status, body),
+                        None => {
+                            self.forget(addr);
+                            last = Some(ClientError::UnexpectedReply {
+                                server: addr,
+                                what: format!("unknown status {}", header.status),
+                            });
+                            fate.maybe_applied |= kind == Kind::Replicated;
+                            std::thread::sleep(budget.backoff(Instant::now()));
+                            continue;
+                        }
                     }
-                },
+                }
             };
             if !proves_not_applied(status) && kind == Kind::Replicated {
                 // Decided: the number is used whether the status is Ok or final.

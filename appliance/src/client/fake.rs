@@ -21,7 +21,8 @@ use replication::wire::{
 };
 
 use crate::protocol::reply::*;
-use crate::protocol::{ClientRequest, Consumer, PollStrategy, Status};
+use crate::protocol::status::PIPELINE_FULL_REASON;
+use crate::protocol::{ClientRequest, Consumer, Credentials, PollStrategy, Status};
 
 /// One recorded request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -259,7 +260,11 @@ fn serve(replica: u8, mut stream: TcpStream, state: Arc<Mutex<FakeState>>) {
                 reply.client = header.client;
                 reply.request = header.request;
                 reply.operation = header.operation;
-                reply.status = status as u32;
+                reply.status = status.wire_code(header.operation);
+                let body = match status {
+                    Status::PipelineFull => PIPELINE_FULL_REASON.to_vec(),
+                    _ => body,
+                };
                 Frame::build(&reply, &body)
             }
             Answer::Evict(reason) => {
@@ -305,18 +310,33 @@ fn handle(
         Ok(request) => request,
         Err(e) => return Answer::Reply(Status::InvalidRequest, e.to_string().into_bytes()),
     };
-    if let ClientRequest::Login { username, password } = &request {
-        return match s
-            .users
+    let user_of = |username: &String, password: &Vec<u8>| {
+        s.users
             .iter()
             .find(|(u, p, _)| u == username && p == password)
-        {
-            Some((_, _, id)) => {
-                *user = Some(*id);
-                ok(LoginReply { user_id: *id }.encode())
-            }
-            None => fail(Status::InvalidCredentials),
-        };
+            .map(|(_, _, id)| *id)
+    };
+    match &request {
+        ClientRequest::Login {
+            username, password, ..
+        } => {
+            return match user_of(username, password) {
+                Some(id) => {
+                    *user = Some(id);
+                    ok(LoginReply { user_id: id }.encode())
+                }
+                None => fail(Status::InvalidCredentials),
+            };
+        }
+        ClientRequest::Register {
+            credentials: Credentials::Password { username, password },
+            ..
+        } => match user_of(username, password) {
+            Some(id) => *user = Some(id),
+            None => return fail(Status::InvalidCredentials),
+        },
+        ClientRequest::Register { .. } => return fail(Status::FeatureUnavailable),
+        _ => {}
     }
     if s.faults.unauthenticated > 0 {
         s.faults.unauthenticated -= 1;
@@ -350,7 +370,7 @@ fn handle(
     if operation == Operation::Register {
         let session = s.next_session;
         s.next_session += 1;
-        let reply = RegisterReply { session }.encode();
+        let reply = RegisterReply::of_this_server(user.unwrap_or_default(), session).encode();
         s.sessions.insert(
             header.client,
             SessionEntry {

@@ -69,7 +69,9 @@ pub fn step_for(status: Status) -> Step {
         | Status::InvalidCredentials
         | Status::LimitReached
         | Status::StorageFull
-        | Status::StaleRequest => Step::Done,
+        | Status::StaleRequest
+        | Status::FeatureUnavailable
+        | Status::IncompatibleProtocol => Step::Done,
     }
 }
 

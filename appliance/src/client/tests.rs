@@ -316,7 +316,10 @@ fn logins(cluster: &FakeCluster) -> usize {
         .state()
         .received
         .iter()
-        .filter(|r| r.operation == Operation::NonReplicated as u8 && r.read_command == 1)
+        .filter(|r| {
+            r.operation == Operation::NonReplicated as u8
+                && r.read_command == crate::protocol::ReadCommand::Login as u32
+        })
         .count()
 }
 

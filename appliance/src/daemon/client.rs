@@ -15,10 +15,11 @@ use super::node::{Event, Node};
 use super::partitions::{self, POLL_BYTES_MAX};
 use crate::protocol::codec::Writer;
 use crate::protocol::reply::{
-    ClusterMetadataReply, GroupInfo, ListTopicsReply, NodeInfo, PartitionRange, TopicInfo,
-    PRIMARY_UNKNOWN,
+    ClusterMetadataReply, ClusterNode, ClusterNodesReply, GroupInfo, ListTopicsReply, NodeInfo,
+    PartitionRange, TopicInfo, NODE_HEALTHY, NODE_UNREACHABLE, PRIMARY_UNKNOWN, ROLE_FOLLOWER,
+    ROLE_LEADER,
 };
-use crate::protocol::{ClientRequest, PollStrategy, Status};
+use crate::protocol::{ClientRequest, Credentials, PollStrategy, Status};
 use crate::state::{auth, Caller, MetadataOp, Right};
 
 /// A failed login is answered after this delay (slows password guessing).
@@ -78,7 +79,11 @@ impl Node {
         header.request = request.request;
         header.operation = request.operation;
         header.timestamp = request.timestamp;
-        header.status = status as u32;
+        header.status = status.wire_code(request.operation);
+        let body = match status {
+            Status::PipelineFull => crate::protocol::status::PIPELINE_FULL_REASON,
+            _ => body,
+        };
         Frame::build(&header, body)
     }
 
@@ -180,13 +185,45 @@ impl Node {
                 );
             }
         };
-        let entry = self.connections.entry(connection).or_default();
-        if let ClientRequest::Login { username, password } = &request {
-            entry.user = None;
-            if self.admit_in_flight(connection, &header, true) {
-                self.start_login(connection, &header, username, password);
+        match &request {
+            ClientRequest::Ping => return self.answer(connection, &header, Status::Ok, &[]),
+            ClientRequest::Unsupported { .. } => {
+                self.reject("command_unsupported");
+                return self.answer(connection, &header, Status::FeatureUnavailable, &[]);
             }
-            return;
+            _ => {}
+        }
+        let entry = self.connections.entry(connection).or_default();
+        match &request {
+            ClientRequest::Login {
+                username, password, ..
+            } => {
+                entry.user = None;
+                if self.admit_in_flight(connection, &header, true) {
+                    self.start_login(connection, &header, username, password);
+                }
+                return;
+            }
+            ClientRequest::Register {
+                version,
+                credentials,
+                ..
+            } => {
+                entry.user = None;
+                if !crate::protocol::request::protocol_compatible(version.protocol_version) {
+                    self.reject("protocol_incompatible");
+                    return self.answer(connection, &header, Status::IncompatibleProtocol, &[]);
+                }
+                let Credentials::Password { username, password } = credentials else {
+                    self.reject("access_token_unsupported");
+                    return self.answer(connection, &header, Status::FeatureUnavailable, &[]);
+                };
+                if self.admit_in_flight(connection, &header, true) {
+                    self.start_login(connection, &header, username, password);
+                }
+                return;
+            }
+            _ => {}
         }
         let Some(user) = entry.user else {
             self.reject("unauthenticated");
@@ -210,6 +247,7 @@ impl Node {
         };
         match &request {
             ClientRequest::ClusterMetadata
+            | ClientRequest::ClusterNodes
             | ClientRequest::ListStreams
             | ClientRequest::ListTopics { .. }
             | ClientRequest::PollMessages { .. }
@@ -228,17 +266,6 @@ impl Node {
                 // The prepare body is the request body after the 12-byte partition key.
                 let rest = body.get(12..).unwrap_or(&[]);
                 self.partition_request(connection, &header, user, *partition, rest);
-            }
-            ClientRequest::Register => {
-                let table = self.metadata().map(|r| r.clients());
-                let known = table.is_some_and(|t| t.get(header.client).is_some());
-                let sessions = table.map_or(0, |t| t.len());
-                if !known && sessions >= self.settings.client_limits.sessions_max as usize {
-                    // Admitted sessions are never evicted to make room for a new one.
-                    self.reject("session_limit");
-                    return self.refuse_limit(connection, &header, "session_limit");
-                }
-                self.metadata_request(connection, &header, user, operation, &[]);
             }
             ClientRequest::Logout => {
                 self.metadata_request(connection, &header, user, operation, &[]);
@@ -278,6 +305,64 @@ impl Node {
                     Err(status) => self.answer(connection, &header, status, &[]),
                 }
             }
+        }
+    }
+
+    /// A Register whose credentials checked out: the metadata primary mints the session
+    /// (a backup forwards the verified user id).
+    fn register(&mut self, connection: ClientId, header: &RequestHeader, user: u32) {
+        let table = self.metadata().map(|r| r.clients());
+        let known = table.is_some_and(|t| t.get(header.client).is_some());
+        let sessions = table.map_or(0, |t| t.len());
+        if !known && sessions >= self.settings.client_limits.sessions_max as usize {
+            // Admitted sessions are never evicted to make room for a new one.
+            self.reject("session_limit");
+            return self.refuse_limit(connection, header, "session_limit");
+        }
+        self.client_connections.insert(header.client, connection);
+        self.metadata_request(connection, header, user, Operation::Register, &[]);
+    }
+
+    /// Iggy's cluster metadata: every node with the address clients dial; the metadata
+    /// group's primary leads (no node does during a view change); a peer this node has
+    /// no link to is reported unreachable.
+    fn cluster_nodes(&self) -> ClusterNodesReply {
+        let leader = self
+            .metadata()
+            .filter(|r| r.status() == replication::vsr::Status::Normal)
+            .map(|r| r.config().primary_of(r.view()));
+        let nodes = self
+            .settings
+            .client_addresses
+            .iter()
+            .map(|(replica, address)| {
+                // "host:port" or "[v6]:port": the port follows the last colon.
+                let (host, port) = address.rsplit_once(':').unwrap_or((address, "0"));
+                let reachable =
+                    *replica == self.settings.replica || self.bus.is_connected(*replica);
+                ClusterNode {
+                    name: format!("node-{replica}"),
+                    ip: host
+                        .trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .to_owned(),
+                    tcp_port: port.parse().unwrap_or(0),
+                    role: if leader == Some(*replica) {
+                        ROLE_LEADER
+                    } else {
+                        ROLE_FOLLOWER
+                    },
+                    status: if reachable {
+                        NODE_HEALTHY
+                    } else {
+                        NODE_UNREACHABLE
+                    },
+                }
+            })
+            .collect();
+        ClusterNodesReply {
+            name: format!("appliance-{}", self.settings.cluster),
+            nodes,
         }
     }
 
@@ -344,7 +429,11 @@ impl Node {
         match user {
             Some(user) => {
                 entry.user = Some(user);
-                self.answer(connection, header, Status::Ok, &user.to_le_bytes());
+                if header.operation == Operation::Register as u8 {
+                    self.register(connection, header, user);
+                } else {
+                    self.answer(connection, header, Status::Ok, &user.to_le_bytes());
+                }
             }
             None => {
                 entry.user = None;
@@ -630,6 +719,7 @@ impl Node {
                     .collect();
                 return (Status::Ok, ClusterMetadataReply { nodes, groups }.encode());
             }
+            ClientRequest::ClusterNodes => return (Status::Ok, self.cluster_nodes().encode()),
             ClientRequest::ListStreams => {
                 let streams: Vec<_> = self
                     .state

@@ -19,6 +19,7 @@ use replication::wire::{
 use zerocopy::FromBytes;
 
 use super::node::Node;
+use crate::protocol::reply::RegisterReply;
 use crate::protocol::Status;
 
 /// Forwarded requests a backup waits on at once; more are answered Unavailable.
@@ -205,7 +206,7 @@ impl Node {
         let Ok((header, _)) = ReplyHeader::read_from_prefix(reply.as_bytes()) else {
             return true;
         };
-        let ok = header.status == Status::Ok as u32;
+        let ok = header.status == Status::Ok.wire_code(header.operation);
         let outcome = match (ok, forwarded.logout) {
             (true, _) => register_outcome::OK,
             (false, false) => register_outcome::CANCELED,
@@ -318,7 +319,7 @@ impl Node {
             match pending.ok {
                 Some((epoch, watermark)) if watermark <= commit => {
                     let body = if pending.request.operation == Operation::Register as u8 {
-                        epoch.to_le_bytes().to_vec()
+                        RegisterReply::of_this_server(pending.request.user_id, epoch).encode()
                     } else {
                         Vec::new()
                     };

@@ -30,6 +30,7 @@ use super::partitions::{self, Partitions};
 use super::repair_windows::RepairWindows;
 use super::DaemonError;
 use crate::protocol::codec::Reader;
+use crate::protocol::reply::RegisterReply;
 use crate::protocol::Status;
 use crate::state::{Caller, MetadataOp, MetadataState};
 
@@ -640,7 +641,7 @@ impl Node {
                 let mut header = ReplyHeader::new();
                 header.frame.cluster = self.settings.cluster;
                 header.frame.replica = self.settings.replica;
-                header.status = Status::InvalidRequest as u32;
+                header.status = Status::InvalidRequest.wire_code(0);
                 let frame = Frame::build(&header, reason.as_bytes());
                 let _ = self.bus.send_to_client(connection, frame);
             }
@@ -1009,7 +1010,10 @@ impl Node {
         };
         let body = prepare.as_bytes().get(256..).unwrap_or(&[]);
         let (status, reply_body) = match Operation::from_u8(header.operation) {
-            Some(Operation::Register) => (Status::Ok, op.to_le_bytes().to_vec()),
+            Some(Operation::Register) => (
+                Status::Ok,
+                RegisterReply::of_this_server(header.user_id, op).encode(),
+            ),
             Some(Operation::Logout) => (Status::Ok, Vec::new()),
             Some(operation) => match MetadataOp::decode(operation, body) {
                 Ok(metadata_op) => {
@@ -1139,7 +1143,7 @@ impl Node {
         }
         match self.replies.get(&(group, client)) {
             Some(cached) if cached.op == header.op => {
-                header.status = cached.status as u32;
+                header.status = cached.status.wire_code(header.operation);
                 Frame::build(&header, &cached.body)
             }
             _ => Frame::build(&header, frame.as_bytes().get(256..).unwrap_or(&[])),

@@ -62,6 +62,11 @@ impl<'a> Reader<'a> {
         Ok(self.take(1, field)?[0])
     }
 
+    pub fn u16(&mut self, field: &'static str) -> Result<u16, BodyError> {
+        let b = self.take(2, field)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
     pub fn u32(&mut self, field: &'static str) -> Result<u32, BodyError> {
         let b = self.take(4, field)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -99,6 +104,29 @@ impl<'a> Reader<'a> {
         Ok(self.take(len, field)?.to_vec())
     }
 
+    /// An optional text: u32 length (0: none), then UTF-8 bytes (at most `max`).
+    pub fn optional_text(
+        &mut self,
+        field: &'static str,
+        max: usize,
+    ) -> Result<Option<String>, BodyError> {
+        let text = self.text(field, max)?;
+        Ok((!text.is_empty()).then_some(text))
+    }
+
+    /// A text: u32 length, then UTF-8 bytes (at most `max`; may be empty).
+    pub fn text(&mut self, field: &'static str, max: usize) -> Result<String, BodyError> {
+        let len = self.u32(field)? as usize;
+        if len > max {
+            return Err(BodyError::Invalid {
+                field,
+                rule: "longer than the server accepts",
+            });
+        }
+        let bytes = self.take(len, field)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| BodyError::NotUtf8 { field })
+    }
+
     /// Bytes not read yet (to bound a list count before allocating for it).
     pub fn remaining(&self) -> usize {
         self.bytes.len()
@@ -133,6 +161,11 @@ impl Writer {
         self
     }
 
+    pub fn u16(&mut self, v: u16) -> &mut Writer {
+        self.bytes.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
     pub fn u32(&mut self, v: u32) -> &mut Writer {
         self.bytes.extend_from_slice(&v.to_le_bytes());
         self
@@ -150,6 +183,16 @@ impl Writer {
         self.bytes.push(len as u8);
         self.bytes.extend_from_slice(&v[..len]);
         self
+    }
+
+    /// An optional text in the layout `Reader::optional_text` reads.
+    pub fn optional_text(&mut self, v: Option<&str>) -> &mut Writer {
+        self.text(v.unwrap_or_default())
+    }
+
+    /// A text in the layout `Reader::text` reads.
+    pub fn text(&mut self, v: &str) -> &mut Writer {
+        self.u32(v.len() as u32).raw(v.as_bytes())
     }
 
     pub fn raw(&mut self, v: &[u8]) -> &mut Writer {

@@ -10,7 +10,8 @@ pub mod status;
 
 pub use codec::BodyError;
 pub use request::{
-    ClientRequest, Consumer, PollStrategy, ReadCommand, Retention, StreamPermission,
+    ClientRequest, ClientVersion, Consumer, Credentials, PollStrategy, ReadCommand, Retention,
+    StreamPermission,
 };
 pub use status::Status;
 

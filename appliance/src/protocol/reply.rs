@@ -67,19 +67,46 @@ impl LoginReply {
     }
 }
 
-/// Register: the session the primary minted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Register: who logged in and the session the primary minted, after a result
+/// section with no entries (an accepted metadata operation; docs/client-protocol.md).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RegisterReply {
+    pub user_id: u32,
     pub session: u64,
+    pub server_protocol_version: u32,
+    pub server_version: String,
 }
 
 impl RegisterReply {
+    /// This server's reply: `user_id` logged in, `session` minted.
+    pub fn of_this_server(user_id: u32, session: u64) -> RegisterReply {
+        RegisterReply {
+            user_id,
+            session,
+            server_protocol_version: super::request::PROTOCOL_VERSION,
+            server_version: super::request::SERVER_VERSION.to_owned(),
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
-        Writer::default().u64(self.session).finish()
+        Writer::default()
+            .u32(0)
+            .u32(self.user_id)
+            .u64(self.session)
+            .u32(self.server_protocol_version)
+            .short_bytes(self.server_version.as_bytes())
+            .finish()
     }
 
     pub fn decode(body: &[u8]) -> Result<RegisterReply, BodyError> {
         decode_all(body, |r| {
+            if r.u32("result_count")? != 0 {
+                return Err(BodyError::Invalid {
+                    field: "result_count",
+                    rule: "an accepted Register has no result entries",
+                });
+            }
+            let user_id = r.u32("user_id")?;
             let session = r.u64("session")?;
             if session == 0 {
                 return Err(BodyError::Invalid {
@@ -87,7 +114,12 @@ impl RegisterReply {
                     rule: "must not be 0",
                 });
             }
-            Ok(RegisterReply { session })
+            Ok(RegisterReply {
+                user_id,
+                session,
+                server_protocol_version: r.u32("server_protocol_version")?,
+                server_version: r.name("server_version")?,
+            })
         })
     }
 }
@@ -208,6 +240,80 @@ impl NotPrimaryReply {
                 primary: r.u8("primary")?,
                 address: r.name("address")?,
             })
+        })
+    }
+}
+
+/// A node's role in Iggy's cluster metadata: the metadata group's primary leads.
+pub const ROLE_LEADER: u8 = 0;
+pub const ROLE_FOLLOWER: u8 = 1;
+/// A node's status in Iggy's cluster metadata, as the answering node sees it.
+pub const NODE_HEALTHY: u8 = 0;
+pub const NODE_UNREACHABLE: u8 = 3;
+/// Bytes a name or address in Iggy's cluster metadata may hold.
+pub const CLUSTER_TEXT_MAX: usize = 1024;
+
+/// One node in Iggy's cluster metadata (GetClusterMetadata, code 12).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterNode {
+    pub name: String,
+    /// The host clients dial (advertised_address, else ip).
+    pub ip: String,
+    pub tcp_port: u16,
+    /// ROLE_LEADER or ROLE_FOLLOWER.
+    pub role: u8,
+    /// NODE_HEALTHY or NODE_UNREACHABLE.
+    pub status: u8,
+}
+
+/// Iggy's GetClusterMetadata (code 12): the cluster's name and every node with its
+/// address and role, which Iggy's SDKs read to find the leader. The QUIC, HTTP and
+/// WebSocket ports are 0: the appliance serves TCP only.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterNodesReply {
+    pub name: String,
+    pub nodes: Vec<ClusterNode>,
+}
+
+impl ClusterNodesReply {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.text(&self.name).u32(self.nodes.len() as u32);
+        for node in &self.nodes {
+            w.text(&node.name)
+                .text(&node.ip)
+                .u16(node.tcp_port)
+                .u16(0)
+                .u16(0)
+                .u16(0)
+                .u8(node.role)
+                .u8(node.status);
+        }
+        w.finish()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<ClusterNodesReply, BodyError> {
+        decode_all(body, |r| {
+            let name = r.text("name", CLUSTER_TEXT_MAX)?;
+            let count = list_len(r, "nodes", 18, NODES_MAX)?;
+            let nodes = (0..count)
+                .map(|_| {
+                    let name = r.text("node.name", CLUSTER_TEXT_MAX)?;
+                    let ip = r.text("node.ip", CLUSTER_TEXT_MAX)?;
+                    let tcp_port = r.u16("node.tcp_port")?;
+                    for field in ["node.quic_port", "node.http_port", "node.websocket_port"] {
+                        r.u16(field)?;
+                    }
+                    Ok(ClusterNode {
+                        name,
+                        ip,
+                        tcp_port,
+                        role: r.u8("node.role")?,
+                        status: r.u8("node.status")?,
+                    })
+                })
+                .collect::<Result<Vec<_>, BodyError>>()?;
+            Ok(ClusterNodesReply { name, nodes })
         })
     }
 }

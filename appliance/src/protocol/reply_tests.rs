@@ -41,9 +41,39 @@ fn samples() -> Vec<(Vec<u8>, fn(&[u8]) -> Result<Vec<u8>, BodyError>)> {
         (LoginReply { user_id: 7 }.encode(), |b| {
             LoginReply::decode(b).map(|r| r.encode())
         }),
-        (RegisterReply { session: 42 }.encode(), |b| {
-            RegisterReply::decode(b).map(|r| r.encode())
-        }),
+        (
+            RegisterReply {
+                user_id: 1,
+                session: 42,
+                server_protocol_version: 11 << 10,
+                server_version: "appliance 0.1.0".into(),
+            }
+            .encode(),
+            |b| RegisterReply::decode(b).map(|r| r.encode()),
+        ),
+        (
+            ClusterNodesReply {
+                name: "appliance-1".into(),
+                nodes: vec![
+                    ClusterNode {
+                        name: "node-0".into(),
+                        ip: "127.0.0.1".into(),
+                        tcp_port: 8090,
+                        role: ROLE_LEADER,
+                        status: NODE_HEALTHY,
+                    },
+                    ClusterNode {
+                        name: "node-1".into(),
+                        ip: "::1".into(),
+                        tcp_port: 8091,
+                        role: ROLE_FOLLOWER,
+                        status: NODE_UNREACHABLE,
+                    },
+                ],
+            }
+            .encode(),
+            |b| ClusterNodesReply::decode(b).map(|r| r.encode()),
+        ),
         (IdReply { id: 3 }.encode(), |b| {
             IdReply::decode(b).map(|r| r.encode())
         }),
@@ -157,7 +187,17 @@ fn a_list_count_beyond_the_body_is_refused_before_allocating() {
 
 #[test]
 fn zero_session_and_empty_send_reply_are_refused() {
-    assert!(RegisterReply::decode(&0u64.to_le_bytes()).is_err());
+    let zero = RegisterReply {
+        user_id: 1,
+        session: 0,
+        server_protocol_version: 11 << 10,
+        server_version: "appliance".into(),
+    };
+    assert!(RegisterReply::decode(&zero.encode()).is_err());
+    // A result section with an entry is a refusal, not a session.
+    let mut refused = zero.encode();
+    refused[0] = 1;
+    assert!(RegisterReply::decode(&refused).is_err());
     let mut body = 5u64.to_le_bytes().to_vec();
     body.extend_from_slice(&0u32.to_le_bytes());
     assert!(SendMessagesReply::decode(&body).is_err());

@@ -58,36 +58,85 @@ pub enum PollStrategy {
     Next,
 }
 
-/// NonReplicated read commands (RequestHeader.read_command).
+/// NonReplicated read commands (RequestHeader.read_command): the Apache Iggy command
+/// codes (binary protocol 0.11.0) where the appliance serves Iggy's command, and the
+/// appliance's own reads at codes Iggy leaves unused (2 to 6).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadCommand {
-    Login = 1,
+    Ping = 1,
     ClusterMetadata = 2,
     ListStreams = 3,
     ListTopics = 4,
     PollMessages = 5,
     GetConsumerOffset = 6,
+    /// Iggy's GetClusterMetadata: every node, its address and role.
+    ClusterNodes = 12,
+    /// Iggy's LoginUser: authenticates the connection without a new session.
+    Login = 38,
 }
 
 impl ReadCommand {
     pub fn from_u32(value: u32) -> Option<ReadCommand> {
         Some(match value {
-            1 => ReadCommand::Login,
+            1 => ReadCommand::Ping,
             2 => ReadCommand::ClusterMetadata,
             3 => ReadCommand::ListStreams,
             4 => ReadCommand::ListTopics,
             5 => ReadCommand::PollMessages,
             6 => ReadCommand::GetConsumerOffset,
+            12 => ReadCommand::ClusterNodes,
+            38 => ReadCommand::Login,
             _ => return None,
         })
     }
 }
 
+/// The Iggy protocol version (major << 20 | minor << 10 | patch) this client port
+/// speaks: 0.11.0.
+pub const PROTOCOL_VERSION: u32 = 11 << 10;
+
+/// The server version a Register reply names.
+pub const SERVER_VERSION: &str = concat!("appliance ", env!("CARGO_PKG_VERSION"));
+
+/// Whether a client of `version` speaks this port's protocol: the same minor version
+/// (patch releases never change the wire).
+pub fn protocol_compatible(version: u32) -> bool {
+    version >> 10 == PROTOCOL_VERSION >> 10
+}
+
+/// Bytes an optional text of a login (SDK version, client context) may hold.
+pub const LOGIN_TEXT_MAX: usize = 1024;
+
+/// The client's protocol version and SDK, at the head of a Register body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientVersion {
+    pub protocol_version: u32,
+    pub sdk_name: String,
+    pub sdk_version: String,
+}
+
+/// How a Register proves who the client is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Credentials {
+    Password {
+        username: String,
+        password: Vec<u8>,
+    },
+    /// A personal access token.
+    Token(Vec<u8>),
+}
+
 /// A parsed client request body.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClientRequest<'a> {
-    Register,
+    /// Login and Register in one (Iggy's LoginRegister): the node checks the
+    /// credentials, then the metadata primary mints the session.
+    Register {
+        version: ClientVersion,
+        credentials: Credentials,
+        context: Option<String>,
+    },
     Logout,
     CreateStream {
         name: String,
@@ -180,11 +229,22 @@ pub enum ClientRequest<'a> {
         partition: PartitionKey,
         segments: u32,
     },
+    /// Authenticates the connection (Iggy's LoginUser); the session goes on.
     Login {
         username: String,
         password: Vec<u8>,
+        version: Option<String>,
+        context: Option<String>,
+    },
+    Ping,
+    /// A NonReplicated read whose code the appliance does not serve (answered
+    /// FeatureUnavailable).
+    Unsupported {
+        code: u32,
     },
     ClusterMetadata,
+    /// Iggy's GetClusterMetadata.
+    ClusterNodes,
     ListStreams,
     ListTopics {
         stream_id: u32,
@@ -265,6 +325,41 @@ pub(crate) fn write_permissions(w: &mut Writer, permissions: &[StreamPermission]
     }
 }
 
+fn register(body: &[u8]) -> Result<ClientRequest<'_>, BodyError> {
+    let mut r = Reader::new(body);
+    let version = ClientVersion {
+        protocol_version: r.u32("protocol_version")?,
+        sdk_name: r.name("sdk_name")?,
+        sdk_version: r.name("sdk_version")?,
+    };
+    let tail = r.rest();
+    // A password login names the user first; a token login has the token alone. The
+    // password layout is tried first and must consume the body exactly.
+    let password = |tail| {
+        let mut r = Reader::new(tail);
+        let credentials = Credentials::Password {
+            username: r.name("username")?,
+            password: r.secret("password")?,
+        };
+        let context = r.optional_text("client_context", LOGIN_TEXT_MAX)?;
+        r.finish()?;
+        Ok((credentials, context))
+    };
+    let token = |tail| {
+        let mut r = Reader::new(tail);
+        let credentials = Credentials::Token(r.secret("token")?);
+        let context = r.optional_text("client_context", LOGIN_TEXT_MAX)?;
+        r.finish()?;
+        Ok::<_, BodyError>((credentials, context))
+    };
+    let (credentials, context) = password(tail).or_else(|error| token(tail).map_err(|_| error))?;
+    Ok(ClientRequest::Register {
+        version,
+        credentials,
+        context,
+    })
+}
+
 fn ids(r: &mut Reader<'_>, names: [&'static str; 3]) -> Result<(u32, u32, u32), BodyError> {
     Ok((r.u32(names[0])?, r.u32(names[1])?, r.u32(names[2])?))
 }
@@ -278,9 +373,11 @@ impl<'a> ClientRequest<'a> {
         body: &'a [u8],
     ) -> Result<ClientRequest<'a>, BodyError> {
         use Operation as O;
+        if operation == O::Register {
+            return register(body);
+        }
         let mut r = Reader::new(body);
         let request = match operation {
-            O::Register => ClientRequest::Register,
             O::Logout => ClientRequest::Logout,
             O::CreateStream => ClientRequest::CreateStream {
                 name: r.name("name")?,
@@ -384,8 +481,12 @@ impl<'a> ClientRequest<'a> {
                 Some(ReadCommand::Login) => ClientRequest::Login {
                     username: r.name("username")?,
                     password: r.secret("password")?,
+                    version: r.optional_text("version", LOGIN_TEXT_MAX)?,
+                    context: r.optional_text("context", LOGIN_TEXT_MAX)?,
                 },
+                Some(ReadCommand::Ping) => ClientRequest::Ping,
                 Some(ReadCommand::ClusterMetadata) => ClientRequest::ClusterMetadata,
+                Some(ReadCommand::ClusterNodes) => ClientRequest::ClusterNodes,
                 Some(ReadCommand::ListStreams) => ClientRequest::ListStreams,
                 Some(ReadCommand::ListTopics) => ClientRequest::ListTopics {
                     stream_id: r.u32("stream_id")?,
@@ -437,10 +538,9 @@ impl<'a> ClientRequest<'a> {
                     consumer: consumer(&mut r)?,
                 },
                 None => {
-                    return Err(BodyError::Invalid {
-                        field: "read_command",
-                        rule: "unknown read command",
-                    })
+                    // Answered whatever the body holds.
+                    r.rest();
+                    ClientRequest::Unsupported { code: read_command }
                 }
             },
             _ => {
@@ -459,7 +559,7 @@ impl<'a> ClientRequest<'a> {
         use ClientRequest as R;
         let read = |c: ReadCommand| (Operation::NonReplicated, c as u32);
         match self {
-            R::Register => (Operation::Register, 0),
+            R::Register { .. } => (Operation::Register, 0),
             R::Logout => (Operation::Logout, 0),
             R::CreateStream { .. } => (Operation::CreateStream, 0),
             R::DeleteStream { .. } => (Operation::DeleteStream, 0),
@@ -481,7 +581,10 @@ impl<'a> ClientRequest<'a> {
             R::DeleteConsumerOffset { .. } => (Operation::DeleteConsumerOffset, 0),
             R::DeleteSegments { .. } => (Operation::DeleteSegments, 0),
             R::Login { .. } => read(ReadCommand::Login),
+            R::Ping => read(ReadCommand::Ping),
+            R::Unsupported { code } => (Operation::NonReplicated, *code),
             R::ClusterMetadata => read(ReadCommand::ClusterMetadata),
+            R::ClusterNodes => read(ReadCommand::ClusterNodes),
             R::ListStreams => read(ReadCommand::ListStreams),
             R::ListTopics { .. } => read(ReadCommand::ListTopics),
             R::PollMessages { .. } => read(ReadCommand::PollMessages),
@@ -505,7 +608,30 @@ impl<'a> ClientRequest<'a> {
             }
         };
         match self {
-            R::Register | R::Logout | R::ClusterMetadata | R::ListStreams => {}
+            R::Logout
+            | R::ClusterMetadata
+            | R::ClusterNodes
+            | R::ListStreams
+            | R::Ping
+            | R::Unsupported { .. } => {}
+            R::Register {
+                version,
+                credentials,
+                context,
+            } => {
+                w.u32(version.protocol_version)
+                    .short_bytes(version.sdk_name.as_bytes())
+                    .short_bytes(version.sdk_version.as_bytes());
+                match credentials {
+                    Credentials::Password { username, password } => {
+                        w.short_bytes(username.as_bytes()).short_bytes(password);
+                    }
+                    Credentials::Token(token) => {
+                        w.short_bytes(token);
+                    }
+                }
+                w.optional_text(context.as_deref());
+            }
             R::CreateStream { name } => {
                 w.short_bytes(name.as_bytes());
             }
@@ -635,8 +761,16 @@ impl<'a> ClientRequest<'a> {
                 part(&mut w, partition);
                 w.u32(*segments);
             }
-            R::Login { username, password } => {
-                w.short_bytes(username.as_bytes()).short_bytes(password);
+            R::Login {
+                username,
+                password,
+                version,
+                context,
+            } => {
+                w.short_bytes(username.as_bytes())
+                    .short_bytes(password)
+                    .optional_text(version.as_deref())
+                    .optional_text(context.as_deref());
             }
             R::PollMessages {
                 partition,

@@ -20,8 +20,26 @@ fn samples() -> Vec<ClientRequest<'static>> {
         write: false,
         manage: true,
     };
+    let version = ClientVersion {
+        protocol_version: request::PROTOCOL_VERSION,
+        sdk_name: "rust-sdk".into(),
+        sdk_version: "0.11.0".into(),
+    };
     vec![
-        ClientRequest::Register,
+        ClientRequest::Register {
+            version: version.clone(),
+            credentials: Credentials::Password {
+                username: "iggy".into(),
+                password: b"iggy".to_vec(),
+            },
+            context: Some("orders-service".into()),
+        },
+        ClientRequest::Register {
+            version,
+            credentials: Credentials::Token(b"token-1".to_vec()),
+            context: None,
+        },
+        ClientRequest::Ping,
         ClientRequest::Logout,
         ClientRequest::CreateStream {
             name: "orders".into(),
@@ -108,6 +126,8 @@ fn samples() -> Vec<ClientRequest<'static>> {
         ClientRequest::Login {
             username: "ana".into(),
             password: b"pw".to_vec(),
+            version: Some("0.11.0".into()),
+            context: None,
         },
         ClientRequest::ClusterMetadata,
         ClientRequest::ListStreams,
@@ -167,7 +187,7 @@ fn truncated_and_padded_bodies_are_refused() {
 }
 
 #[test]
-fn internal_operations_and_unknown_reads_are_refused() {
+fn internal_operations_are_refused_and_unknown_reads_told_apart() {
     assert!(matches!(
         ClientRequest::decode(Operation::TruncatePartition, 0, &[]),
         Err(BodyError::Invalid {
@@ -175,13 +195,10 @@ fn internal_operations_and_unknown_reads_are_refused() {
             ..
         })
     ));
-    assert!(matches!(
+    assert_eq!(
         ClientRequest::decode(Operation::NonReplicated, 99, &[]),
-        Err(BodyError::Invalid {
-            field: "read_command",
-            ..
-        })
-    ));
+        Ok(ClientRequest::Unsupported { code: 99 })
+    );
 }
 
 #[test]
@@ -224,13 +241,125 @@ fn field_ranges_are_enforced() {
 
 #[test]
 fn status_codes_round_trip() {
-    for value in 0..=13 {
-        assert_eq!(Status::from_u32(value).map(|s| s as u32), Some(value));
+    use status::{code, PIPELINE_FULL_REASON};
+    let all = [
+        Status::Ok,
+        Status::NotPrimary,
+        Status::InvalidRequest,
+        Status::NotFound,
+        Status::AlreadyExists,
+        Status::PermissionDenied,
+        Status::Unauthenticated,
+        Status::InvalidCredentials,
+        Status::LimitReached,
+        Status::PipelineFull,
+        Status::NoSession,
+        Status::StaleRequest,
+        Status::Unavailable,
+        Status::StorageFull,
+        Status::FeatureUnavailable,
+        Status::IncompatibleProtocol,
+    ];
+    let not_primary = reply::NotPrimaryReply {
+        primary: 2,
+        address: "127.0.0.1:8092".into(),
     }
-    assert!(Status::from_u32(14).is_none());
+    .encode();
+    for operation in Operation::ALL {
+        for status in all {
+            let body: &[u8] = match status {
+                Status::NotPrimary => &not_primary,
+                Status::PipelineFull => PIPELINE_FULL_REASON,
+                _ => &[],
+            };
+            let wire = status.wire_code(*operation as u8);
+            assert_eq!(
+                Status::from_reply(wire, body),
+                Some(status),
+                "{status:?} in a reply to {operation:?} ({wire})"
+            );
+        }
+    }
+    // The codes the Iggy SDK maps to its own errors.
+    let create_stream = Operation::CreateStream as u8;
+    assert_eq!(Status::Unauthenticated.wire_code(0), 40);
+    assert_eq!(Status::InvalidCredentials.wire_code(0), 42);
+    assert_eq!(Status::NotPrimary.wire_code(0), 58);
+    assert_eq!(Status::Unavailable.wire_code(0), 58);
+    assert_eq!(Status::AlreadyExists.wire_code(create_stream), 1012);
+    assert_eq!(
+        Status::AlreadyExists.wire_code(Operation::CreateUser as u8),
+        code::USER_ALREADY_EXISTS
+    );
+    assert_eq!(Status::FeatureUnavailable.wire_code(0), 5);
+    assert_eq!(Status::from_wire(999), None);
     assert!(!Status::StorageFull.is_retryable());
     assert!(Status::NotPrimary.is_retryable());
     assert!(!Status::PermissionDenied.is_retryable());
+}
+
+/// A LoginRegister body laid out field by field as Iggy's SDK 0.11.0 sends it.
+fn iggy_login_register(username: &str, password: &str, context: &str) -> Vec<u8> {
+    let mut body = (11u32 << 10).to_le_bytes().to_vec();
+    for name in ["rust-sdk", "0.11.0", username] {
+        body.push(name.len() as u8);
+        body.extend_from_slice(name.as_bytes());
+    }
+    body.push(password.len() as u8);
+    body.extend_from_slice(password.as_bytes());
+    body.extend_from_slice(&(context.len() as u32).to_le_bytes());
+    body.extend_from_slice(context.as_bytes());
+    body
+}
+
+#[test]
+fn iggy_login_bodies_decode() {
+    let body = iggy_login_register("iggy", "secret", "");
+    let ClientRequest::Register {
+        version,
+        credentials,
+        context,
+    } = ClientRequest::decode(Operation::Register, 0, &body).unwrap()
+    else {
+        panic!("not a Register");
+    };
+    assert_eq!(version.protocol_version, 11 << 10);
+    assert!(request::protocol_compatible(version.protocol_version));
+    assert!(!request::protocol_compatible(12 << 10));
+    assert!(!request::protocol_compatible(1 << 20 | 11 << 10));
+    assert_eq!(version.sdk_name, "rust-sdk");
+    assert_eq!(
+        credentials,
+        Credentials::Password {
+            username: "iggy".into(),
+            password: b"secret".to_vec()
+        }
+    );
+    assert_eq!(context, None);
+    // A token login: the version prefix, then the token alone.
+    let mut token = body[..4 + 9 + 7].to_vec();
+    token.push(5);
+    token.extend_from_slice(b"abcde");
+    token.extend_from_slice(&3u32.to_le_bytes());
+    token.extend_from_slice(b"ctx");
+    let decoded = ClientRequest::decode(Operation::Register, 0, &token).unwrap();
+    assert!(matches!(
+        decoded,
+        ClientRequest::Register { credentials: Credentials::Token(ref t), context: Some(ref c), .. }
+            if t == b"abcde" && c == "ctx"
+    ));
+    // An empty Register (no credentials) and a cut body are refused.
+    assert!(ClientRequest::decode(Operation::Register, 0, &[]).is_err());
+    assert!(ClientRequest::decode(Operation::Register, 0, &body[..body.len() - 2]).is_err());
+    // Iggy's read codes the appliance does not serve are told apart, body and all.
+    assert_eq!(
+        ClientRequest::decode(Operation::NonReplicated, 201, &[1, 2, 3]),
+        Ok(ClientRequest::Unsupported { code: 201 })
+    );
+    assert_eq!(
+        ClientRequest::decode(Operation::NonReplicated, 1, &[]),
+        Ok(ClientRequest::Ping)
+    );
 }
 
 proptest! {

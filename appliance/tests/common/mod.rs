@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub use appliance::protocol::Status;
 use replication::wire::{Frame, Header, Operation, ReplyHeader, RequestHeader};
 use zerocopy::FromBytes;
 
@@ -343,10 +344,29 @@ pub struct Reply {
 }
 
 impl Reply {
-    pub fn status(&self) -> u32 {
-        self.header.status
+    /// The status the reply's code (an Iggy error code) and body stand for.
+    pub fn status(&self) -> Status {
+        Status::from_reply(self.header.status, &self.body)
+            .unwrap_or_else(|| panic!("unknown status code {}", self.header.status))
     }
 }
+
+/// A Register body (Iggy's LoginRegister: protocol version, SDK name and version, user
+/// name, password, no client context).
+pub fn login_register_body(username: &str, password: &str) -> Vec<u8> {
+    let mut body = appliance::protocol::request::PROTOCOL_VERSION
+        .to_le_bytes()
+        .to_vec();
+    for text in ["e2e", "0", username, password] {
+        body.extend_from_slice(&short(text));
+    }
+    body.extend_from_slice(&0u32.to_le_bytes());
+    body
+}
+
+/// Where a Register reply's body holds the session: after the empty result section
+/// (count u32) and the user id (u32).
+pub const REGISTER_SESSION_AT: usize = 8;
 
 /// A blocking client on one connection.
 pub struct Client {
@@ -354,6 +374,8 @@ pub struct Client {
     pub id: u128,
     pub session: u64,
     pub request: u64,
+    /// The credentials of the last `login`, which `register` sends again.
+    pub credentials: Option<(String, String)>,
 }
 
 pub const NON_REPLICATED: u8 = 2;
@@ -368,6 +390,7 @@ impl Client {
             id,
             session: 0,
             request: 0,
+            credentials: None,
         })
     }
 
@@ -421,19 +444,26 @@ impl Client {
         self.call(NON_REPLICATED, read_command, 0, body)
     }
 
+    /// LoginUser (read 38): authenticates the connection.
     pub fn login(&mut self, username: &str, password: &str) -> std::io::Result<Reply> {
-        let mut body = vec![username.len() as u8];
-        body.extend_from_slice(username.as_bytes());
-        body.push(password.len() as u8);
-        body.extend_from_slice(password.as_bytes());
-        self.read(1, &body)
+        self.credentials = Some((username.to_owned(), password.to_owned()));
+        let mut body = short(username);
+        body.extend_from_slice(&short(password));
+        body.extend_from_slice(&[0; 8]); // no version, no context
+        self.read(38, &body)
     }
 
+    /// Register with the credentials of the last `login` (root's without one).
     pub fn register(&mut self) -> std::io::Result<Reply> {
         self.session = 0;
-        let reply = self.call(Operation::Register as u8, 0, 0, &[])?;
-        if reply.status() == 0 && reply.body.len() == 8 {
-            self.session = u64::from_le_bytes(reply.body[..8].try_into().unwrap_or_default());
+        let (username, password) = self
+            .credentials
+            .clone()
+            .unwrap_or_else(|| ("root".to_owned(), ROOT_PASSWORD.to_owned()));
+        let body = login_register_body(&username, &password);
+        let reply = self.call(Operation::Register as u8, 0, 0, &body)?;
+        if reply.status() == Status::Ok && reply.body.len() >= REGISTER_SESSION_AT + 8 {
+            self.session = u64_at(&reply.body, REGISTER_SESSION_AT);
         }
         Ok(reply)
     }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use common::*;
 use iggy::prelude::{
-    Client as _, ClusterClient, ClusterNodeRole, ClusterNodeStatus, IggyClient, IggyError,
-    StreamClient, SystemClient, UserClient,
+    Client as _, ClusterClient, ClusterNodeRole, ClusterNodeStatus, Identifier, IggyClient,
+    IggyError, StreamClient, SystemClient, UserClient,
 };
 
 /// A client of the SDK for a node's client port (no automatic sign-in).
@@ -22,6 +22,17 @@ fn node_client(files: &ClusterFiles, replica: usize) -> IggyClient {
 
 fn sdk_client(files: &ClusterFiles) -> IggyClient {
     node_client(files, 0)
+}
+
+/// A connected SDK client of node `replica`, logged in as root.
+async fn root_client(files: &ClusterFiles, replica: usize) -> IggyClient {
+    let client = node_client(files, replica);
+    client.connect().await.expect("connect");
+    client
+        .login_user("root", ROOT_PASSWORD)
+        .await
+        .expect("login");
+    client
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -112,12 +123,7 @@ fn the_sdk_finds_the_leader_of_a_three_node_cluster_and_moves_to_it() {
         // leader, every node reachable (once the links are up).
         let mut leader = None;
         for _ in 0..100 {
-            let client = node_client(&files, 0);
-            client.connect().await.expect("connect");
-            client
-                .login_user("root", ROOT_PASSWORD)
-                .await
-                .expect("login");
+            let client = root_client(&files, 0).await;
             let metadata = client.get_cluster_metadata().await.expect("metadata");
             assert_eq!(metadata.nodes.len(), NODES);
             for (replica, node) in metadata.nodes.iter().enumerate() {
@@ -159,4 +165,115 @@ fn the_sdk_finds_the_leader_of_a_three_node_cluster_and_moves_to_it() {
     for daemon in &mut daemons {
         assert_eq!(daemon.terminate(Duration::from_secs(20)), Some(0));
     }
+}
+
+#[test]
+fn the_sdk_creates_lists_gets_and_deletes_streams() {
+    let files = ClusterFiles::new(1);
+    let mut daemon = Daemon::start(&files, 0);
+    wait_healthy(&files, &mut daemon, Duration::from_secs(60));
+    // A topic with messages, written through the client library, so the SDK's view of
+    // the stream has sizes to report.
+    let mut library = appliance::client::Client::connect(
+        &[files.client_addr(0)],
+        appliance::client::ClientOptions::default(),
+    )
+    .expect("connect");
+    library
+        .login("root", ROOT_PASSWORD.as_bytes())
+        .expect("login");
+    let stream_id = runtime().block_on(async {
+        let client = root_client(&files, 0).await;
+        let created = client.create_stream("orders").await.expect("create");
+        assert_eq!((created.name.as_str(), created.topics_count), ("orders", 0));
+        assert!(created.created_at.as_micros() > 0);
+        let duplicate = client.create_stream("orders").await;
+        assert!(
+            matches!(duplicate, Err(IggyError::StreamNameAlreadyExists(_))),
+            "{duplicate:?}"
+        );
+        let unsupported = client
+            .update_stream(
+                &Identifier::numeric(created.id).expect("id"),
+                "renamed",
+                &Default::default(),
+            )
+            .await;
+        assert!(
+            matches!(unsupported, Err(IggyError::FeatureUnavailable)),
+            "{unsupported:?}"
+        );
+        created.id
+    });
+    let topic = library
+        .create_topic(stream_id, "eu", 2)
+        .expect("create topic");
+    let key = replication::wire::PartitionKey {
+        stream: stream_id,
+        topic,
+        partition: 1,
+    };
+    let mut builder = replication::wire::batch::BatchBuilder::with_capacity(4096);
+    for id in 1..=10u128 {
+        builder.push(replication::wire::batch::NewMessage {
+            id,
+            timestamp_delta: 0,
+            payload: b"an order",
+            user_headers: &[],
+        });
+    }
+    library
+        .send_messages(key, &builder.finish(0))
+        .expect("send");
+    runtime().block_on(async {
+        let client = root_client(&files, 0).await;
+        let streams = client.get_streams().await.expect("list");
+        assert_eq!(streams.len(), 1);
+        assert_eq!(
+            (
+                streams[0].id,
+                streams[0].name.as_str(),
+                streams[0].topics_count
+            ),
+            (stream_id, "orders", 1)
+        );
+        assert_eq!(streams[0].messages_count, 10);
+        for identifier in [
+            Identifier::numeric(stream_id).expect("id"),
+            Identifier::named("orders").expect("name"),
+        ] {
+            let details = client
+                .get_stream(&identifier)
+                .await
+                .expect("get")
+                .expect("the stream exists");
+            assert_eq!(details.id, stream_id);
+            assert_eq!(details.topics.len(), 1);
+            let eu = &details.topics[0];
+            assert_eq!(
+                (eu.id, eu.name.as_str(), eu.partitions_count),
+                (topic, "eu", 2)
+            );
+            assert_eq!(eu.messages_count, 10);
+            assert!(eu.size.as_bytes_u64() > 10 * 8, "{:?}", eu.size);
+        }
+        let missing = client
+            .get_stream(&Identifier::named("missing").expect("name"))
+            .await
+            .expect("an answer");
+        assert!(missing.is_none());
+        client
+            .delete_stream(&Identifier::named("orders").expect("name"))
+            .await
+            .expect("delete by name");
+        assert!(client.get_streams().await.expect("list").is_empty());
+        let gone = client
+            .delete_stream(&Identifier::numeric(stream_id).expect("id"))
+            .await;
+        assert!(
+            matches!(gone, Err(IggyError::StreamIdNotFound(_))),
+            "{gone:?}"
+        );
+    });
+    assert_eq!(daemon.terminate(Duration::from_secs(20)), Some(0));
 }

@@ -11,7 +11,9 @@ use replication::wire::{Frame, Header, Limits, Operation, RequestHeader, METADAT
 use super::conn::{Connection, ExchangeError, Incoming};
 use super::error::ClientError;
 use super::retry::{proves_not_applied, step_for, Budget, RetryPolicy, Step};
-use crate::protocol::reply::{reason_text, LoginReply, NotPrimaryReply, RegisterReply};
+use crate::protocol::reply::{
+    reason_text, strip_result_section, LoginReply, NotPrimaryReply, RegisterReply,
+};
 use crate::protocol::request::PROTOCOL_VERSION;
 use crate::protocol::{ClientRequest, ClientVersion, Credentials, ReadCommand, Status};
 
@@ -575,7 +577,11 @@ impl Client {
                 reason: reason_text(&reply_body),
             };
             match step_for(status) {
-                Step::Done if status == Status::Ok => return Ok(reply_body),
+                Step::Done if status == Status::Ok => {
+                    return strip_result_section(operation as u8, &reply_body)
+                        .map(<[u8]>::to_vec)
+                        .map_err(|e| ClientError::body(addr, "result section", e));
+                }
                 Step::Done => return Err(refused),
                 Step::Redirect => {
                     let to = NotPrimaryReply::decode(&reply_body)

@@ -263,6 +263,7 @@ fn serve(replica: u8, mut stream: TcpStream, state: Arc<Mutex<FakeState>>) {
                 reply.status = status.wire_code(header.operation);
                 let body = match status {
                     Status::PipelineFull => PIPELINE_FULL_REASON.to_vec(),
+                    Status::Ok => with_result_section(header.operation, &body),
                     _ => body,
                 };
                 Frame::build(&reply, &body)
@@ -467,7 +468,15 @@ fn apply(s: &mut FakeState, request: &ClientRequest<'_>) -> Answer {
                     retention: BTreeMap::new(),
                 },
             );
-            ok(IdReply { id }.encode())
+            let reply = StreamReply {
+                id,
+                created_at: 0,
+                topics_count: 0,
+                size_bytes: 0,
+                messages_count: 0,
+                name: name.clone(),
+            };
+            ok(reply.encode())
         }
         R::CreateTopic {
             stream_id,

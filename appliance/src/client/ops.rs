@@ -10,9 +10,9 @@ use super::engine::{resolve, short, Client};
 use super::error::ClientError;
 use crate::protocol::reply::{
     split_poll_body, ClusterMetadataReply, ConsumerOffsetReply, CreateTopicReply, IdReply,
-    ListStreamsReply, ListTopicsReply, SendMessagesReply, PRIMARY_UNKNOWN,
+    ListStreamsReply, ListTopicsReply, SendMessagesReply, StreamReply, PRIMARY_UNKNOWN,
 };
-use crate::protocol::request::{PERMISSIONS_MAX, POLL_COUNT_MAX};
+use crate::protocol::request::{Identifier, PERMISSIONS_MAX, POLL_COUNT_MAX};
 use crate::protocol::{ClientRequest, Consumer, PollStrategy, Retention, Status, StreamPermission};
 
 fn group_of(partition: PartitionKey) -> Result<u64, ClientError> {
@@ -55,14 +55,17 @@ impl Client {
     /// Creates a stream; returns its id.
     pub fn create_stream(&mut self, name: &str) -> Result<u32, ClientError> {
         short("stream name", name.as_bytes())?;
-        self.metadata_id(
-            ClientRequest::CreateStream { name: name.into() },
-            "CreateStream",
-        )
+        let request = ClientRequest::CreateStream { name: name.into() };
+        let body = self.call(METADATA_GROUP, &request)?;
+        StreamReply::decode(&body)
+            .map(|r| r.id)
+            .map_err(|e| ClientError::body(server_of(self, METADATA_GROUP), "CreateStream", e))
     }
 
     pub fn delete_stream(&mut self, stream_id: u32) -> Result<(), ClientError> {
-        self.metadata_empty(ClientRequest::DeleteStream { stream_id })
+        self.metadata_empty(ClientRequest::DeleteStream {
+            stream: Identifier::Id(stream_id),
+        })
     }
 
     /// Creates a topic with partitions 0..partitions and the server's retention

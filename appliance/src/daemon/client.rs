@@ -15,8 +15,9 @@ use super::node::{Event, Node};
 use super::partitions::{self, POLL_BYTES_MAX};
 use crate::protocol::codec::Writer;
 use crate::protocol::reply::{
-    ClusterMetadataReply, ClusterNode, ClusterNodesReply, GroupInfo, ListTopicsReply, NodeInfo,
-    PartitionRange, TopicInfo, NODE_HEALTHY, NODE_UNREACHABLE, PRIMARY_UNKNOWN, ROLE_FOLLOWER,
+    with_result_section, ClusterMetadataReply, ClusterNode, ClusterNodesReply, GroupInfo,
+    ListTopicsReply, NodeInfo, PartitionRange, StreamDetailsReply, StreamReply, StreamsReply,
+    TopicInfo, TopicReply, NODE_HEALTHY, NODE_UNREACHABLE, PRIMARY_UNKNOWN, ROLE_FOLLOWER,
     ROLE_LEADER,
 };
 use crate::protocol::{ClientRequest, Credentials, PollStrategy, Status};
@@ -80,11 +81,13 @@ impl Node {
         header.operation = request.operation;
         header.timestamp = request.timestamp;
         header.status = status.wire_code(request.operation);
-        let body = match status {
-            Status::PipelineFull => crate::protocol::status::PIPELINE_FULL_REASON,
-            _ => body,
-        };
-        Frame::build(&header, body)
+        match status {
+            Status::PipelineFull => {
+                Frame::build(&header, crate::protocol::status::PIPELINE_FULL_REASON)
+            }
+            Status::Ok => Frame::build(&header, &with_result_section(request.operation, body)),
+            _ => Frame::build(&header, body),
+        }
     }
 
     pub(super) fn answer(
@@ -187,7 +190,7 @@ impl Node {
         };
         match &request {
             ClientRequest::Ping => return self.answer(connection, &header, Status::Ok, &[]),
-            ClientRequest::Unsupported { .. } => {
+            ClientRequest::Unsupported { .. } | ClientRequest::UnsupportedWrite { .. } => {
                 self.reject("command_unsupported");
                 return self.answer(connection, &header, Status::FeatureUnavailable, &[]);
             }
@@ -248,6 +251,8 @@ impl Node {
         match &request {
             ClientRequest::ClusterMetadata
             | ClientRequest::ClusterNodes
+            | ClientRequest::GetStream { .. }
+            | ClientRequest::GetStreams
             | ClientRequest::ListStreams
             | ClientRequest::ListTopics { .. }
             | ClientRequest::PollMessages { .. }
@@ -321,6 +326,48 @@ impl Node {
         }
         self.client_connections.insert(header.client, connection);
         self.metadata_request(connection, header, user, Operation::Register, &[]);
+    }
+
+    /// Bytes and messages this node stores of a topic's partitions.
+    fn topic_sizes(&self, stream: u32, topic: u32) -> (u64, u64) {
+        let count = self
+            .state
+            .streams
+            .get(&stream)
+            .and_then(|s| s.topics.get(&topic))
+            .map_or(0, |t| t.partition_count);
+        (0..count)
+            .filter_map(|partition| {
+                self.stored(PartitionKey {
+                    stream,
+                    topic,
+                    partition,
+                })
+            })
+            .fold((0, 0), |(bytes, messages), stored| {
+                (
+                    bytes + stored.bytes,
+                    messages + stored.committed_end.saturating_sub(stored.first_offset),
+                )
+            })
+    }
+
+    /// Iggy's view of a stream, its sizes as this node stores them.
+    fn stream_reply(&self, stream_id: u32) -> Option<StreamReply> {
+        let stream = self.state.streams.get(&stream_id)?;
+        let (size_bytes, messages_count) = stream
+            .topics
+            .keys()
+            .map(|topic| self.topic_sizes(stream_id, *topic))
+            .fold((0, 0), |(b, m), (tb, tm)| (b + tb, m + tm));
+        Some(StreamReply {
+            id: stream_id,
+            created_at: stream.created_at,
+            topics_count: stream.topics.len() as u32,
+            size_bytes,
+            messages_count,
+            name: stream.name.clone(),
+        })
     }
 
     /// Iggy's cluster metadata: every node with the address clients dial; the metadata
@@ -720,6 +767,50 @@ impl Node {
                 return (Status::Ok, ClusterMetadataReply { nodes, groups }.encode());
             }
             ClientRequest::ClusterNodes => return (Status::Ok, self.cluster_nodes().encode()),
+            ClientRequest::GetStreams => {
+                let streams = self
+                    .state
+                    .streams
+                    .keys()
+                    .filter(|id| self.state.allows(user, **id, Right::Read))
+                    .filter_map(|id| self.stream_reply(*id))
+                    .collect();
+                return (Status::Ok, StreamsReply { streams }.encode());
+            }
+            ClientRequest::GetStream { stream } => {
+                // An unknown stream is an empty answer (the SDK's "none").
+                let Some(stream_id) = self.state.stream_id(stream) else {
+                    return (Status::Ok, Vec::new());
+                };
+                if !self.state.allows(user, stream_id, Right::Read) {
+                    return (Status::PermissionDenied, Vec::new());
+                }
+                let Some(head) = self.stream_reply(stream_id) else {
+                    return (Status::Ok, Vec::new());
+                };
+                let topics = self.state.streams[&stream_id]
+                    .topics
+                    .iter()
+                    .map(|(id, topic)| {
+                        let (size_bytes, messages_count) = self.topic_sizes(stream_id, *id);
+                        TopicReply {
+                            id: *id,
+                            created_at: topic.created_at,
+                            partitions_count: topic.partition_count,
+                            message_expiry: topic.message_expiry,
+                            max_topic_size: topic.max_topic_size,
+                            size_bytes,
+                            messages_count,
+                            name: topic.name.clone(),
+                        }
+                    })
+                    .collect();
+                let reply = StreamDetailsReply {
+                    stream: head,
+                    topics,
+                };
+                return (Status::Ok, reply.encode());
+            }
             ClientRequest::ListStreams => {
                 let streams: Vec<_> = self
                     .state

@@ -30,7 +30,7 @@ use super::partitions::{self, Partitions};
 use super::repair_windows::RepairWindows;
 use super::DaemonError;
 use crate::protocol::codec::Reader;
-use crate::protocol::reply::RegisterReply;
+use crate::protocol::reply::{with_result_section, RegisterReply};
 use crate::protocol::Status;
 use crate::state::{Caller, MetadataOp, MetadataState};
 
@@ -1141,13 +1141,16 @@ impl Node {
         if group != METADATA_GROUP {
             header.request = super::client::client_request_number(header.request);
         }
-        match self.replies.get(&(group, client)) {
-            Some(cached) if cached.op == header.op => {
-                header.status = cached.status.wire_code(header.operation);
-                Frame::build(&header, &cached.body)
-            }
-            _ => Frame::build(&header, frame.as_bytes().get(256..).unwrap_or(&[])),
+        let (status, body) = match self.replies.get(&(group, client)) {
+            Some(cached) if cached.op == header.op => (cached.status, cached.body.as_slice()),
+            _ => (Status::Ok, frame.as_bytes().get(256..).unwrap_or(&[])),
+        };
+        header.status = status.wire_code(header.operation);
+        if status == Status::Ok {
+            let body = with_result_section(header.operation, body);
+            return Frame::build(&header, &body);
         }
+        Frame::build(&header, body)
     }
 
     /// Sends a reply only where the client waits for it: on its connection with that

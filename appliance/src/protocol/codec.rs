@@ -58,6 +58,11 @@ impl<'a> Reader<'a> {
         Ok(head)
     }
 
+    /// The next `n` bytes.
+    pub fn bytes(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], BodyError> {
+        self.take(n, field)
+    }
+
     pub fn u8(&mut self, field: &'static str) -> Result<u8, BodyError> {
         Ok(self.take(1, field)?[0])
     }

@@ -4,6 +4,8 @@
 
 use replication::wire::batch::{self, BatchInfo, BATCH_HEADER_SIZE};
 
+use replication::wire::Operation;
+
 use super::codec::{BodyError, Reader, Writer};
 
 /// Nodes a ClusterMetadata reply may list (replica ids are a u8).
@@ -45,6 +47,49 @@ fn decode_all<T>(
     let value = f(&mut r)?;
     r.finish()?;
     Ok(value)
+}
+
+/// Whether an accepted reply to `operation` starts with a result section (Iggy's
+/// framing): the metadata operations and the consumer offset writes. Register carries
+/// its own (`RegisterReply`).
+pub fn result_framed(operation: u8) -> bool {
+    use Operation as O;
+    match Operation::from_u8(operation) {
+        Some(O::DeleteSegments) => false,
+        Some(O::StoreConsumerOffset | O::DeleteConsumerOffset) => true,
+        Some(o) => {
+            o.is_internal()
+                || (O::CreateStream as u8..=O::LeaveConsumerGroup as u8).contains(&(o as u8))
+        }
+        None => false,
+    }
+}
+
+/// The body of an accepted reply to `operation` as it goes on the wire: after an empty
+/// result section (`count u32` = 0) where `result_framed`.
+pub fn with_result_section(operation: u8, body: &[u8]) -> Vec<u8> {
+    if !result_framed(operation) {
+        return body.to_vec();
+    }
+    let mut framed = Vec::with_capacity(4 + body.len());
+    framed.extend_from_slice(&0u32.to_le_bytes());
+    framed.extend_from_slice(body);
+    framed
+}
+
+/// The body of an accepted reply to `operation` after its result section.
+pub fn strip_result_section(operation: u8, body: &[u8]) -> Result<&[u8], BodyError> {
+    if !result_framed(operation) {
+        return Ok(body);
+    }
+    let mut r = Reader::new(body);
+    if r.u32("result_count")? != 0 {
+        return Err(BodyError::Invalid {
+            field: "result_count",
+            rule: "an accepted reply has no result entries",
+        });
+    }
+    Ok(r.rest())
 }
 
 /// Login: the user the credentials name.
@@ -314,6 +359,193 @@ impl ClusterNodesReply {
                 })
                 .collect::<Result<Vec<_>, BodyError>>()?;
             Ok(ClusterNodesReply { name, nodes })
+        })
+    }
+}
+
+/// Iggy's compression code for "none", the only one the appliance stores.
+pub const COMPRESSION_NONE: u8 = 1;
+/// Streams or topics a GetStreams or GetStream reply may list.
+pub const STREAMS_MAX: usize = 1 << 20;
+
+/// Iggy's stream (CreateStream's reply, each entry of GetStreams, the head of
+/// GetStream). Sizes count what the answering node stores; options are empty (the
+/// appliance takes none for streams).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamReply {
+    pub id: u32,
+    /// Microseconds since the Unix epoch.
+    pub created_at: u64,
+    pub topics_count: u32,
+    pub size_bytes: u64,
+    pub messages_count: u64,
+    pub name: String,
+}
+
+impl StreamReply {
+    fn write(&self, w: &mut Writer) {
+        w.u32(self.id)
+            .u64(self.created_at)
+            .u32(self.topics_count)
+            .u64(self.size_bytes)
+            .u64(self.messages_count)
+            .short_bytes(self.name.as_bytes())
+            .u32(0);
+    }
+
+    fn read(r: &mut Reader<'_>) -> Result<StreamReply, BodyError> {
+        let reply = StreamReply {
+            id: r.u32("stream.id")?,
+            created_at: r.u64("stream.created_at")?,
+            topics_count: r.u32("stream.topics_count")?,
+            size_bytes: r.u64("stream.size_bytes")?,
+            messages_count: r.u64("stream.messages_count")?,
+            name: r.name("stream.name")?,
+        };
+        empty_options(r, "stream.options")?;
+        Ok(reply)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        self.write(&mut w);
+        w.finish()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<StreamReply, BodyError> {
+        decode_all(body, StreamReply::read)
+    }
+}
+
+/// An options block the appliance sends: always empty (u32 length 0).
+fn empty_options(r: &mut Reader<'_>, field: &'static str) -> Result<(), BodyError> {
+    match r.u32(field)? {
+        0 => Ok(()),
+        _ => Err(BodyError::Invalid {
+            field,
+            rule: "the appliance sends no options",
+        }),
+    }
+}
+
+/// GetStreams: every stream the user may read, one after another.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamsReply {
+    pub streams: Vec<StreamReply>,
+}
+
+impl StreamsReply {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        for stream in &self.streams {
+            stream.write(&mut w);
+        }
+        w.finish()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<StreamsReply, BodyError> {
+        decode_all(body, |r| {
+            let mut streams = Vec::new();
+            while r.remaining() > 0 {
+                if streams.len() == STREAMS_MAX {
+                    return Err(BodyError::TooMany {
+                        field: "streams",
+                        count: STREAMS_MAX as u64 + 1,
+                        max: STREAMS_MAX as u64,
+                    });
+                }
+                streams.push(StreamReply::read(r)?);
+            }
+            Ok(StreamsReply { streams })
+        })
+    }
+}
+
+/// Iggy's topic header, as GetStream lists a stream's topics. `message_expiry` and
+/// `max_topic_size` as set (0 the server default, u64::MAX never / unlimited).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicReply {
+    pub id: u32,
+    pub created_at: u64,
+    pub partitions_count: u32,
+    pub message_expiry: u64,
+    pub max_topic_size: u64,
+    pub size_bytes: u64,
+    pub messages_count: u64,
+    pub name: String,
+}
+
+impl TopicReply {
+    fn write(&self, w: &mut Writer) {
+        w.u32(self.id)
+            .u64(self.created_at)
+            .u32(self.partitions_count)
+            .u64(self.message_expiry)
+            .u8(COMPRESSION_NONE)
+            .u64(self.max_topic_size)
+            .u64(self.size_bytes)
+            .u64(self.messages_count)
+            .short_bytes(self.name.as_bytes())
+            .u32(0)
+            .u32(0);
+    }
+
+    fn read(r: &mut Reader<'_>) -> Result<TopicReply, BodyError> {
+        let id = r.u32("topic.id")?;
+        let created_at = r.u64("topic.created_at")?;
+        let partitions_count = r.u32("topic.partitions_count")?;
+        let message_expiry = r.u64("topic.message_expiry")?;
+        if r.u8("topic.compression")? != COMPRESSION_NONE {
+            return Err(BodyError::Invalid {
+                field: "topic.compression",
+                rule: "the appliance stores messages uncompressed",
+            });
+        }
+        let reply = TopicReply {
+            id,
+            created_at,
+            partitions_count,
+            message_expiry,
+            max_topic_size: r.u64("topic.max_topic_size")?,
+            size_bytes: r.u64("topic.size_bytes")?,
+            messages_count: r.u64("topic.messages_count")?,
+            name: r.name("topic.name")?,
+        };
+        empty_options(r, "topic.options")?;
+        empty_options(r, "topic.derived_options")?;
+        Ok(reply)
+    }
+}
+
+/// GetStream: the stream, then its `topics_count` topics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamDetailsReply {
+    pub stream: StreamReply,
+    pub topics: Vec<TopicReply>,
+}
+
+impl StreamDetailsReply {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        self.stream.write(&mut w);
+        for topic in &self.topics {
+            topic.write(&mut w);
+        }
+        w.finish()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<StreamDetailsReply, BodyError> {
+        decode_all(body, |r| {
+            let stream = StreamReply::read(r)?;
+            // Each topic header holds at least 59 bytes.
+            let count = stream.topics_count as usize;
+            if count.saturating_mul(59) > r.remaining() {
+                return Err(BodyError::Truncated { field: "topics" });
+            }
+            let topics = (0..count)
+                .map(|_| TopicReply::read(r))
+                .collect::<Result<Vec<_>, BodyError>>()?;
+            Ok(StreamDetailsReply { stream, topics })
         })
     }
 }

@@ -34,6 +34,30 @@ fn metadata() -> ClusterMetadataReply {
     }
 }
 
+fn stream(id: u32, name: &str) -> StreamReply {
+    StreamReply {
+        id,
+        created_at: 1_700_000_000_000_000,
+        topics_count: 0,
+        size_bytes: 4096,
+        messages_count: 12,
+        name: name.into(),
+    }
+}
+
+fn topic(id: u32, name: &str) -> TopicReply {
+    TopicReply {
+        id,
+        created_at: 1_700_000_000_000_001,
+        partitions_count: 3,
+        message_expiry: 0,
+        max_topic_size: u64::MAX,
+        size_bytes: 2048,
+        messages_count: 6,
+        name: name.into(),
+    }
+}
+
 /// Every encoded sample with a decoder that re-encodes what it read.
 #[allow(clippy::type_complexity)]
 fn samples() -> Vec<(Vec<u8>, fn(&[u8]) -> Result<Vec<u8>, BodyError>)> {
@@ -73,6 +97,27 @@ fn samples() -> Vec<(Vec<u8>, fn(&[u8]) -> Result<Vec<u8>, BodyError>)> {
             }
             .encode(),
             |b| ClusterNodesReply::decode(b).map(|r| r.encode()),
+        ),
+        (stream(4, "orders").encode(), |b| {
+            StreamReply::decode(b).map(|r| r.encode())
+        }),
+        (
+            StreamsReply {
+                streams: vec![stream(1, "a"), stream(2, "bb")],
+            }
+            .encode(),
+            |b| StreamsReply::decode(b).map(|r| r.encode()),
+        ),
+        (
+            StreamDetailsReply {
+                stream: StreamReply {
+                    topics_count: 2,
+                    ..stream(4, "orders")
+                },
+                topics: vec![topic(1, "eu"), topic(2, "us")],
+            }
+            .encode(),
+            |b| StreamDetailsReply::decode(b).map(|r| r.encode()),
         ),
         (IdReply { id: 3 }.encode(), |b| {
             IdReply::decode(b).map(|r| r.encode())
@@ -258,5 +303,36 @@ proptest! {
             let _ = decode(&body);
         }
         let _ = split_poll_body(&body);
+    }
+}
+
+#[test]
+fn metadata_replies_carry_an_empty_result_section() {
+    use replication::wire::Operation;
+    let create = Operation::CreateStream as u8;
+    let framed = with_result_section(create, &[9, 9]);
+    assert_eq!(framed, [0, 0, 0, 0, 9, 9]);
+    assert_eq!(strip_result_section(create, &framed), Ok(&[9u8, 9][..]));
+    // A refusal entry is not an accepted reply; a cut section is refused.
+    assert!(strip_result_section(create, &[1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0]).is_err());
+    assert!(strip_result_section(create, &[0, 0]).is_err());
+    // Reads, sends, DeleteSegments, Register and Logout are not framed; offsets writes are.
+    for operation in [
+        Operation::NonReplicated,
+        Operation::SendMessages,
+        Operation::DeleteSegments,
+        Operation::Register,
+        Operation::Logout,
+    ] {
+        assert!(!result_framed(operation as u8), "{operation:?}");
+        assert_eq!(with_result_section(operation as u8, &[7]), [7]);
+    }
+    for operation in [
+        Operation::StoreConsumerOffset,
+        Operation::DeleteConsumerOffset,
+        Operation::LeaveConsumerGroup,
+        Operation::CreateTopicWithAssignments,
+    ] {
+        assert!(result_framed(operation as u8), "{operation:?}");
     }
 }

@@ -72,6 +72,8 @@ pub enum ReadCommand {
     GetConsumerOffset = 6,
     /// Iggy's GetClusterMetadata: every node, its address and role.
     ClusterNodes = 12,
+    GetStream = 200,
+    GetStreams = 201,
     /// Iggy's LoginUser: authenticates the connection without a new session.
     Login = 38,
 }
@@ -86,6 +88,8 @@ impl ReadCommand {
             5 => ReadCommand::PollMessages,
             6 => ReadCommand::GetConsumerOffset,
             12 => ReadCommand::ClusterNodes,
+            200 => ReadCommand::GetStream,
+            201 => ReadCommand::GetStreams,
             38 => ReadCommand::Login,
             _ => return None,
         })
@@ -127,6 +131,46 @@ pub enum Credentials {
     Token(Vec<u8>),
 }
 
+/// Iggy's Identifier: a stream (or topic, group, user) by numeric id or by name. On
+/// the wire: kind u8 (1 numeric, 2 name), length u8, then the value (u32 for an id,
+/// 1 to 255 bytes of UTF-8 for a name).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Identifier {
+    Id(u32),
+    Name(String),
+}
+
+impl Identifier {
+    pub(crate) fn read(r: &mut Reader<'_>, field: &'static str) -> Result<Identifier, BodyError> {
+        let kind = r.u8(field)?;
+        let len = r.u8(field)?;
+        match (kind, len) {
+            (1, 4) => Ok(Identifier::Id(r.u32(field)?)),
+            (2, 1..) => {
+                let bytes = r.bytes(usize::from(len), field)?;
+                String::from_utf8(bytes.to_vec())
+                    .map(Identifier::Name)
+                    .map_err(|_| BodyError::NotUtf8 { field })
+            }
+            _ => Err(BodyError::Invalid {
+                field,
+                rule: "an identifier is kind 1 with 4 bytes or kind 2 with 1 to 255 bytes",
+            }),
+        }
+    }
+
+    pub(crate) fn write(&self, w: &mut Writer) {
+        match self {
+            Identifier::Id(id) => {
+                w.u8(1).u8(4).u32(*id);
+            }
+            Identifier::Name(name) => {
+                w.u8(2).short_bytes(name.as_bytes());
+            }
+        }
+    }
+}
+
 /// A parsed client request body.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClientRequest<'a> {
@@ -142,7 +186,7 @@ pub enum ClientRequest<'a> {
         name: String,
     },
     DeleteStream {
-        stream_id: u32,
+        stream: Identifier,
     },
     /// `message_expiry` in microseconds and `max_topic_size` in bytes, each 0 for the
     /// server default ([retention]) and u64::MAX for never / no limit.
@@ -242,9 +286,19 @@ pub enum ClientRequest<'a> {
     Unsupported {
         code: u32,
     },
+    /// An Iggy write the appliance does not serve (answered FeatureUnavailable).
+    UnsupportedWrite {
+        operation: Operation,
+    },
     ClusterMetadata,
     /// Iggy's GetClusterMetadata.
     ClusterNodes,
+    /// Iggy's GetStream: the stream and its topics.
+    GetStream {
+        stream: Identifier,
+    },
+    /// Iggy's GetStreams.
+    GetStreams,
     ListStreams,
     ListTopics {
         stream_id: u32,
@@ -383,7 +437,7 @@ impl<'a> ClientRequest<'a> {
                 name: r.name("name")?,
             },
             O::DeleteStream => ClientRequest::DeleteStream {
-                stream_id: r.u32("stream_id")?,
+                stream: Identifier::read(&mut r, "stream_id")?,
             },
             O::CreateTopic => ClientRequest::CreateTopic {
                 stream_id: r.u32("stream_id")?,
@@ -487,6 +541,10 @@ impl<'a> ClientRequest<'a> {
                 Some(ReadCommand::Ping) => ClientRequest::Ping,
                 Some(ReadCommand::ClusterMetadata) => ClientRequest::ClusterMetadata,
                 Some(ReadCommand::ClusterNodes) => ClientRequest::ClusterNodes,
+                Some(ReadCommand::GetStream) => ClientRequest::GetStream {
+                    stream: Identifier::read(&mut r, "stream_id")?,
+                },
+                Some(ReadCommand::GetStreams) => ClientRequest::GetStreams,
                 Some(ReadCommand::ListStreams) => ClientRequest::ListStreams,
                 Some(ReadCommand::ListTopics) => ClientRequest::ListTopics {
                     stream_id: r.u32("stream_id")?,
@@ -543,6 +601,16 @@ impl<'a> ClientRequest<'a> {
                     ClientRequest::Unsupported { code: read_command }
                 }
             },
+            O::UpdateStream
+            | O::PurgeStream
+            | O::PurgeTopic
+            | O::UpdateUser
+            | O::CreatePersonalAccessToken
+            | O::DeletePersonalAccessToken => {
+                // Answered whatever the body holds.
+                r.rest();
+                ClientRequest::UnsupportedWrite { operation }
+            }
             _ => {
                 return Err(BodyError::Invalid {
                     field: "operation",
@@ -583,8 +651,11 @@ impl<'a> ClientRequest<'a> {
             R::Login { .. } => read(ReadCommand::Login),
             R::Ping => read(ReadCommand::Ping),
             R::Unsupported { code } => (Operation::NonReplicated, *code),
+            R::UnsupportedWrite { operation } => (*operation, 0),
             R::ClusterMetadata => read(ReadCommand::ClusterMetadata),
             R::ClusterNodes => read(ReadCommand::ClusterNodes),
+            R::GetStream { .. } => read(ReadCommand::GetStream),
+            R::GetStreams => read(ReadCommand::GetStreams),
             R::ListStreams => read(ReadCommand::ListStreams),
             R::ListTopics { .. } => read(ReadCommand::ListTopics),
             R::PollMessages { .. } => read(ReadCommand::PollMessages),
@@ -611,9 +682,11 @@ impl<'a> ClientRequest<'a> {
             R::Logout
             | R::ClusterMetadata
             | R::ClusterNodes
+            | R::GetStreams
             | R::ListStreams
             | R::Ping
-            | R::Unsupported { .. } => {}
+            | R::Unsupported { .. }
+            | R::UnsupportedWrite { .. } => {}
             R::Register {
                 version,
                 credentials,
@@ -635,7 +708,8 @@ impl<'a> ClientRequest<'a> {
             R::CreateStream { name } => {
                 w.short_bytes(name.as_bytes());
             }
-            R::DeleteStream { stream_id } | R::ListTopics { stream_id } => {
+            R::DeleteStream { stream } | R::GetStream { stream } => stream.write(&mut w),
+            R::ListTopics { stream_id } => {
                 w.u32(*stream_id);
             }
             R::CreateTopic {

@@ -44,7 +44,17 @@ fn samples() -> Vec<ClientRequest<'static>> {
         ClientRequest::CreateStream {
             name: "orders".into(),
         },
-        ClientRequest::DeleteStream { stream_id: 1 },
+        ClientRequest::DeleteStream {
+            stream: request::Identifier::Id(1),
+        },
+        ClientRequest::DeleteStream {
+            stream: request::Identifier::Name("orders".into()),
+        },
+        ClientRequest::GetStream {
+            stream: request::Identifier::Name("orders".into()),
+        },
+        ClientRequest::GetStreams,
+        ClientRequest::ClusterNodes,
         ClientRequest::CreateTopic {
             stream_id: 1,
             name: "eu".into(),
@@ -353,13 +363,51 @@ fn iggy_login_bodies_decode() {
     assert!(ClientRequest::decode(Operation::Register, 0, &body[..body.len() - 2]).is_err());
     // Iggy's read codes the appliance does not serve are told apart, body and all.
     assert_eq!(
-        ClientRequest::decode(Operation::NonReplicated, 201, &[1, 2, 3]),
-        Ok(ClientRequest::Unsupported { code: 201 })
+        ClientRequest::decode(Operation::NonReplicated, 22, &[1, 2, 3]),
+        Ok(ClientRequest::Unsupported { code: 22 })
     );
     assert_eq!(
         ClientRequest::decode(Operation::NonReplicated, 1, &[]),
         Ok(ClientRequest::Ping)
     );
+    // So are the Iggy writes it does not serve.
+    assert_eq!(
+        ClientRequest::decode(Operation::UpdateStream, 0, &[2, 1, b'x']),
+        Ok(ClientRequest::UnsupportedWrite {
+            operation: Operation::UpdateStream
+        })
+    );
+}
+
+#[test]
+fn identifiers_decode_as_iggy_lays_them_out() {
+    use request::Identifier;
+    let by_id = [1, 4, 7, 0, 0, 0];
+    let by_name = [2, 6, b'o', b'r', b'd', b'e', b'r', b's'];
+    fn decode(body: &[u8]) -> Result<ClientRequest<'_>, BodyError> {
+        ClientRequest::decode(Operation::DeleteStream, 0, body)
+    }
+    assert_eq!(
+        decode(&by_id),
+        Ok(ClientRequest::DeleteStream {
+            stream: Identifier::Id(7)
+        })
+    );
+    assert_eq!(
+        decode(&by_name),
+        Ok(ClientRequest::DeleteStream {
+            stream: Identifier::Name("orders".into())
+        })
+    );
+    // A numeric id of another length, an empty name, a kind 3, a cut name.
+    for bad in [
+        &[1, 2, 7, 0][..],
+        &[2, 0],
+        &[3, 4, 7, 0, 0, 0],
+        &by_name[..5],
+    ] {
+        assert!(decode(bad).is_err(), "{bad:?}");
+    }
 }
 
 proptest! {

@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use super::auth;
 use super::ops::MetadataOp;
+use crate::protocol::reply::StreamReply;
+use crate::protocol::request::Identifier;
 use crate::protocol::{ClientRequest, Status, StreamPermission};
 
 /// Streams a cluster may hold (stream ids are 20 bits; 0 is unused).
@@ -252,6 +254,18 @@ impl MetadataState {
 
     /// The primary's step: authorise `request` for `caller` and prepare it. Errors are
     /// answered to the client without preparing anything.
+    /// The id of the stream `identifier` names, if it exists.
+    pub fn stream_id(&self, identifier: &Identifier) -> Option<u32> {
+        match identifier {
+            Identifier::Id(id) => self.streams.contains_key(id).then_some(*id),
+            Identifier::Name(name) => self
+                .streams
+                .iter()
+                .find(|(_, s)| s.name == *name)
+                .map(|(id, _)| *id),
+        }
+    }
+
     pub fn prepare(
         &self,
         caller: Caller,
@@ -276,11 +290,10 @@ impl MetadataState {
                     created_at: now,
                 }
             }
-            R::DeleteStream { stream_id } => {
-                need(*stream_id, Right::Manage)?;
-                MetadataOp::DeleteStream {
-                    stream_id: *stream_id,
-                }
+            R::DeleteStream { stream } => {
+                let stream_id = self.stream_id(stream).ok_or(Status::NotFound)?;
+                need(stream_id, Right::Manage)?;
+                MetadataOp::DeleteStream { stream_id }
             }
             R::CreateTopic {
                 stream_id,
@@ -477,7 +490,15 @@ impl MetadataState {
                         next_topic_id: 1,
                     },
                 );
-                Applied::id(id)
+                let reply = StreamReply {
+                    id,
+                    created_at: *created_at,
+                    topics_count: 0,
+                    size_bytes: 0,
+                    messages_count: 0,
+                    name: name.clone(),
+                };
+                Applied::ok(reply.encode())
             }
             M::DeleteStream { stream_id } => match self.streams.remove(stream_id) {
                 Some(_) => Applied::ok(Vec::new()),

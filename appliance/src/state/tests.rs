@@ -45,9 +45,13 @@ fn replicas_applying_the_same_ops_hold_the_same_state_and_ids() {
     let primary = a.clone();
     let r1 = run(&primary, &mut [&mut a, &mut b], ROOT, create("orders"));
     let r2 = run(&primary, &mut [&mut a, &mut b], ROOT, create("payments"));
+    let stream = |body: &[u8]| {
+        let reply = crate::protocol::reply::StreamReply::decode(body).expect("a stream");
+        (reply.id, reply.name, reply.topics_count)
+    };
     assert_eq!(
-        (r1.body.clone(), r2.body.clone()),
-        (1u32.to_le_bytes().to_vec(), 2u32.to_le_bytes().to_vec())
+        (stream(&r1.body), stream(&r2.body)),
+        ((1, "orders".into(), 0), (2, "payments".into(), 0))
     );
     let topic = ClientRequest::CreateTopic {
         stream_id: 1,

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use appliance::protocol::reply::strip_result_section;
 pub use appliance::protocol::Status;
 use replication::wire::{Frame, Header, Operation, ReplyHeader, RequestHeader};
 use zerocopy::FromBytes;
@@ -351,6 +352,17 @@ impl Reply {
     }
 }
 
+/// `reply` with its body after the result section, where an accepted reply has one.
+pub fn without_result_section(mut reply: Reply) -> Reply {
+    if reply.header.status == 0 {
+        let operation = reply.header.operation;
+        reply.body = strip_result_section(operation, &reply.body)
+            .expect("an empty result section")
+            .to_vec();
+    }
+    reply
+}
+
 /// A Register body (Iggy's LoginRegister: protocol version, SDK name and version, user
 /// name, password, no client context).
 pub fn login_register_body(username: &str, password: &str) -> Vec<u8> {
@@ -423,6 +435,8 @@ impl Client {
     }
 
     /// Sends and reads the reply for that request (skipping replies to other requests).
+    /// An accepted reply's body comes without its result section (the metadata and
+    /// consumer offset writes carry one: docs/client-protocol.md).
     pub fn call(
         &mut self,
         operation: u8,
@@ -435,7 +449,7 @@ impl Client {
         loop {
             let reply = self.read_reply()?;
             if reply.header.request == request && reply.header.operation == operation {
-                return Ok(reply);
+                return Ok(without_result_section(reply));
             }
         }
     }

@@ -362,11 +362,8 @@ fn cluster_with_topic(files: &ClusterFiles, id: u128, name: &str) -> (Vec<Daemon
         &write(1, Operation::CreateStream, &short(name), session).body,
         0,
     );
-    let mut body = stream.to_le_bytes().to_vec();
-    body.extend_from_slice(&short("t"));
-    body.extend_from_slice(&1u32.to_le_bytes());
-    // Retention: message_expiry and max_topic_size 0, the server's defaults.
-    body.extend_from_slice(&[0u8; 16]);
+    // No options: the server's retention defaults.
+    let body = create_topic_body(stream, "t", 1u32);
     let topic = u32_at(&write(2, Operation::CreateTopic, &body, session).body, 0);
     (daemons, session, stream, topic)
 }

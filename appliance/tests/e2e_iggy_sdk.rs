@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use common::*;
 use iggy::prelude::{
-    Client as _, ClusterClient, ClusterNodeRole, ClusterNodeStatus, Identifier, IggyClient,
-    IggyError, StreamClient, SystemClient, UserClient,
+    Client as _, ClusterClient, ClusterNodeRole, ClusterNodeStatus, Identifier, IggyByteSize,
+    IggyClient, IggyError, IggyExpiry, MaxTopicSize, PartitionClient, StreamClient, SystemClient,
+    TopicClient, TopicCreateOptions, TopicUpdateOptions, UserClient,
 };
 
 /// A client of the SDK for a node's client port (no automatic sign-in).
@@ -91,22 +92,6 @@ fn the_sdk_connects_pings_logs_in_and_out() {
     // The refusals are counted.
     assert_eq!(rejected(&files, 0, "login_failed", 1), 1);
     assert!(rejected(&files, 0, "command_unsupported", 1) >= 1);
-    assert_eq!(daemon.terminate(Duration::from_secs(20)), Some(0));
-}
-
-#[test]
-fn an_sdk_user_without_login_is_refused() {
-    let files = ClusterFiles::new(1);
-    let mut daemon = Daemon::start(&files, 0);
-    wait_healthy(&files, &mut daemon, Duration::from_secs(60));
-    runtime().block_on(async {
-        let client = sdk_client(&files);
-        client.connect().await.expect("connect");
-        // A write needs a session: the SDK refuses it before sending.
-        let refused = client.create_stream("never-created").await;
-        assert!(refused.is_err(), "{refused:?}");
-        client.ping().await.expect("ping");
-    });
     assert_eq!(daemon.terminate(Duration::from_secs(20)), Some(0));
 }
 
@@ -274,6 +259,106 @@ fn the_sdk_creates_lists_gets_and_deletes_streams() {
             matches!(gone, Err(IggyError::StreamIdNotFound(_))),
             "{gone:?}"
         );
+    });
+    assert_eq!(daemon.terminate(Duration::from_secs(20)), Some(0));
+}
+
+#[test]
+fn the_sdk_manages_topics_and_partitions_with_their_options() {
+    let files = ClusterFiles::new(1);
+    let mut daemon = Daemon::start(&files, 0);
+    wait_healthy(&files, &mut daemon, Duration::from_secs(60));
+    runtime().block_on(async {
+        let client = root_client(&files, 0).await;
+        let stream = client.create_stream("orders").await.expect("stream");
+        let stream_id = Identifier::named("orders").expect("name");
+        let options = TopicCreateOptions {
+            partitions_count: Some(2),
+            message_expiry: Some(IggyExpiry::from(60_000_000u64)),
+            max_topic_size: Some(MaxTopicSize::from(1u64 << 30)),
+            ..Default::default()
+        };
+        let created = client
+            .create_topic(&stream_id, "eu", &options)
+            .await
+            .expect("create topic");
+        assert_eq!((created.name.as_str(), created.partitions_count), ("eu", 2));
+        assert_eq!(created.partitions.len(), 2);
+        assert_eq!(created.message_expiry, IggyExpiry::from(60_000_000u64));
+        assert_eq!(created.max_topic_size, MaxTopicSize::from(1u64 << 30));
+        let duplicate = client.create_topic(&stream_id, "eu", &options).await;
+        assert!(
+            matches!(duplicate, Err(IggyError::TopicNameAlreadyExists(..))),
+            "{duplicate:?}"
+        );
+        // An option the appliance does not take is refused by name, nothing created.
+        let segmented = TopicCreateOptions {
+            segment_size: Some(IggyByteSize::from(1u64 << 20)),
+            ..Default::default()
+        };
+        let refused = client.create_topic(&stream_id, "us", &segmented).await;
+        assert!(
+            matches!(refused, Err(IggyError::UnsupportedOptionKey(_))),
+            "{refused:?}"
+        );
+
+        let topic_id = Identifier::named("eu").expect("name");
+        client
+            .create_partitions(&stream_id, &topic_id, 2)
+            .await
+            .expect("create partitions");
+        client
+            .delete_partitions(&stream_id, &topic_id, 1)
+            .await
+            .expect("delete a partition");
+        let update = TopicUpdateOptions {
+            message_expiry: Some(IggyExpiry::NeverExpire),
+            ..Default::default()
+        };
+        client
+            .update_topic(&stream_id, &topic_id, "eu", &update)
+            .await
+            .expect("update");
+        let renamed = client
+            .update_topic(&stream_id, &topic_id, "emea", &update)
+            .await;
+        assert!(
+            matches!(renamed, Err(IggyError::FeatureUnavailable)),
+            "{renamed:?}"
+        );
+        let details = client
+            .get_topic(
+                &Identifier::numeric(stream.id).expect("id"),
+                &Identifier::numeric(created.id).expect("id"),
+            )
+            .await
+            .expect("get")
+            .expect("the topic exists");
+        assert_eq!(details.partitions_count, 3);
+        assert_eq!(details.partitions.len(), 3);
+        assert_eq!(details.message_expiry, IggyExpiry::NeverExpire);
+        assert_eq!(
+            details.max_topic_size,
+            MaxTopicSize::from(1u64 << 30),
+            "kept"
+        );
+        let topics = client.get_topics(&stream_id).await.expect("list");
+        assert_eq!(topics.len(), 1);
+        assert_eq!((topics[0].id, topics[0].partitions_count), (created.id, 3));
+        let missing = client
+            .get_topic(&stream_id, &Identifier::named("us").expect("name"))
+            .await
+            .expect("an answer");
+        assert!(missing.is_none());
+        client
+            .delete_topic(&stream_id, &topic_id)
+            .await
+            .expect("delete topic");
+        assert!(client
+            .get_topics(&stream_id)
+            .await
+            .expect("list")
+            .is_empty());
     });
     assert_eq!(daemon.terminate(Duration::from_secs(20)), Some(0));
 }

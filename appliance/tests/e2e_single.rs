@@ -100,11 +100,8 @@ fn create_topic(
         reply.body
     );
     let stream = u32_at(&reply.body, 0);
-    let mut body = stream.to_le_bytes().to_vec();
-    body.extend_from_slice(&short(topic_name));
-    body.extend_from_slice(&partitions.to_le_bytes());
-    // Retention: message_expiry and max_topic_size 0, the server's defaults.
-    body.extend_from_slice(&[0u8; 16]);
+    // No options: the server's retention defaults.
+    let body = create_topic_body(stream, topic_name, partitions);
     let reply = client.write(Operation::CreateTopic, &body).expect("topic");
     assert_eq!(reply.status(), Status::Ok, "create topic: {:?}", reply.body);
     (stream, u32_at(&reply.body, 0))
@@ -414,11 +411,8 @@ fn a_new_sessions_request_numbers_are_never_taken_for_an_old_sessions_retries() 
             .body,
         0,
     );
-    let mut body = stream.to_le_bytes().to_vec();
-    body.extend_from_slice(&short("t"));
-    body.extend_from_slice(&1u32.to_le_bytes());
-    // Retention: message_expiry and max_topic_size 0, the server's defaults.
-    body.extend_from_slice(&[0u8; 16]);
+    // No options: the server's retention defaults.
+    let body = create_topic_body(stream, "t", 1u32);
     let topic = u32_at(
         &client
             .write(Operation::CreateTopic, &body)

@@ -14,8 +14,8 @@ fuzz_target!(|data: &[u8]| {
     };
     let operation = Operation::ALL[usize::from(selector) % Operation::ALL.len()];
     // The read codes the client port serves (ReadCommand).
-    const READS: [u32; 8] = [1, 2, 3, 4, 5, 6, 12, 38];
-    let read_command = READS[usize::from(selector >> 5)];
+    const READS: [u32; 12] = [1, 2, 3, 4, 5, 6, 12, 38, 200, 201, 300, 301];
+    let read_command = READS[usize::from(selector >> 4) % READS.len()];
     if let Ok(request) = ClientRequest::decode(operation, read_command, body) {
         let (op, read) = request.operation();
         let encoded = request.encode();

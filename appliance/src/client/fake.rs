@@ -20,7 +20,9 @@ use replication::wire::{
     PartitionKey, ReplyHeader, RequestHeader, HEADER_SIZE, METADATA_GROUP,
 };
 
+use crate::protocol::options::TopicOptions;
 use crate::protocol::reply::*;
+use crate::protocol::request::Identifier;
 use crate::protocol::status::PIPELINE_FULL_REASON;
 use crate::protocol::{ClientRequest, Consumer, Credentials, PollStrategy, Status};
 
@@ -479,12 +481,14 @@ fn apply(s: &mut FakeState, request: &ClientRequest<'_>) -> Answer {
             ok(reply.encode())
         }
         R::CreateTopic {
-            stream_id,
+            stream: Identifier::Id(stream_id),
             name,
             partitions,
-            message_expiry,
-            max_topic_size,
+            options,
         } => {
+            let Ok(options) = TopicOptions::parse(options) else {
+                return fail(Status::InvalidOptionValue);
+            };
             let Some(stream) = s.streams.get_mut(stream_id) else {
                 return fail(Status::NotFound);
             };
@@ -496,9 +500,11 @@ fn apply(s: &mut FakeState, request: &ClientRequest<'_>) -> Answer {
             }
             let topic_id = stream.topics.keys().last().map_or(1, |k| k + 1);
             stream.topics.insert(topic_id, (name.clone(), *partitions));
-            stream
-                .retention
-                .insert(topic_id, (*message_expiry, *max_topic_size));
+            let retention = options.retention;
+            stream.retention.insert(
+                topic_id,
+                (retention.message_expiry, retention.max_topic_size),
+            );
             for partition in 0..*partitions {
                 s.partitions.insert(
                     PartitionKey {
@@ -509,26 +515,43 @@ fn apply(s: &mut FakeState, request: &ClientRequest<'_>) -> Answer {
                     FakePartition::default(),
                 );
             }
-            ok(CreateTopicReply {
-                topic_id,
-                partitions: *partitions,
-            }
-            .encode())
+            // The fake lists no partitions: its header says none follow.
+            let reply = TopicDetailsReply {
+                topic: TopicReply {
+                    id: topic_id,
+                    created_at: 0,
+                    partitions_count: 0,
+                    message_expiry: retention.message_expiry,
+                    max_topic_size: retention.max_topic_size,
+                    size_bytes: 0,
+                    messages_count: 0,
+                    name: name.clone(),
+                },
+                partitions: Vec::new(),
+            };
+            ok(reply.encode())
         }
         R::UpdateTopic {
-            stream_id,
-            topic_id,
-            message_expiry,
-            max_topic_size,
-        } => match s.streams.get_mut(stream_id) {
-            Some(stream) if stream.topics.contains_key(topic_id) => {
-                stream
-                    .retention
-                    .insert(*topic_id, (*message_expiry, *max_topic_size));
-                ok(Vec::new())
+            stream: Identifier::Id(stream_id),
+            topic: Identifier::Id(topic_id),
+            options,
+            ..
+        } => {
+            let Ok(options) = TopicOptions::parse(options) else {
+                return fail(Status::InvalidOptionValue);
+            };
+            match s.streams.get_mut(stream_id) {
+                Some(stream) if stream.topics.contains_key(topic_id) => {
+                    let retention = options.retention;
+                    stream.retention.insert(
+                        *topic_id,
+                        (retention.message_expiry, retention.max_topic_size),
+                    );
+                    ok(Vec::new())
+                }
+                _ => fail(Status::NotFound),
             }
-            _ => fail(Status::NotFound),
-        },
+        }
         R::SendMessages {
             partition,
             batch: bytes,

@@ -8,9 +8,10 @@ use replication::wire::{PartitionKey, METADATA_GROUP};
 
 use super::engine::{resolve, short, Client};
 use super::error::ClientError;
+use crate::protocol::options::TopicOptions;
 use crate::protocol::reply::{
-    split_poll_body, ClusterMetadataReply, ConsumerOffsetReply, CreateTopicReply, IdReply,
-    ListStreamsReply, ListTopicsReply, SendMessagesReply, StreamReply, PRIMARY_UNKNOWN,
+    split_poll_body, ClusterMetadataReply, ConsumerOffsetReply, IdReply, ListStreamsReply,
+    ListTopicsReply, SendMessagesReply, StreamReply, TopicDetailsReply, PRIMARY_UNKNOWN,
 };
 use crate::protocol::request::{Identifier, PERMISSIONS_MAX, POLL_COUNT_MAX};
 use crate::protocol::{ClientRequest, Consumer, PollStrategy, Retention, Status, StreamPermission};
@@ -89,37 +90,45 @@ impl Client {
     ) -> Result<u32, ClientError> {
         short("topic name", name.as_bytes())?;
         let request = ClientRequest::CreateTopic {
-            stream_id,
+            stream: Identifier::Id(stream_id),
             name: name.into(),
             partitions,
-            message_expiry: retention.message_expiry,
-            max_topic_size: retention.max_topic_size,
+            options: TopicOptions::encode(retention),
         };
         let body = self.call(METADATA_GROUP, &request)?;
-        CreateTopicReply::decode(&body)
-            .map(|r| r.topic_id)
+        TopicDetailsReply::decode(&body)
+            .map(|r| r.topic.id)
             .map_err(|e| ClientError::body(server_of(self, METADATA_GROUP), "CreateTopic", e))
     }
 
-    /// Changes a topic's retention.
+    /// Changes a topic's retention (both values; 0 for the server default). The
+    /// request names the topic by its own name (Iggy's UpdateTopic renames otherwise),
+    /// which a ListTopics read finds first.
     pub fn update_topic(
         &mut self,
         stream_id: u32,
         topic_id: u32,
         retention: Retention,
     ) -> Result<(), ClientError> {
+        let topics = self.list_topics(stream_id)?;
+        let Some(topic) = topics.topics.iter().find(|t| t.topic_id == topic_id) else {
+            return Err(ClientError::Status {
+                status: Status::NotFound,
+                reason: format!("no topic {topic_id} in stream {stream_id}"),
+            });
+        };
         self.metadata_empty(ClientRequest::UpdateTopic {
-            stream_id,
-            topic_id,
-            message_expiry: retention.message_expiry,
-            max_topic_size: retention.max_topic_size,
+            stream: Identifier::Id(stream_id),
+            topic: Identifier::Id(topic_id),
+            name: topic.name.clone(),
+            options: TopicOptions::encode_all(retention),
         })
     }
 
     pub fn delete_topic(&mut self, stream_id: u32, topic_id: u32) -> Result<(), ClientError> {
         self.metadata_empty(ClientRequest::DeleteTopic {
-            stream_id,
-            topic_id,
+            stream: Identifier::Id(stream_id),
+            topic: Identifier::Id(topic_id),
         })
     }
 
@@ -132,8 +141,8 @@ impl Client {
     ) -> Result<u32, ClientError> {
         self.metadata_id(
             ClientRequest::CreatePartitions {
-                stream_id,
-                topic_id,
+                stream: Identifier::Id(stream_id),
+                topic: Identifier::Id(topic_id),
                 count,
             },
             "CreatePartitions",
@@ -149,8 +158,8 @@ impl Client {
     ) -> Result<u32, ClientError> {
         self.metadata_id(
             ClientRequest::DeletePartitions {
-                stream_id,
-                topic_id,
+                stream: Identifier::Id(stream_id),
+                topic: Identifier::Id(topic_id),
                 count,
             },
             "DeletePartitions",

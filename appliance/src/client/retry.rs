@@ -71,7 +71,9 @@ pub fn step_for(status: Status) -> Step {
         | Status::StorageFull
         | Status::StaleRequest
         | Status::FeatureUnavailable
-        | Status::IncompatibleProtocol => Step::Done,
+        | Status::IncompatibleProtocol
+        | Status::UnsupportedOption
+        | Status::InvalidOptionValue => Step::Done,
     }
 }
 

@@ -14,11 +14,10 @@ use replication::wire::{
 use super::node::{Event, Node};
 use super::partitions::{self, POLL_BYTES_MAX};
 use crate::protocol::codec::Writer;
+use crate::protocol::options::{self, OptionRefusal, TopicOptions};
 use crate::protocol::reply::{
-    with_result_section, ClusterMetadataReply, ClusterNode, ClusterNodesReply, GroupInfo,
-    ListTopicsReply, NodeInfo, PartitionRange, StreamDetailsReply, StreamReply, StreamsReply,
-    TopicInfo, TopicReply, NODE_HEALTHY, NODE_UNREACHABLE, PRIMARY_UNKNOWN, ROLE_FOLLOWER,
-    ROLE_LEADER,
+    with_result_section, ClusterMetadataReply, GroupInfo, ListTopicsReply, NodeInfo,
+    PartitionRange, TopicInfo, PRIMARY_UNKNOWN,
 };
 use crate::protocol::{ClientRequest, Credentials, PollStrategy, Status};
 use crate::state::{auth, Caller, MetadataOp, Right};
@@ -253,6 +252,8 @@ impl Node {
             | ClientRequest::ClusterNodes
             | ClientRequest::GetStream { .. }
             | ClientRequest::GetStreams
+            | ClientRequest::GetTopic { .. }
+            | ClientRequest::GetTopics { .. }
             | ClientRequest::ListStreams
             | ClientRequest::ListTopics { .. }
             | ClientRequest::PollMessages { .. }
@@ -276,6 +277,11 @@ impl Node {
                 self.metadata_request(connection, &header, user, operation, &[]);
             }
             _ => {
+                if let Some(refusal) = self.topic_options_refusal(&request) {
+                    self.reject("topic_option_refused");
+                    let key = refusal.key.into_bytes();
+                    return self.answer(connection, &header, refusal.status, &key);
+                }
                 let prepared = self.state.prepare(caller, &request, now_us());
                 // DeleteSegments names a count; the prepare carries the offset it reaches
                 // in this node's segments.
@@ -328,89 +334,37 @@ impl Node {
         self.metadata_request(connection, header, user, Operation::Register, &[]);
     }
 
-    /// Bytes and messages this node stores of a topic's partitions.
-    fn topic_sizes(&self, stream: u32, topic: u32) -> (u64, u64) {
-        let count = self
-            .state
-            .streams
-            .get(&stream)
-            .and_then(|s| s.topics.get(&topic))
-            .map_or(0, |t| t.partition_count);
-        (0..count)
-            .filter_map(|partition| {
-                self.stored(PartitionKey {
-                    stream,
-                    topic,
-                    partition,
-                })
+    /// Why a CreateTopic's or UpdateTopic's options are refused, if they are: a key
+    /// the appliance does not take, a value it cannot parse, or acks after the write is
+    /// on disk ("persisted") where this node's storage does not sync every write.
+    fn topic_options_refusal(&self, request: &ClientRequest<'_>) -> Option<OptionRefusal> {
+        let (ClientRequest::CreateTopic { options, .. }
+        | ClientRequest::UpdateTopic { options, .. }) = request
+        else {
+            return None;
+        };
+        let parsed = match TopicOptions::parse(options) {
+            Ok(parsed) => parsed,
+            Err(refusal) => return Some(refusal),
+        };
+        let every = |durability| durability == journal::Durability::EveryBatch;
+        let unmet = [
+            (
+                parsed.messages_persisted && !every(self.settings.partition.durability),
+                options::DURABILITY,
+            ),
+            (
+                parsed.offsets_persisted && !every(self.settings.offset_durability),
+                options::CONSUMER_OFFSET_DURABILITY,
+            ),
+        ];
+        unmet
+            .into_iter()
+            .find(|(unmet, _)| *unmet)
+            .map(|(_, key)| OptionRefusal {
+                status: Status::InvalidOptionValue,
+                key: key.to_owned(),
             })
-            .fold((0, 0), |(bytes, messages), stored| {
-                (
-                    bytes + stored.bytes,
-                    messages + stored.committed_end.saturating_sub(stored.first_offset),
-                )
-            })
-    }
-
-    /// Iggy's view of a stream, its sizes as this node stores them.
-    fn stream_reply(&self, stream_id: u32) -> Option<StreamReply> {
-        let stream = self.state.streams.get(&stream_id)?;
-        let (size_bytes, messages_count) = stream
-            .topics
-            .keys()
-            .map(|topic| self.topic_sizes(stream_id, *topic))
-            .fold((0, 0), |(b, m), (tb, tm)| (b + tb, m + tm));
-        Some(StreamReply {
-            id: stream_id,
-            created_at: stream.created_at,
-            topics_count: stream.topics.len() as u32,
-            size_bytes,
-            messages_count,
-            name: stream.name.clone(),
-        })
-    }
-
-    /// Iggy's cluster metadata: every node with the address clients dial; the metadata
-    /// group's primary leads (no node does during a view change); a peer this node has
-    /// no link to is reported unreachable.
-    fn cluster_nodes(&self) -> ClusterNodesReply {
-        let leader = self
-            .metadata()
-            .filter(|r| r.status() == replication::vsr::Status::Normal)
-            .map(|r| r.config().primary_of(r.view()));
-        let nodes = self
-            .settings
-            .client_addresses
-            .iter()
-            .map(|(replica, address)| {
-                // "host:port" or "[v6]:port": the port follows the last colon.
-                let (host, port) = address.rsplit_once(':').unwrap_or((address, "0"));
-                let reachable =
-                    *replica == self.settings.replica || self.bus.is_connected(*replica);
-                ClusterNode {
-                    name: format!("node-{replica}"),
-                    ip: host
-                        .trim_start_matches('[')
-                        .trim_end_matches(']')
-                        .to_owned(),
-                    tcp_port: port.parse().unwrap_or(0),
-                    role: if leader == Some(*replica) {
-                        ROLE_LEADER
-                    } else {
-                        ROLE_FOLLOWER
-                    },
-                    status: if reachable {
-                        NODE_HEALTHY
-                    } else {
-                        NODE_UNREACHABLE
-                    },
-                }
-            })
-            .collect();
-        ClusterNodesReply {
-            name: format!("appliance-{}", self.settings.cluster),
-            nodes,
-        }
     }
 
     /// Argon2 costs tens of milliseconds: the check runs on the blocking pool so the
@@ -766,51 +720,11 @@ impl Node {
                     .collect();
                 return (Status::Ok, ClusterMetadataReply { nodes, groups }.encode());
             }
-            ClientRequest::ClusterNodes => return (Status::Ok, self.cluster_nodes().encode()),
-            ClientRequest::GetStreams => {
-                let streams = self
-                    .state
-                    .streams
-                    .keys()
-                    .filter(|id| self.state.allows(user, **id, Right::Read))
-                    .filter_map(|id| self.stream_reply(*id))
-                    .collect();
-                return (Status::Ok, StreamsReply { streams }.encode());
-            }
-            ClientRequest::GetStream { stream } => {
-                // An unknown stream is an empty answer (the SDK's "none").
-                let Some(stream_id) = self.state.stream_id(stream) else {
-                    return (Status::Ok, Vec::new());
-                };
-                if !self.state.allows(user, stream_id, Right::Read) {
-                    return (Status::PermissionDenied, Vec::new());
-                }
-                let Some(head) = self.stream_reply(stream_id) else {
-                    return (Status::Ok, Vec::new());
-                };
-                let topics = self.state.streams[&stream_id]
-                    .topics
-                    .iter()
-                    .map(|(id, topic)| {
-                        let (size_bytes, messages_count) = self.topic_sizes(stream_id, *id);
-                        TopicReply {
-                            id: *id,
-                            created_at: topic.created_at,
-                            partitions_count: topic.partition_count,
-                            message_expiry: topic.message_expiry,
-                            max_topic_size: topic.max_topic_size,
-                            size_bytes,
-                            messages_count,
-                            name: topic.name.clone(),
-                        }
-                    })
-                    .collect();
-                let reply = StreamDetailsReply {
-                    stream: head,
-                    topics,
-                };
-                return (Status::Ok, reply.encode());
-            }
+            ClientRequest::ClusterNodes
+            | ClientRequest::GetStreams
+            | ClientRequest::GetStream { .. }
+            | ClientRequest::GetTopic { .. }
+            | ClientRequest::GetTopics { .. } => return self.metadata_read(user, request),
             ClientRequest::ListStreams => {
                 let streams: Vec<_> = self
                     .state

@@ -132,6 +132,28 @@ impl<'a> Reader<'a> {
         String::from_utf8(bytes.to_vec()).map_err(|_| BodyError::NotUtf8 { field })
     }
 
+    /// Items read by `item` until the body ends (a list without a count), at most
+    /// `max` of them.
+    pub fn until_end<T>(
+        &mut self,
+        field: &'static str,
+        max: usize,
+        mut item: impl FnMut(&mut Reader<'a>) -> Result<T, BodyError>,
+    ) -> Result<Vec<T>, BodyError> {
+        let mut items = Vec::new();
+        while self.remaining() > 0 {
+            if items.len() == max {
+                return Err(BodyError::TooMany {
+                    field,
+                    count: max as u64 + 1,
+                    max: max as u64,
+                });
+            }
+            items.push(item(self)?);
+        }
+        Ok(items)
+    }
+
     /// Bytes not read yet (to bound a list count before allocating for it).
     pub fn remaining(&self) -> usize {
         self.bytes.len()

@@ -4,6 +4,7 @@
 //! docs/client-protocol.md is the reference for every encoding.
 
 pub mod codec;
+pub mod options;
 pub mod reply;
 pub mod request;
 pub mod status;

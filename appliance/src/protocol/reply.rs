@@ -186,31 +186,6 @@ impl IdReply {
     }
 }
 
-/// CreateTopic: the topic id and its partition count (partitions are 0..partitions).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CreateTopicReply {
-    pub topic_id: u32,
-    pub partitions: u32,
-}
-
-impl CreateTopicReply {
-    pub fn encode(&self) -> Vec<u8> {
-        Writer::default()
-            .u32(self.topic_id)
-            .u32(self.partitions)
-            .finish()
-    }
-
-    pub fn decode(body: &[u8]) -> Result<CreateTopicReply, BodyError> {
-        decode_all(body, |r| {
-            Ok(CreateTopicReply {
-                topic_id: r.u32("topic_id")?,
-                partitions: r.u32("partitions")?,
-            })
-        })
-    }
-}
-
 /// SendMessages: where the batch landed, offsets base_offset..base_offset + count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SendMessagesReply {
@@ -445,17 +420,7 @@ impl StreamsReply {
 
     pub fn decode(body: &[u8]) -> Result<StreamsReply, BodyError> {
         decode_all(body, |r| {
-            let mut streams = Vec::new();
-            while r.remaining() > 0 {
-                if streams.len() == STREAMS_MAX {
-                    return Err(BodyError::TooMany {
-                        field: "streams",
-                        count: STREAMS_MAX as u64 + 1,
-                        max: STREAMS_MAX as u64,
-                    });
-                }
-                streams.push(StreamReply::read(r)?);
-            }
+            let streams = r.until_end("streams", STREAMS_MAX, StreamReply::read)?;
             Ok(StreamsReply { streams })
         })
     }
@@ -514,6 +479,93 @@ impl TopicReply {
         empty_options(r, "topic.options")?;
         empty_options(r, "topic.derived_options")?;
         Ok(reply)
+    }
+}
+
+/// A partition in Iggy's GetTopic and CreateTopic replies, as the answering node stores
+/// it: `current_offset` is the offset of its last message (0 when empty).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionReply {
+    pub id: u32,
+    pub created_at: u64,
+    pub segments_count: u32,
+    pub current_offset: u64,
+    pub size_bytes: u64,
+    pub messages_count: u64,
+}
+
+/// GetTopic and CreateTopic: the topic header, then its `partitions_count` partitions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicDetailsReply {
+    pub topic: TopicReply,
+    pub partitions: Vec<PartitionReply>,
+}
+
+impl TopicDetailsReply {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        self.topic.write(&mut w);
+        for p in &self.partitions {
+            w.u32(p.id)
+                .u64(p.created_at)
+                .u32(p.segments_count)
+                .u64(p.current_offset)
+                .u64(p.size_bytes)
+                .u64(p.messages_count);
+        }
+        w.finish()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<TopicDetailsReply, BodyError> {
+        decode_all(body, |r| {
+            let topic = TopicReply::read(r)?;
+            let count = topic.partitions_count as usize;
+            if count.saturating_mul(40) > r.remaining() {
+                return Err(BodyError::Truncated {
+                    field: "partitions",
+                });
+            }
+            let partitions = (0..count)
+                .map(|_| {
+                    Ok(PartitionReply {
+                        id: r.u32("partition.id")?,
+                        created_at: r.u64("partition.created_at")?,
+                        segments_count: r.u32("partition.segments_count")?,
+                        current_offset: r.u64("partition.current_offset")?,
+                        size_bytes: r.u64("partition.size_bytes")?,
+                        messages_count: r.u64("partition.messages_count")?,
+                    })
+                })
+                .collect::<Result<Vec<_>, BodyError>>()?;
+            Ok(TopicDetailsReply { topic, partitions })
+        })
+    }
+}
+
+/// GetTopics: `count u32`, then the topic headers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TopicsReply {
+    pub topics: Vec<TopicReply>,
+}
+
+impl TopicsReply {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.u32(self.topics.len() as u32);
+        for topic in &self.topics {
+            topic.write(&mut w);
+        }
+        w.finish()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<TopicsReply, BodyError> {
+        decode_all(body, |r| {
+            let count = list_len(r, "topics", 59, STREAMS_MAX)?;
+            let topics = (0..count)
+                .map(|_| TopicReply::read(r))
+                .collect::<Result<Vec<_>, BodyError>>()?;
+            Ok(TopicsReply { topics })
+        })
     }
 }
 

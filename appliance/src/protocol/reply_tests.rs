@@ -123,14 +123,6 @@ fn samples() -> Vec<(Vec<u8>, fn(&[u8]) -> Result<Vec<u8>, BodyError>)> {
             IdReply::decode(b).map(|r| r.encode())
         }),
         (
-            CreateTopicReply {
-                topic_id: 2,
-                partitions: 4,
-            }
-            .encode(),
-            |b| CreateTopicReply::decode(b).map(|r| r.encode()),
-        ),
-        (
             SendMessagesReply {
                 base_offset: 1 << 40,
                 count: 9,

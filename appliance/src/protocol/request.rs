@@ -74,6 +74,8 @@ pub enum ReadCommand {
     ClusterNodes = 12,
     GetStream = 200,
     GetStreams = 201,
+    GetTopic = 300,
+    GetTopics = 301,
     /// Iggy's LoginUser: authenticates the connection without a new session.
     Login = 38,
 }
@@ -90,6 +92,8 @@ impl ReadCommand {
             12 => ReadCommand::ClusterNodes,
             200 => ReadCommand::GetStream,
             201 => ReadCommand::GetStreams,
+            300 => ReadCommand::GetTopic,
+            301 => ReadCommand::GetTopics,
             38 => ReadCommand::Login,
             _ => return None,
         })
@@ -188,34 +192,34 @@ pub enum ClientRequest<'a> {
     DeleteStream {
         stream: Identifier,
     },
-    /// `message_expiry` in microseconds and `max_topic_size` in bytes, each 0 for the
-    /// server default ([retention]) and u64::MAX for never / no limit.
+    /// A topic of `partitions` partitions; `options` is Iggy's options block
+    /// (`options::TopicOptions`: retention, compression, durability).
     CreateTopic {
-        stream_id: u32,
+        stream: Identifier,
         name: String,
         partitions: u32,
-        message_expiry: u64,
-        max_topic_size: u64,
+        options: Vec<u8>,
     },
-    /// Changes a topic's retention (the same encoding as CreateTopic's).
+    /// Changes the options a topic's block names (the others keep their values);
+    /// `name` must be the topic's own (the appliance does not rename topics).
     UpdateTopic {
-        stream_id: u32,
-        topic_id: u32,
-        message_expiry: u64,
-        max_topic_size: u64,
+        stream: Identifier,
+        topic: Identifier,
+        name: String,
+        options: Vec<u8>,
     },
     DeleteTopic {
-        stream_id: u32,
-        topic_id: u32,
+        stream: Identifier,
+        topic: Identifier,
     },
     CreatePartitions {
-        stream_id: u32,
-        topic_id: u32,
+        stream: Identifier,
+        topic: Identifier,
         count: u32,
     },
     DeletePartitions {
-        stream_id: u32,
-        topic_id: u32,
+        stream: Identifier,
+        topic: Identifier,
         count: u32,
     },
     CreateUser {
@@ -299,6 +303,15 @@ pub enum ClientRequest<'a> {
     },
     /// Iggy's GetStreams.
     GetStreams,
+    /// Iggy's GetTopic: the topic and its partitions.
+    GetTopic {
+        stream: Identifier,
+        topic: Identifier,
+    },
+    /// Iggy's GetTopics: a stream's topics.
+    GetTopics {
+        stream: Identifier,
+    },
     ListStreams,
     ListTopics {
         stream_id: u32,
@@ -379,6 +392,13 @@ pub(crate) fn write_permissions(w: &mut Writer, permissions: &[StreamPermission]
     }
 }
 
+/// The rest of the body as an options block, checked for structure.
+fn options_block(r: &mut Reader<'_>) -> Result<Vec<u8>, BodyError> {
+    let block = r.rest();
+    super::options::entries(block)?;
+    Ok(block.to_vec())
+}
+
 fn register(body: &[u8]) -> Result<ClientRequest<'_>, BodyError> {
     let mut r = Reader::new(body);
     let version = ClientVersion {
@@ -440,34 +460,35 @@ impl<'a> ClientRequest<'a> {
                 stream: Identifier::read(&mut r, "stream_id")?,
             },
             O::CreateTopic => ClientRequest::CreateTopic {
-                stream_id: r.u32("stream_id")?,
+                stream: Identifier::read(&mut r, "stream_id")?,
+                partitions: r.u32("partitions_count")?,
                 name: r.name("name")?,
-                partitions: r.u32("partitions")?,
-                message_expiry: r.u64("message_expiry")?,
-                max_topic_size: r.u64("max_topic_size")?,
+                options: options_block(&mut r)?,
             },
             O::UpdateTopic => ClientRequest::UpdateTopic {
-                stream_id: r.u32("stream_id")?,
-                topic_id: r.u32("topic_id")?,
-                message_expiry: r.u64("message_expiry")?,
-                max_topic_size: r.u64("max_topic_size")?,
+                stream: Identifier::read(&mut r, "stream_id")?,
+                topic: Identifier::read(&mut r, "topic_id")?,
+                name: r.name("name")?,
+                options: options_block(&mut r)?,
             },
             O::DeleteTopic => ClientRequest::DeleteTopic {
-                stream_id: r.u32("stream_id")?,
-                topic_id: r.u32("topic_id")?,
+                stream: Identifier::read(&mut r, "stream_id")?,
+                topic: Identifier::read(&mut r, "topic_id")?,
             },
             O::CreatePartitions | O::DeletePartitions => {
-                let (stream_id, topic_id, count) = ids(&mut r, ["stream_id", "topic_id", "count"])?;
+                let stream = Identifier::read(&mut r, "stream_id")?;
+                let topic = Identifier::read(&mut r, "topic_id")?;
+                let count = r.u32("partitions_count")?;
                 if operation == O::CreatePartitions {
                     ClientRequest::CreatePartitions {
-                        stream_id,
-                        topic_id,
+                        stream,
+                        topic,
                         count,
                     }
                 } else {
                     ClientRequest::DeletePartitions {
-                        stream_id,
-                        topic_id,
+                        stream,
+                        topic,
                         count,
                     }
                 }
@@ -545,6 +566,13 @@ impl<'a> ClientRequest<'a> {
                     stream: Identifier::read(&mut r, "stream_id")?,
                 },
                 Some(ReadCommand::GetStreams) => ClientRequest::GetStreams,
+                Some(ReadCommand::GetTopic) => ClientRequest::GetTopic {
+                    stream: Identifier::read(&mut r, "stream_id")?,
+                    topic: Identifier::read(&mut r, "topic_id")?,
+                },
+                Some(ReadCommand::GetTopics) => ClientRequest::GetTopics {
+                    stream: Identifier::read(&mut r, "stream_id")?,
+                },
                 Some(ReadCommand::ListStreams) => ClientRequest::ListStreams,
                 Some(ReadCommand::ListTopics) => ClientRequest::ListTopics {
                     stream_id: r.u32("stream_id")?,
@@ -656,6 +684,8 @@ impl<'a> ClientRequest<'a> {
             R::ClusterNodes => read(ReadCommand::ClusterNodes),
             R::GetStream { .. } => read(ReadCommand::GetStream),
             R::GetStreams => read(ReadCommand::GetStreams),
+            R::GetTopic { .. } => read(ReadCommand::GetTopic),
+            R::GetTopics { .. } => read(ReadCommand::GetTopics),
             R::ListStreams => read(ReadCommand::ListStreams),
             R::ListTopics { .. } => read(ReadCommand::ListTopics),
             R::PollMessages { .. } => read(ReadCommand::PollMessages),
@@ -713,46 +743,42 @@ impl<'a> ClientRequest<'a> {
                 w.u32(*stream_id);
             }
             R::CreateTopic {
-                stream_id,
+                stream,
                 name,
                 partitions,
-                message_expiry,
-                max_topic_size,
+                options,
             } => {
-                w.u32(*stream_id)
-                    .short_bytes(name.as_bytes())
-                    .u32(*partitions)
-                    .u64(*message_expiry)
-                    .u64(*max_topic_size);
+                stream.write(&mut w);
+                w.u32(*partitions).short_bytes(name.as_bytes()).raw(options);
             }
             R::UpdateTopic {
-                stream_id,
-                topic_id,
-                message_expiry,
-                max_topic_size,
+                stream,
+                topic,
+                name,
+                options,
             } => {
-                w.u32(*stream_id)
-                    .u32(*topic_id)
-                    .u64(*message_expiry)
-                    .u64(*max_topic_size);
+                stream.write(&mut w);
+                topic.write(&mut w);
+                w.short_bytes(name.as_bytes()).raw(options);
             }
-            R::DeleteTopic {
-                stream_id,
-                topic_id,
-            } => {
-                w.u32(*stream_id).u32(*topic_id);
+            R::DeleteTopic { stream, topic } | R::GetTopic { stream, topic } => {
+                stream.write(&mut w);
+                topic.write(&mut w);
             }
+            R::GetTopics { stream } => stream.write(&mut w),
             R::CreatePartitions {
-                stream_id,
-                topic_id,
+                stream,
+                topic,
                 count,
             }
             | R::DeletePartitions {
-                stream_id,
-                topic_id,
+                stream,
+                topic,
                 count,
             } => {
-                w.u32(*stream_id).u32(*topic_id).u32(*count);
+                stream.write(&mut w);
+                topic.write(&mut w);
+                w.u32(*count);
             }
             R::CreateUser {
                 username,

@@ -46,6 +46,10 @@ pub enum Status {
     FeatureUnavailable,
     /// The client's protocol version is outside the window this node accepts.
     IncompatibleProtocol,
+    /// An option key the appliance does not take (Iggy's options block).
+    UnsupportedOption,
+    /// An option whose value the appliance cannot honour or parse.
+    InvalidOptionValue,
 }
 
 impl Status {
@@ -97,6 +101,8 @@ impl Status {
             Status::StorageFull => code::CANNOT_WRITE_TO_FILE,
             Status::FeatureUnavailable => code::FEATURE_UNAVAILABLE,
             Status::IncompatibleProtocol => code::INCOMPATIBLE_PROTOCOL_VERSION,
+            Status::UnsupportedOption => code::UNSUPPORTED_OPTION_KEY,
+            Status::InvalidOptionValue => code::INVALID_OPTION_VALUE,
         }
     }
 
@@ -130,6 +136,8 @@ impl Status {
             code::CANNOT_WRITE_TO_FILE => Status::StorageFull,
             code::FEATURE_UNAVAILABLE => Status::FeatureUnavailable,
             code::INCOMPATIBLE_PROTOCOL_VERSION => Status::IncompatibleProtocol,
+            code::UNSUPPORTED_OPTION_KEY => Status::UnsupportedOption,
+            code::INVALID_OPTION_VALUE => Status::InvalidOptionValue,
             _ => return None,
         })
     }
@@ -186,6 +194,8 @@ pub mod code {
     pub const TOO_MANY_TOPICS: u32 = 2021;
     pub const PARTITION_NOT_FOUND: u32 = 3007;
     pub const CONSUMER_OFFSET_NOT_FOUND: u32 = 3021;
+    pub const UNSUPPORTED_OPTION_KEY: u32 = 4041;
+    pub const INVALID_OPTION_VALUE: u32 = 4042;
     pub const CONSUMER_GROUP_ID_NOT_FOUND: u32 = 5000;
     pub const CONSUMER_GROUP_NAME_ALREADY_EXISTS: u32 = 5004;
     pub const CANNOT_WRITE_TO_FILE: u32 = 10006;

@@ -56,30 +56,48 @@ fn samples() -> Vec<ClientRequest<'static>> {
         ClientRequest::GetStreams,
         ClientRequest::ClusterNodes,
         ClientRequest::CreateTopic {
-            stream_id: 1,
+            stream: request::Identifier::Id(1),
             name: "eu".into(),
             partitions: 3,
-            message_expiry: 7 * 86_400_000_000,
-            max_topic_size: u64::MAX,
+            options: options::TopicOptions::encode(Retention {
+                message_expiry: 7 * 86_400_000_000,
+                max_topic_size: u64::MAX,
+            }),
+        },
+        ClientRequest::CreateTopic {
+            stream: request::Identifier::Name("orders".into()),
+            name: "us".into(),
+            partitions: 1,
+            options: Vec::new(),
         },
         ClientRequest::UpdateTopic {
-            stream_id: 1,
-            topic_id: 2,
-            message_expiry: 0,
-            max_topic_size: 10 << 30,
+            stream: request::Identifier::Id(1),
+            topic: request::Identifier::Name("eu".into()),
+            name: "eu".into(),
+            options: options::TopicOptions::encode_all(Retention {
+                message_expiry: 0,
+                max_topic_size: 10 << 30,
+            }),
         },
         ClientRequest::DeleteTopic {
-            stream_id: 1,
-            topic_id: 2,
+            stream: request::Identifier::Id(1),
+            topic: request::Identifier::Id(2),
+        },
+        ClientRequest::GetTopic {
+            stream: request::Identifier::Name("orders".into()),
+            topic: request::Identifier::Id(2),
+        },
+        ClientRequest::GetTopics {
+            stream: request::Identifier::Id(1),
         },
         ClientRequest::CreatePartitions {
-            stream_id: 1,
-            topic_id: 2,
+            stream: request::Identifier::Id(1),
+            topic: request::Identifier::Id(2),
             count: 4,
         },
         ClientRequest::DeletePartitions {
-            stream_id: 1,
-            topic_id: 2,
+            stream: request::Identifier::Name("orders".into()),
+            topic: request::Identifier::Name("eu".into()),
             count: 1,
         },
         ClientRequest::CreateUser {
@@ -269,6 +287,8 @@ fn status_codes_round_trip() {
         Status::StorageFull,
         Status::FeatureUnavailable,
         Status::IncompatibleProtocol,
+        Status::UnsupportedOption,
+        Status::InvalidOptionValue,
     ];
     let not_primary = reply::NotPrimaryReply {
         primary: 2,
@@ -414,7 +434,7 @@ proptest! {
     #[test]
     fn arbitrary_bodies_never_panic_any_decoder(
         body in proptest::collection::vec(any::<u8>(), 0..256),
-        read in 0u32..8,
+        read in proptest::sample::select(vec![0u32, 1, 2, 3, 4, 5, 6, 12, 38, 200, 201, 300, 301, 999]),
     ) {
         for operation in Operation::ALL {
             let _ = ClientRequest::decode(*operation, read, &body);

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use super::auth;
 use super::ops::MetadataOp;
-use crate::protocol::reply::StreamReply;
+use crate::protocol::options::{self, TopicOptions};
+use crate::protocol::reply::{PartitionReply, StreamReply, TopicDetailsReply, TopicReply};
 use crate::protocol::request::Identifier;
 use crate::protocol::{ClientRequest, Status, StreamPermission};
 
@@ -266,6 +267,17 @@ impl MetadataState {
         }
     }
 
+    /// The ids of the topic `topic` names in the stream `stream` names, if both exist.
+    pub fn topic_id(&self, stream: &Identifier, topic: &Identifier) -> Option<(u32, u32)> {
+        let stream_id = self.stream_id(stream)?;
+        let topics = &self.streams.get(&stream_id)?.topics;
+        let topic_id = match topic {
+            Identifier::Id(id) => topics.contains_key(id).then_some(*id)?,
+            Identifier::Name(name) => *topics.iter().find(|(_, t)| t.name == *name)?.0,
+        };
+        Some((stream_id, topic_id))
+    }
+
     pub fn prepare(
         &self,
         caller: Caller,
@@ -296,56 +308,57 @@ impl MetadataState {
                 MetadataOp::DeleteStream { stream_id }
             }
             R::CreateTopic {
-                stream_id,
+                stream,
                 name,
                 partitions,
-                message_expiry,
-                max_topic_size,
+                options,
             } => {
-                need(*stream_id, Right::Manage)?;
+                let stream_id = self.stream_id(stream).ok_or(Status::NotFound)?;
+                need(stream_id, Right::Manage)?;
+                let options = TopicOptions::parse(options).map_err(|refusal| refusal.status)?;
                 MetadataOp::CreateTopic {
-                    stream_id: *stream_id,
+                    stream_id,
                     name: name.clone(),
                     partitions: *partitions,
                     created_at: now,
-                    message_expiry: *message_expiry,
-                    max_topic_size: *max_topic_size,
+                    message_expiry: options.retention.message_expiry,
+                    max_topic_size: options.retention.max_topic_size,
                     // The next node in turn after every partition that exists: first
                     // leaders stay balanced over the nodes across topics.
                     first_primary: Some(self.partition_total()),
                 }
             }
-            R::DeleteTopic {
-                stream_id,
-                topic_id,
-            } => {
-                need(*stream_id, Right::Manage)?;
+            R::DeleteTopic { stream, topic } => {
+                let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
+                need(stream_id, Right::Manage)?;
                 MetadataOp::DeleteTopic {
-                    stream_id: *stream_id,
-                    topic_id: *topic_id,
+                    stream_id,
+                    topic_id,
                 }
             }
             R::CreatePartitions {
-                stream_id,
-                topic_id,
+                stream,
+                topic,
                 count,
             } => {
-                need(*stream_id, Right::Manage)?;
+                let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
+                need(stream_id, Right::Manage)?;
                 MetadataOp::CreatePartitions {
-                    stream_id: *stream_id,
-                    topic_id: *topic_id,
+                    stream_id,
+                    topic_id,
                     count: *count,
                 }
             }
             R::DeletePartitions {
-                stream_id,
-                topic_id,
+                stream,
+                topic,
                 count,
             } => {
-                need(*stream_id, Right::Manage)?;
+                let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
+                need(stream_id, Right::Manage)?;
                 MetadataOp::DeletePartitions {
-                    stream_id: *stream_id,
-                    topic_id: *topic_id,
+                    stream_id,
+                    topic_id,
                     count: *count,
                 }
             }
@@ -359,17 +372,35 @@ impl MetadataState {
                 }
             }
             R::UpdateTopic {
-                stream_id,
-                topic_id,
-                message_expiry,
-                max_topic_size,
+                stream,
+                topic,
+                name,
+                options,
             } => {
-                need(*stream_id, Right::Manage)?;
+                let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
+                need(stream_id, Right::Manage)?;
+                let current = &self.streams[&stream_id].topics[&topic_id];
+                if current.name != *name {
+                    // Topics keep the name they were created with.
+                    return Err(Status::FeatureUnavailable);
+                }
+                // An update patches: the options the block names change, the rest stay.
+                let entries = options::entries(options).map_err(|_| Status::InvalidRequest)?;
+                let names = |key: &str| entries.iter().any(|e| e.key == key);
+                let parsed = TopicOptions::parse(options).map_err(|refusal| refusal.status)?;
                 MetadataOp::UpdateTopic {
-                    stream_id: *stream_id,
-                    topic_id: *topic_id,
-                    message_expiry: *message_expiry,
-                    max_topic_size: *max_topic_size,
+                    stream_id,
+                    topic_id,
+                    message_expiry: if names(options::MESSAGE_EXPIRY) {
+                        parsed.retention.message_expiry
+                    } else {
+                        current.message_expiry
+                    },
+                    max_topic_size: if names(options::MAX_TOPIC_SIZE) {
+                        parsed.retention.max_topic_size
+                    } else {
+                        current.max_topic_size
+                    },
                 }
             }
             R::CreateUser {
@@ -541,9 +572,30 @@ impl MetadataState {
                         first_primary: *first_primary,
                     },
                 );
-                let mut body = id.to_le_bytes().to_vec();
-                body.extend_from_slice(&partitions.to_le_bytes());
-                Applied::ok(body)
+                // The new topic as Iggy's CreateTopic answers it: nothing stored yet.
+                let reply = TopicDetailsReply {
+                    topic: TopicReply {
+                        id,
+                        created_at: *created_at,
+                        partitions_count: *partitions,
+                        message_expiry: *message_expiry,
+                        max_topic_size: *max_topic_size,
+                        size_bytes: 0,
+                        messages_count: 0,
+                        name: name.clone(),
+                    },
+                    partitions: (0..*partitions)
+                        .map(|partition| PartitionReply {
+                            id: partition,
+                            created_at: *created_at,
+                            segments_count: 0,
+                            current_offset: 0,
+                            size_bytes: 0,
+                            messages_count: 0,
+                        })
+                        .collect(),
+                };
+                Applied::ok(reply.encode())
             }
             M::UpdateTopic {
                 stream_id,

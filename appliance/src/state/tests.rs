@@ -5,6 +5,7 @@ use replication::wire::PartitionKey;
 
 use super::metadata::ROOT_USER_ID;
 use super::*;
+use crate::protocol::request::{Identifier, Retention};
 use crate::protocol::{ClientRequest, Status, StreamPermission};
 
 const ROOT: Caller = Caller {
@@ -54,11 +55,10 @@ fn replicas_applying_the_same_ops_hold_the_same_state_and_ids() {
         ((1, "orders".into(), 0), (2, "payments".into(), 0))
     );
     let topic = ClientRequest::CreateTopic {
-        stream_id: 1,
+        stream: Identifier::Id(1),
         name: "eu".into(),
         partitions: 3,
-        message_expiry: 0,
-        max_topic_size: 0,
+        options: Vec::new(),
     };
     let r = run(&a.clone(), &mut [&mut a, &mut b], ROOT, topic);
     assert_eq!(r.status, Status::Ok);
@@ -158,11 +158,10 @@ fn permissions_are_checked_per_stream_and_right() {
         client: 9,
     };
     let topic = ClientRequest::CreateTopic {
-        stream_id: 1,
+        stream: Identifier::Id(1),
         name: "t".into(),
         partitions: 1,
-        message_expiry: 0,
-        max_topic_size: 0,
+        options: Vec::new(),
     };
     assert_eq!(
         state.prepare(caller, &topic, 0),
@@ -488,11 +487,10 @@ fn first_leaders_of_new_partitions_go_round_the_nodes() {
         ClientRequest::CreateStream { name: "s".into() },
     );
     let topic = |name: &str, partitions| ClientRequest::CreateTopic {
-        stream_id: 1,
+        stream: Identifier::Id(1),
         name: name.into(),
         partitions,
-        message_expiry: 0,
-        max_topic_size: 0,
+        options: Vec::new(),
     };
     // Two partitions, then three: the second topic starts where the first left off.
     run(&a.clone(), &mut [&mut a], ROOT, topic("first", 2));
@@ -581,4 +579,88 @@ fn create_topic_bodies_with_and_without_first_leaders_round_trip() {
     let mut longer = with.clone();
     longer.push(0);
     assert!(decode(&longer).is_err());
+}
+
+#[test]
+fn topics_are_named_by_id_or_name_and_updates_patch_the_options_they_name() {
+    let mut state = formatted();
+    let primary = state.clone();
+    run(
+        &primary,
+        &mut [&mut state],
+        ROOT,
+        ClientRequest::CreateStream {
+            name: "orders".into(),
+        },
+    );
+    let primary = state.clone();
+    let created = run(
+        &primary,
+        &mut [&mut state],
+        ROOT,
+        ClientRequest::CreateTopic {
+            stream: Identifier::Name("orders".into()),
+            name: "eu".into(),
+            partitions: 2,
+            options: crate::protocol::options::TopicOptions::encode(Retention {
+                message_expiry: 60_000_000,
+                max_topic_size: 1 << 30,
+            }),
+        },
+    );
+    let reply = crate::protocol::reply::TopicDetailsReply::decode(&created.body).unwrap();
+    assert_eq!((reply.topic.id, reply.partitions.len()), (1, 2));
+    assert_eq!(reply.topic.message_expiry, 60_000_000);
+    let by_name = (
+        Identifier::Name("orders".into()),
+        Identifier::Name("eu".into()),
+    );
+    assert_eq!(state.topic_id(&by_name.0, &by_name.1), Some((1, 1)));
+    assert_eq!(state.topic_id(&by_name.0, &Identifier::Id(2)), None);
+    // An update that names only the size keeps the expiry.
+    let mut size_only = Vec::new();
+    size_only.extend_from_slice(&[2, 14, 0, 0, 0]);
+    size_only.extend_from_slice(b"max_topic_size");
+    size_only.extend_from_slice(&[12, 8, 0, 0, 0]);
+    size_only.extend_from_slice(&(2u64 << 30).to_le_bytes());
+    let update = |name: &str, options: Vec<u8>| ClientRequest::UpdateTopic {
+        stream: by_name.0.clone(),
+        topic: by_name.1.clone(),
+        name: name.into(),
+        options,
+    };
+    let primary = state.clone();
+    let updated = run(&primary, &mut [&mut state], ROOT, update("eu", size_only));
+    assert_eq!(updated.status, Status::Ok);
+    let topic = &state.streams[&1].topics[&1];
+    assert_eq!(
+        (topic.message_expiry, topic.max_topic_size),
+        (60_000_000, 2 << 30)
+    );
+    // Renaming and options the appliance does not take are refused before preparing.
+    assert_eq!(
+        state.prepare(ROOT, &update("us", Vec::new()), 0),
+        Err(Status::FeatureUnavailable)
+    );
+    let mut segment_size = Vec::new();
+    segment_size.extend_from_slice(&[2, 12, 0, 0, 0]);
+    segment_size.extend_from_slice(b"segment_size");
+    segment_size.extend_from_slice(&[12, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(
+        state.prepare(ROOT, &update("eu", segment_size), 0),
+        Err(Status::UnsupportedOption)
+    );
+    // A topic deleted by name.
+    let primary = state.clone();
+    let deleted = run(
+        &primary,
+        &mut [&mut state],
+        ROOT,
+        ClientRequest::DeleteTopic {
+            stream: by_name.0.clone(),
+            topic: by_name.1.clone(),
+        },
+    );
+    assert_eq!(deleted.status, Status::Ok);
+    assert!(state.streams[&1].topics.is_empty());
 }

@@ -495,6 +495,16 @@ pub fn short(text: &str) -> Vec<u8> {
     v
 }
 
+/// A CreateTopic body (Iggy's layout): the stream by id, the partition count, the
+/// name and an empty options block.
+pub fn create_topic_body(stream: u32, name: &str, partitions: u32) -> Vec<u8> {
+    let mut body = vec![1, 4];
+    body.extend_from_slice(&stream.to_le_bytes());
+    body.extend_from_slice(&partitions.to_le_bytes());
+    body.extend_from_slice(&short(name));
+    body
+}
+
 pub fn partition_key(stream: u32, topic: u32, partition: u32) -> Vec<u8> {
     let mut v = stream.to_le_bytes().to_vec();
     v.extend_from_slice(&topic.to_le_bytes());

@@ -1,0 +1,226 @@
+//! Iggy's metadata reads (GetClusterMetadata, GetStreams, GetStream, GetTopics,
+//! GetTopic), answered from this node's committed metadata, with the sizes and offsets
+//! of what this node stores (docs/client-protocol.md).
+
+use replication::wire::PartitionKey;
+
+use super::node::Node;
+use crate::protocol::reply::{
+    ClusterNode, ClusterNodesReply, PartitionReply, StreamDetailsReply, StreamReply, StreamsReply,
+    TopicDetailsReply, TopicReply, TopicsReply, NODE_HEALTHY, NODE_UNREACHABLE, ROLE_FOLLOWER,
+    ROLE_LEADER,
+};
+use crate::protocol::request::Identifier;
+use crate::protocol::{ClientRequest, Status};
+use crate::state::Right;
+
+impl Node {
+    /// Answers one of Iggy's metadata reads for `user`. An unknown stream or topic in
+    /// GetStream and GetTopic is an empty answer (the SDK's "none").
+    pub(super) fn metadata_read(
+        &self,
+        user: u32,
+        request: &ClientRequest<'_>,
+    ) -> (Status, Vec<u8>) {
+        let readable = |stream_id: u32| self.state.allows(user, stream_id, Right::Read);
+        match request {
+            ClientRequest::ClusterNodes => (Status::Ok, self.cluster_nodes().encode()),
+            ClientRequest::GetStreams => {
+                let streams = self
+                    .state
+                    .streams
+                    .keys()
+                    .filter(|id| readable(**id))
+                    .filter_map(|id| self.stream_reply(*id))
+                    .collect();
+                (Status::Ok, StreamsReply { streams }.encode())
+            }
+            ClientRequest::GetStream { stream } => {
+                let Some(stream_id) = self.state.stream_id(stream) else {
+                    return (Status::Ok, Vec::new());
+                };
+                if !readable(stream_id) {
+                    return (Status::PermissionDenied, Vec::new());
+                }
+                let Some(head) = self.stream_reply(stream_id) else {
+                    return (Status::Ok, Vec::new());
+                };
+                let topics = self.state.streams[&stream_id]
+                    .topics
+                    .keys()
+                    .filter_map(|topic| self.topic_reply(stream_id, *topic))
+                    .collect();
+                let reply = StreamDetailsReply {
+                    stream: head,
+                    topics,
+                };
+                (Status::Ok, reply.encode())
+            }
+            ClientRequest::GetTopics { stream } => {
+                let Some(stream_id) = self.state.stream_id(stream) else {
+                    return (Status::NotFound, Vec::new());
+                };
+                if !readable(stream_id) {
+                    return (Status::PermissionDenied, Vec::new());
+                }
+                let topics = self.state.streams[&stream_id]
+                    .topics
+                    .keys()
+                    .filter_map(|topic| self.topic_reply(stream_id, *topic))
+                    .collect();
+                (Status::Ok, TopicsReply { topics }.encode())
+            }
+            ClientRequest::GetTopic { stream, topic } => self.get_topic(stream, topic, readable),
+            _ => (Status::InvalidRequest, Vec::new()),
+        }
+    }
+
+    fn get_topic(
+        &self,
+        stream: &Identifier,
+        topic: &Identifier,
+        readable: impl Fn(u32) -> bool,
+    ) -> (Status, Vec<u8>) {
+        let Some((stream_id, topic_id)) = self.state.topic_id(stream, topic) else {
+            return (Status::Ok, Vec::new());
+        };
+        if !readable(stream_id) {
+            return (Status::PermissionDenied, Vec::new());
+        }
+        let Some(head) = self.topic_reply(stream_id, topic_id) else {
+            return (Status::Ok, Vec::new());
+        };
+        let created_at = head.created_at;
+        let partitions = (0..head.partitions_count)
+            .map(|partition| {
+                let key = PartitionKey {
+                    stream: stream_id,
+                    topic: topic_id,
+                    partition,
+                };
+                let stored = self.stored(key);
+                let segments = key
+                    .pack()
+                    .ok()
+                    .and_then(|group| self.partitions.by_group.get(&group))
+                    .map_or(0, |p| p.log.index_memory().0);
+                let (first, end, bytes) =
+                    stored.map_or((0, 0, 0), |s| (s.first_offset, s.committed_end, s.bytes));
+                PartitionReply {
+                    id: partition,
+                    created_at,
+                    segments_count: segments as u32,
+                    current_offset: end.saturating_sub(1),
+                    size_bytes: bytes,
+                    messages_count: end.saturating_sub(first),
+                }
+            })
+            .collect();
+        let reply = TopicDetailsReply {
+            topic: head,
+            partitions,
+        };
+        (Status::Ok, reply.encode())
+    }
+
+    /// Iggy's topic header, its sizes as this node stores them.
+    fn topic_reply(&self, stream_id: u32, topic_id: u32) -> Option<TopicReply> {
+        let topic = self.state.streams.get(&stream_id)?.topics.get(&topic_id)?;
+        let (size_bytes, messages_count) = self.topic_sizes(stream_id, topic_id);
+        Some(TopicReply {
+            id: topic_id,
+            created_at: topic.created_at,
+            partitions_count: topic.partition_count,
+            message_expiry: topic.message_expiry,
+            max_topic_size: topic.max_topic_size,
+            size_bytes,
+            messages_count,
+            name: topic.name.clone(),
+        })
+    }
+
+    /// Bytes and messages this node stores of a topic's partitions.
+    fn topic_sizes(&self, stream: u32, topic: u32) -> (u64, u64) {
+        let count = self
+            .state
+            .streams
+            .get(&stream)
+            .and_then(|s| s.topics.get(&topic))
+            .map_or(0, |t| t.partition_count);
+        (0..count)
+            .filter_map(|partition| {
+                self.stored(PartitionKey {
+                    stream,
+                    topic,
+                    partition,
+                })
+            })
+            .fold((0, 0), |(bytes, messages), stored| {
+                (
+                    bytes + stored.bytes,
+                    messages + stored.committed_end.saturating_sub(stored.first_offset),
+                )
+            })
+    }
+
+    /// Iggy's view of a stream, its sizes as this node stores them.
+    fn stream_reply(&self, stream_id: u32) -> Option<StreamReply> {
+        let stream = self.state.streams.get(&stream_id)?;
+        let (size_bytes, messages_count) = stream
+            .topics
+            .keys()
+            .map(|topic| self.topic_sizes(stream_id, *topic))
+            .fold((0, 0), |(b, m), (tb, tm)| (b + tb, m + tm));
+        Some(StreamReply {
+            id: stream_id,
+            created_at: stream.created_at,
+            topics_count: stream.topics.len() as u32,
+            size_bytes,
+            messages_count,
+            name: stream.name.clone(),
+        })
+    }
+
+    /// Iggy's cluster metadata: every node with the address clients dial; the metadata
+    /// group's primary leads (no node does during a view change); a peer this node has
+    /// no link to is reported unreachable.
+    pub(super) fn cluster_nodes(&self) -> ClusterNodesReply {
+        let leader = self
+            .metadata()
+            .filter(|r| r.status() == replication::vsr::Status::Normal)
+            .map(|r| r.config().primary_of(r.view()));
+        let nodes = self
+            .settings
+            .client_addresses
+            .iter()
+            .map(|(replica, address)| {
+                // "host:port" or "[v6]:port": the port follows the last colon.
+                let (host, port) = address.rsplit_once(':').unwrap_or((address, "0"));
+                let reachable =
+                    *replica == self.settings.replica || self.bus.is_connected(*replica);
+                ClusterNode {
+                    name: format!("node-{replica}"),
+                    ip: host
+                        .trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .to_owned(),
+                    tcp_port: port.parse().unwrap_or(0),
+                    role: if leader == Some(*replica) {
+                        ROLE_LEADER
+                    } else {
+                        ROLE_FOLLOWER
+                    },
+                    status: if reachable {
+                        NODE_HEALTHY
+                    } else {
+                        NODE_UNREACHABLE
+                    },
+                }
+            })
+            .collect();
+        ClusterNodesReply {
+            name: self.settings.cluster_name.clone(),
+            nodes,
+        }
+    }
+}

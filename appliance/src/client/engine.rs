@@ -578,9 +578,15 @@ impl Client {
             };
             match step_for(status) {
                 Step::Done if status == Status::Ok => {
-                    return strip_result_section(operation as u8, &reply_body)
-                        .map(<[u8]>::to_vec)
-                        .map_err(|e| ClientError::body(addr, "result section", e));
+                    // The body moves on as it is (a poll's is megabytes) unless a result
+                    // section leads it.
+                    let mut body = reply_body;
+                    let section = body.len()
+                        - strip_result_section(operation as u8, &body)
+                            .map_err(|e| ClientError::body(addr, "result section", e))?
+                            .len();
+                    body.drain(..section);
+                    return Ok(body);
                 }
                 Step::Done => return Err(refused),
                 Step::Redirect => {

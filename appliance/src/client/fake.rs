@@ -265,7 +265,7 @@ fn serve(replica: u8, mut stream: TcpStream, state: Arc<Mutex<FakeState>>) {
                 reply.status = status.wire_code(header.operation);
                 let body = match status {
                     Status::PipelineFull => PIPELINE_FULL_REASON.to_vec(),
-                    Status::Ok => with_result_section(header.operation, &body),
+                    Status::Ok => with_result_section(header.operation, &body).into_owned(),
                     _ => body,
                 };
                 Frame::build(&reply, &body)

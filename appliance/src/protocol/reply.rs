@@ -2,8 +2,9 @@
 //! codec shared by the daemon, which encodes them, and `appliance::client`, which
 //! decodes them. Decoding never panics and bounds every list by the bytes present.
 
-use replication::wire::batch::{self, BatchInfo, BATCH_HEADER_SIZE};
+use std::borrow::Cow;
 
+use replication::wire::batch::{self, BatchInfo, BATCH_HEADER_SIZE};
 use replication::wire::Operation;
 
 use super::codec::{BodyError, Reader, Writer};
@@ -66,15 +67,16 @@ pub fn result_framed(operation: u8) -> bool {
 }
 
 /// The body of an accepted reply to `operation` as it goes on the wire: after an empty
-/// result section (`count u32` = 0) where `result_framed`.
-pub fn with_result_section(operation: u8, body: &[u8]) -> Vec<u8> {
+/// result section (`count u32` = 0) where `result_framed`; else `body` itself, not
+/// copied (a poll's reply is megabytes).
+pub fn with_result_section(operation: u8, body: &[u8]) -> Cow<'_, [u8]> {
     if !result_framed(operation) {
-        return body.to_vec();
+        return Cow::Borrowed(body);
     }
     let mut framed = Vec::with_capacity(4 + body.len());
     framed.extend_from_slice(&0u32.to_le_bytes());
     framed.extend_from_slice(body);
-    framed
+    Cow::Owned(framed)
 }
 
 /// The body of an accepted reply to `operation` after its result section.

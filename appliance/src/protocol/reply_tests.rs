@@ -303,7 +303,7 @@ fn metadata_replies_carry_an_empty_result_section() {
     use replication::wire::Operation;
     let create = Operation::CreateStream as u8;
     let framed = with_result_section(create, &[9, 9]);
-    assert_eq!(framed, [0, 0, 0, 0, 9, 9]);
+    assert_eq!(&*framed, [0, 0, 0, 0, 9, 9]);
     assert_eq!(strip_result_section(create, &framed), Ok(&[9u8, 9][..]));
     // A refusal entry is not an accepted reply; a cut section is refused.
     assert!(strip_result_section(create, &[1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0]).is_err());
@@ -317,7 +317,10 @@ fn metadata_replies_carry_an_empty_result_section() {
         Operation::Logout,
     ] {
         assert!(!result_framed(operation as u8), "{operation:?}");
-        assert_eq!(with_result_section(operation as u8, &[7]), [7]);
+        assert!(matches!(
+            with_result_section(operation as u8, &[7]),
+            std::borrow::Cow::Borrowed([7])
+        ));
     }
     for operation in [
         Operation::StoreConsumerOffset,

@@ -31,7 +31,7 @@ impl Node {
                     .streams
                     .keys()
                     .filter(|id| readable(**id))
-                    .filter_map(|id| self.stream_reply(*id))
+                    .filter_map(|id| self.stream_reply(*id, &self.topic_replies(*id)))
                     .collect();
                 (Status::Ok, StreamsReply { streams }.encode())
             }
@@ -42,14 +42,10 @@ impl Node {
                 if !readable(stream_id) {
                     return (Status::PermissionDenied, Vec::new());
                 }
-                let Some(head) = self.stream_reply(stream_id) else {
+                let topics = self.topic_replies(stream_id);
+                let Some(head) = self.stream_reply(stream_id, &topics) else {
                     return (Status::Ok, Vec::new());
                 };
-                let topics = self.state.streams[&stream_id]
-                    .topics
-                    .keys()
-                    .filter_map(|topic| self.topic_reply(stream_id, *topic))
-                    .collect();
                 let reply = StreamDetailsReply {
                     stream: head,
                     topics,
@@ -63,11 +59,7 @@ impl Node {
                 if !readable(stream_id) {
                     return (Status::PermissionDenied, Vec::new());
                 }
-                let topics = self.state.streams[&stream_id]
-                    .topics
-                    .keys()
-                    .filter_map(|topic| self.topic_reply(stream_id, *topic))
-                    .collect();
+                let topics = self.topic_replies(stream_id);
                 (Status::Ok, TopicsReply { topics }.encode())
             }
             ClientRequest::GetTopic { stream, topic } => self.get_topic(stream, topic, readable),
@@ -163,20 +155,29 @@ impl Node {
             })
     }
 
-    /// Iggy's view of a stream, its sizes as this node stores them.
-    fn stream_reply(&self, stream_id: u32) -> Option<StreamReply> {
+    /// Iggy's headers of a stream's topics (none for an unknown stream).
+    fn topic_replies(&self, stream_id: u32) -> Vec<TopicReply> {
+        self.state
+            .streams
+            .get(&stream_id)
+            .map_or_else(Vec::new, |stream| {
+                stream
+                    .topics
+                    .keys()
+                    .filter_map(|topic| self.topic_reply(stream_id, *topic))
+                    .collect()
+            })
+    }
+
+    /// Iggy's view of a stream, its sizes summed from its topics' (`topic_replies`).
+    fn stream_reply(&self, stream_id: u32, topics: &[TopicReply]) -> Option<StreamReply> {
         let stream = self.state.streams.get(&stream_id)?;
-        let (size_bytes, messages_count) = stream
-            .topics
-            .keys()
-            .map(|topic| self.topic_sizes(stream_id, *topic))
-            .fold((0, 0), |(b, m), (tb, tm)| (b + tb, m + tm));
         Some(StreamReply {
             id: stream_id,
             created_at: stream.created_at,
             topics_count: stream.topics.len() as u32,
-            size_bytes,
-            messages_count,
+            size_bytes: topics.iter().map(|t| t.size_bytes).sum(),
+            messages_count: topics.iter().map(|t| t.messages_count).sum(),
             name: stream.name.clone(),
         })
     }

@@ -30,6 +30,7 @@ use super::partitions::{self, Partitions};
 use super::repair_windows::RepairWindows;
 use super::DaemonError;
 use crate::protocol::codec::Reader;
+use journal::segment::offsets::CONSUMERS_MAX;
 use crate::protocol::reply::{with_result_section, RegisterReply};
 use crate::protocol::Status;
 use crate::state::{Caller, MetadataOp, MetadataState};
@@ -1638,7 +1639,9 @@ pub(super) fn slow_step(step: &'static str, started: Instant) {
     }
 }
 
-/// Applies a committed StoreConsumerOffset or DeleteConsumerOffset.
+/// Applies a committed StoreConsumerOffset or DeleteConsumerOffset: a delete of an
+/// offset that is not stored is NotFound; a store for a consumer past the partition's
+/// `CONSUMERS_MAX` is LimitReached.
 fn apply_offset_op(
     partition: &mut partitions::Partition,
     operation: u8,
@@ -1653,19 +1656,24 @@ fn apply_offset_op(
         _ => return Ok((Status::InvalidRequest, Vec::new())),
     };
     let key = partitions::consumer_key(consumer);
-    let changed = if operation == Operation::StoreConsumerOffset as u8 {
-        match r.u64("offset") {
-            Ok(offset) => partition.offsets.store(key, offset).map(|_| true)?,
-            Err(_) => false,
+    // Decided from the applied state alone, so every replica answers alike (what
+    // store and delete return is whether the table is synced now, not the outcome).
+    let known = partition.offsets.get(key).is_some();
+    if operation == Operation::StoreConsumerOffset as u8 {
+        let Ok(offset) = r.u64("offset") else {
+            return Ok((Status::InvalidRequest, Vec::new()));
+        };
+        if !known && partition.offsets.all().len() >= CONSUMERS_MAX {
+            return Ok((Status::LimitReached, b"consumers".to_vec()));
         }
+        partition.offsets.store(key, offset)?;
     } else {
-        partition.offsets.delete(key)?
-    };
-    Ok(if changed {
-        (Status::Ok, Vec::new())
-    } else {
-        (Status::NotFound, Vec::new())
-    })
+        if !known {
+            return Ok((Status::NotFound, Vec::new()));
+        }
+        partition.offsets.delete(key)?;
+    }
+    Ok((Status::Ok, Vec::new()))
 }
 
 /// The client-facing operation of a prepared one (docs/protocol.md, "Replication": the

@@ -330,15 +330,33 @@ impl BatchInfo {
 /// Verifies a batch: header, every message checksum, tiling of exactly message_count
 /// frames, then batch_checksum.
 pub fn verify(batch: &[u8]) -> Result<BatchInfo, BatchError> {
+    verify_from(batch, Some(0))
+}
+
+/// Verifies a served batch (a poll reply's, `append_served`): as `verify`, except that
+/// its messages may start at any offset_delta, consecutive from there. The info's
+/// base_offset is the first message's offset.
+pub fn verify_served(batch: &[u8]) -> Result<BatchInfo, BatchError> {
+    let first_delta = batch
+        .get(BATCH_HEADER_SIZE..)
+        .and_then(|rest| MessageHeader::ref_from_prefix(rest).ok())
+        .map_or(0, |(m, _)| m.offset_delta.get());
+    let mut info = verify_from(batch, Some(first_delta))?;
+    info.base_offset += u64::from(first_delta);
+    Ok(info)
+}
+
+fn verify_from(batch: &[u8], first_delta: Option<u32>) -> Result<BatchInfo, BatchError> {
     let (header, info) = checked_header(batch)?;
     let mut feed = ChecksumFeed::new(header);
+    let first_delta = first_delta.unwrap_or(0);
     walk(batch, info.message_count, |index, frame, message| {
         if message.reserved != [0; 8] {
             return Err(BatchError::ReservedNonZero {
                 message: Some(index),
             });
         }
-        if message.offset_delta.get() != index {
+        if Some(message.offset_delta.get()) != first_delta.checked_add(index) {
             return Err(BatchError::OffsetDelta {
                 message: index,
                 offset_delta: message.offset_delta.get(),
@@ -356,6 +374,55 @@ pub fn verify(batch: &[u8]) -> Result<BatchInfo, BatchError> {
         return Err(BatchError::BatchChecksum { stored, computed });
     }
     Ok(info)
+}
+
+/// Appends to `out` the messages of a stored batch (one `verify` accepted) whose offsets
+/// fall in `from..to`, as a served batch: the batch itself when all of it is in range,
+/// else those frames unchanged (their checksums and offset_delta stay, so each offset is
+/// still base_offset + offset_delta) under a copy of the header with their
+/// message_count, batch_length and batch_checksum. Returns the messages appended.
+pub fn append_served(
+    batch: &[u8],
+    from: u64,
+    to: u64,
+    out: &mut Vec<u8>,
+) -> Result<u32, BatchError> {
+    let info = info_of_verified(batch)?;
+    let (base, next) = (info.base_offset, info.next_offset());
+    if from <= base && to >= next {
+        out.extend_from_slice(batch);
+        return Ok(info.message_count);
+    }
+    let (lo, hi) = (from.max(base) - base, to.min(next).saturating_sub(base));
+    if lo >= hi {
+        return Ok(0);
+    }
+    let (lo, hi) = (lo as u32, hi as u32);
+    let (mut start, mut end, mut at) = (0, 0, BATCH_HEADER_SIZE);
+    walk(batch, info.message_count, |index, frame, _| {
+        if index == lo {
+            start = at;
+        }
+        at += frame.len();
+        if index + 1 == hi {
+            end = at;
+        }
+        Ok(())
+    })?;
+    let header_at = out.len();
+    out.extend_from_slice(&batch[..BATCH_HEADER_SIZE]);
+    out.extend_from_slice(&batch[start..end]);
+    let served = &mut out[header_at..];
+    let count = hi - lo;
+    {
+        let (header, _) = BatchHeader::mut_from_prefix(&mut *served)
+            .map_err(|_| BatchError::TooShort { len: 0 })?;
+        header.message_count = U32::new(count);
+        header.batch_length = U64::new((BATCH_HEADER_SIZE + end - start) as u64);
+    }
+    let checksum = batch_checksum(served, count)?;
+    set_batch_checksum(served, checksum);
+    Ok(count)
 }
 
 /// The header fields of a batch that `verify` already accepted (a prepare that passed

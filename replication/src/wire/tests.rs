@@ -1057,6 +1057,37 @@ fn batch_round_trips_through_encode_stamp_and_verify() {
 }
 
 #[test]
+fn a_served_slice_keeps_its_messages_and_offsets() {
+    let bytes = sample_batch(5);
+    let mut out = Vec::new();
+    // The whole batch in range: served as stored.
+    assert_eq!(batch::append_served(&bytes, 90, 200, &mut out), Ok(5));
+    assert_eq!(out, bytes);
+    // Messages 101..104 of 100..105: a batch of three, each message byte-identical.
+    out.clear();
+    assert_eq!(batch::append_served(&bytes, 101, 104, &mut out), Ok(3));
+    let info = batch::verify_served(&out).unwrap();
+    assert_eq!((info.base_offset, info.message_count), (101, 3));
+    let served: Vec<_> = batch::messages(&out).collect();
+    let stored: Vec<_> = batch::messages(&bytes).collect();
+    assert_eq!(served, stored[1..4].to_vec());
+    // A stored batch must start at offset_delta 0: a slice is not one.
+    assert!(matches!(
+        batch::verify(&out),
+        Err(batch::BatchError::OffsetDelta { message: 0, .. })
+    ));
+    // Out of range: nothing.
+    assert_eq!(batch::append_served(&bytes, 105, 300, &mut out), Ok(0));
+    assert_eq!(batch::append_served(&bytes, 0, 100, &mut out), Ok(0));
+    // A damaged slice fails verification.
+    let mut damaged = Vec::new();
+    batch::append_served(&bytes, 102, 105, &mut damaged).unwrap();
+    let last = damaged.len() - 1;
+    damaged[last] ^= 1;
+    assert!(batch::verify_served(&damaged).is_err());
+}
+
+#[test]
 fn restamping_a_batch_recomputes_its_checksum() {
     let mut bytes = sample_batch(2);
     batch::stamp(&mut bytes, 3, 500, 2_000_000).unwrap();

@@ -163,13 +163,13 @@ fn polling_with_auto_commit_stores_the_consumer_offset() {
     }
     let consumer = Consumer::Single(9);
     let mut seen = Vec::new();
-    // Each Next poll (one batch at a time) continues where the last one stopped,
+    // Each Next poll (ten messages at a time) continues where the last one stopped,
     // without the consumer storing anything itself.
     for _ in 0..5 {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         let first = loop {
             let body = client
-                .poll_messages_auto_commit(key, consumer, PollStrategy::Next, 1)
+                .poll_messages_auto_commit(key, consumer, PollStrategy::Next, 10)
                 .expect("poll");
             let batches = split_poll_body(&body).expect("batches");
             let first = batches
@@ -177,7 +177,7 @@ fn polling_with_auto_commit_stores_the_consumer_offset() {
                 .and_then(|(bytes, _)| batch::messages(bytes).next())
                 .map(|m| m.offset);
             // The offset commits just after the reply: a poll in between sees the same
-            // batch again, never a later one.
+            // messages again, never later ones.
             if first != seen.last().copied() {
                 break first;
             }

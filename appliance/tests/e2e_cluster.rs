@@ -296,20 +296,15 @@ fn poll_all(files: &ClusterFiles, replica: usize, stream: u32, topic: u32) -> Ve
     }
     let mut out = Vec::new();
     loop {
-        let mut body = partition_key(stream, topic, 0);
-        body.push(0);
-        body.extend_from_slice(&1u32.to_le_bytes());
-        body.push(0);
-        body.extend_from_slice(&(out.len() as u64).to_le_bytes());
-        body.extend_from_slice(&1000u32.to_le_bytes());
-        body.push(0);
-        let Ok(reply) = client.read(5, &body) else {
+        let body = poll_body(stream, topic, 0, out.len() as u64, 1000);
+        let Ok(reply) = client.read(POLL, &body) else {
             return out;
         };
-        if reply.status() != Status::Ok || reply.body.is_empty() {
+        // Past the header: partition id, current offset, messages count.
+        if reply.status() != Status::Ok || reply.body.len() < 16 || u32_at(&reply.body, 12) == 0 {
             return out;
         }
-        let mut at = 0;
+        let mut at = 16;
         while at + 256 <= reply.body.len() {
             let length = u64_at(&reply.body, at + 32) as usize;
             let Some(one) = reply.body.get(at..at + length) else {
@@ -384,8 +379,7 @@ fn numbered_batch(stream: u32, topic: u32, tag: &str, b: u64) -> (Vec<Vec<u8>>, 
             user_headers: &[],
         });
     }
-    let mut body = partition_key(stream, topic, 0);
-    body.extend_from_slice(&builder.finish(1));
+    let body = send_body(stream, topic, 0, &builder.finish(1));
     (payloads, body)
 }
 
@@ -402,7 +396,7 @@ fn three_nodes_replicate_a_partition_and_every_node_serves_it() {
         let (payloads, body) = batch(b);
         expected.extend(payloads);
         let reply = write(3 + b, Operation::SendMessages, &body, session);
-        assert_eq!(u64_at(&reply.body, 0), b * 4, "base offset of batch {b}");
+        assert_eq!(sent_offset(&reply.body), b * 4, "base offset of batch {b}");
         partition_primary = usize::from(reply.header.frame.replica);
     }
 
@@ -432,7 +426,7 @@ fn three_nodes_replicate_a_partition_and_every_node_serves_it() {
         },
         Duration::from_secs(60),
     );
-    assert_eq!(u64_at(&reply.body, 0), 40);
+    assert_eq!(sent_offset(&reply.body), 40);
     for b in 11..14u64 {
         let (payloads, body) = batch(b);
         expected.extend(payloads);
@@ -448,7 +442,7 @@ fn three_nodes_replicate_a_partition_and_every_node_serves_it() {
             },
             Duration::from_secs(60),
         );
-        assert_eq!(u64_at(&reply.body, 0), b * 4, "base offset of batch {b}");
+        assert_eq!(sent_offset(&reply.body), b * 4, "base offset of batch {b}");
     }
     // The old primary restarts and catches up from its peers.
     daemons[partition_primary] = Daemon::start(&files, partition_primary);
@@ -521,7 +515,7 @@ fn every_node_killed_at_once_restarts_with_every_acknowledged_batch() {
             .call(Operation::SendMessages as u8, 0, 3 + b, &body)
             .expect("reply");
         assert_eq!(reply.status(), Status::Ok, "batch {b}");
-        assert_eq!(u64_at(&reply.body, 0), b * 4, "base offset of batch {b}");
+        assert_eq!(sent_offset(&reply.body), b * 4, "base offset of batch {b}");
         expected.extend(payloads);
         b += 1;
     }
@@ -537,7 +531,7 @@ fn every_node_killed_at_once_restarts_with_every_acknowledged_batch() {
     let (payloads, body) = batch(b);
     let reply = write(3 + b, Operation::SendMessages, &body, session);
     assert_eq!(
-        u64_at(&reply.body, 0),
+        sent_offset(&reply.body),
         b * 4,
         "the log continues after the restart"
     );

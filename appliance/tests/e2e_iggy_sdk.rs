@@ -2,6 +2,8 @@
 //! daemon, through its own calls: the client port speaks Iggy's binary protocol.
 
 mod common;
+#[path = "common/sdk.rs"]
+mod sdk;
 
 use std::time::Duration;
 
@@ -11,37 +13,10 @@ use iggy::prelude::{
     IggyClient, IggyError, IggyExpiry, MaxTopicSize, PartitionClient, StreamClient, SystemClient,
     TopicClient, TopicCreateOptions, TopicUpdateOptions, UserClient,
 };
-
-/// A client of the SDK for a node's client port (no automatic sign-in).
-fn node_client(files: &ClusterFiles, replica: usize) -> IggyClient {
-    IggyClient::builder()
-        .with_tcp()
-        .with_server_address(files.client_addr(replica).to_string())
-        .build()
-        .expect("the SDK builds a TCP client")
-}
+use sdk::*;
 
 fn sdk_client(files: &ClusterFiles) -> IggyClient {
     node_client(files, 0)
-}
-
-/// A connected SDK client of node `replica`, logged in as root.
-async fn root_client(files: &ClusterFiles, replica: usize) -> IggyClient {
-    let client = node_client(files, replica);
-    client.connect().await.expect("connect");
-    client
-        .login_user("root", ROOT_PASSWORD)
-        .await
-        .expect("login");
-    client
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
 }
 
 #[test]

@@ -54,15 +54,8 @@ fn one_batch() -> Vec<u8> {
     builder.finish(1)
 }
 
-fn poll_body(key: PartitionKey) -> Vec<u8> {
-    let mut body = partition_key(key.stream, key.topic, key.partition);
-    body.push(0); // consumer kind: single
-    body.extend_from_slice(&1u32.to_le_bytes());
-    body.push(0); // strategy: offset
-    body.extend_from_slice(&0u64.to_le_bytes());
-    body.extend_from_slice(&100u32.to_le_bytes());
-    body.push(0); // no auto commit
-    body
+fn poll_of(key: PartitionKey) -> Vec<u8> {
+    poll_body(key.stream, key.topic, key.partition, 0, 100)
 }
 
 fn read_only(stream_id: u32) -> StreamPermission {
@@ -93,13 +86,12 @@ fn a_user_without_write_permission_cannot_produce_and_reads_only_when_granted() 
         .expect("nobody");
 
     let mut reader = session_of(&files, 11, "reader", "reader-password");
-    let mut produce = partition_key(stream, topic, 0);
-    produce.extend_from_slice(&one_batch());
+    let produce = send_body(stream, topic, 0, &one_batch());
     let reply = reader
         .write(Operation::SendMessages, &produce)
         .expect("produce");
     assert_eq!(reply.status(), PERMISSION_DENIED, "reader produced");
-    let reply = reader.read(5, &poll_body(key)).expect("poll");
+    let reply = reader.read(POLL, &poll_of(key)).expect("poll");
     assert_eq!(reply.status(), Status::Ok, "reader cannot read");
     assert!(
         reply
@@ -110,7 +102,7 @@ fn a_user_without_write_permission_cannot_produce_and_reads_only_when_granted() 
     );
 
     let mut nobody = session_of(&files, 12, "nobody", "nobody-password");
-    let reply = nobody.read(5, &poll_body(key)).expect("poll");
+    let reply = nobody.read(POLL, &poll_of(key)).expect("poll");
     assert_eq!(reply.status(), PERMISSION_DENIED, "read without a grant");
     let reply = nobody
         .write(Operation::SendMessages, &produce)
@@ -119,7 +111,7 @@ fn a_user_without_write_permission_cannot_produce_and_reads_only_when_granted() 
     assert!(rejected(&files, 0, "permission_denied", 2) >= 2);
 
     // Nothing the reader or nobody sent was appended: the partition holds root's batch.
-    let reply = reader.read(5, &poll_body(key)).expect("poll");
+    let reply = reader.read(POLL, &poll_of(key)).expect("poll");
     let count = reply
         .body
         .windows(b"written by root".len())

@@ -7,9 +7,12 @@ mod common;
 use std::io::Read;
 use std::time::Duration;
 
+use appliance::protocol::reply::split_poll_body;
+use appliance::protocol::request::OffsetTarget;
+use appliance::protocol::{ClientRequest, Consumer, ReadCommand};
 use common::*;
 use replication::wire::batch::{self, BatchBuilder, NewMessage};
-use replication::wire::Operation;
+use replication::wire::{Operation, PartitionKey};
 
 const PARTITIONS: u32 = 3;
 const BATCHES: u64 = 20;
@@ -36,23 +39,10 @@ fn batch_for(partition: u32, first: u64) -> Vec<u8> {
 }
 
 fn send(client: &mut Client, stream: u32, topic: u32, partition: u32, first: u64) -> Reply {
-    let mut body = partition_key(stream, topic, partition);
-    body.extend_from_slice(&batch_for(partition, first));
+    let body = send_body(stream, topic, partition, &batch_for(partition, first));
     client
         .write(Operation::SendMessages, &body)
         .expect("send messages")
-}
-
-/// A poll of up to `count` messages at `offset` for consumer 1, without auto commit.
-fn poll_body(stream: u32, topic: u32, partition: u32, offset: u64, count: u32) -> Vec<u8> {
-    let mut body = partition_key(stream, topic, partition);
-    body.push(0); // consumer kind single
-    body.extend_from_slice(&1u32.to_le_bytes());
-    body.push(0); // strategy offset
-    body.extend_from_slice(&offset.to_le_bytes());
-    body.extend_from_slice(&count.to_le_bytes());
-    body.push(0); // no auto commit
-    body
 }
 
 /// Polls a partition from offset 0 and returns every message payload in order.
@@ -61,23 +51,19 @@ fn consume(client: &mut Client, stream: u32, topic: u32, partition: u32) -> Vec<
     let mut next = 0u64;
     loop {
         let body = poll_body(stream, topic, partition, next, 1000);
-        let reply = client.read(5, &body).expect("poll");
+        let reply = client.read(POLL, &body).expect("poll");
         assert_eq!(reply.status(), Status::Ok, "poll status");
-        if reply.body.is_empty() {
+        let batches = split_poll_body(&reply.body).expect("verified batches");
+        if batches.is_empty() {
             return out;
         }
-        let mut at = 0;
-        while at < reply.body.len() {
-            let length = u64_at(&reply.body, at + 32) as usize;
-            let one = &reply.body[at..at + length];
-            batch::verify(one).expect("a verified batch");
+        for (one, _) in batches {
             for message in batch::messages(one) {
-                if message.offset >= next {
-                    out.push((message.offset, message.payload.to_vec()));
-                    next = message.offset + 1;
-                }
+                // Served from exactly the offset asked, in order.
+                assert_eq!(message.offset, next, "partition {partition}");
+                out.push((message.offset, message.payload.to_vec()));
+                next = message.offset + 1;
             }
-            at += length;
         }
     }
 }
@@ -107,16 +93,6 @@ fn create_topic(
     (stream, u32_at(&reply.body, 0))
 }
 
-fn logged_in(files: &ClusterFiles, id: u128) -> Client {
-    let mut client = Client::connect(files.client_addr(0), id).expect("connect");
-    let login = client.login("root", ROOT_PASSWORD).expect("login");
-    assert_eq!(login.status(), Status::Ok, "login");
-    let register = client.register().expect("register");
-    assert_eq!(register.status(), Status::Ok, "register");
-    assert_ne!(client.session, 0);
-    client
-}
-
 #[test]
 fn single_node_produces_consumes_and_keeps_data_across_a_restart() {
     let files = ClusterFiles::new(1);
@@ -135,20 +111,24 @@ fn single_node_produces_consumes_and_keeps_data_across_a_restart() {
                 "send: {:?}",
                 String::from_utf8_lossy(&reply.body)
             );
-            assert_eq!(u64_at(&reply.body, 0), b * PER_BATCH, "base offset");
-            assert_eq!(u32_at(&reply.body, 8), PER_BATCH as u32, "count");
+            assert_eq!(sent_offset(&reply.body), b * PER_BATCH, "base offset");
+            assert_eq!(u32_at(&reply.body, 12), partition, "partition");
         }
     }
     // A retry with the same request number is answered, not applied twice.
     let last = client.request;
-    let mut body = partition_key(stream, topic, PARTITIONS - 1);
-    body.extend_from_slice(&batch_for(PARTITIONS - 1, 999));
+    let body = send_body(
+        stream,
+        topic,
+        PARTITIONS - 1,
+        &batch_for(PARTITIONS - 1, 999),
+    );
     let retry = client
         .call(Operation::SendMessages as u8, 0, last, &body)
         .expect("retry");
     assert_eq!(retry.status(), Status::Ok);
     assert_eq!(
-        u64_at(&retry.body, 0),
+        sent_offset(&retry.body),
         (BATCHES - 1) * PER_BATCH,
         "the first reply"
     );
@@ -170,10 +150,19 @@ fn single_node_produces_consumes_and_keeps_data_across_a_restart() {
     check(&mut client);
 
     // Consumer offsets round-trip.
-    let mut body = partition_key(stream, topic, 1);
-    body.push(0);
-    body.extend_from_slice(&7u32.to_le_bytes());
-    body.extend_from_slice(&41u64.to_le_bytes());
+    let target = OffsetTarget::of(
+        PartitionKey {
+            stream,
+            topic,
+            partition: 1,
+        },
+        Consumer::Single(7),
+    );
+    let body = ClientRequest::StoreConsumerOffset {
+        target: target.clone(),
+        offset: 41,
+    }
+    .encode();
     let reply = client
         .write(Operation::StoreConsumerOffset, &body)
         .expect("store offset");
@@ -188,16 +177,18 @@ fn single_node_produces_consumes_and_keeps_data_across_a_restart() {
     assert_eq!(list.status(), Status::Ok);
     assert_eq!(u32_at(&list.body, 0), 1, "one stream after restart");
     check(&mut client);
-    let mut body = partition_key(stream, topic, 1);
-    body.push(0);
-    body.extend_from_slice(&7u32.to_le_bytes());
-    let offset = client.read(6, &body).expect("get offset");
+    let body = ClientRequest::GetConsumerOffset { target }.encode();
+    let offset = client
+        .read(ReadCommand::GetConsumerOffset as u32, &body)
+        .expect("get offset");
     assert_eq!(offset.status(), Status::Ok);
-    assert_eq!(u64_at(&offset.body, 0), 41);
+    // partition_id u32, current_offset u64, stored_offset u64.
+    assert_eq!(u32_at(&offset.body, 0), 1);
+    assert_eq!(u64_at(&offset.body, 12), 41);
     // Appends continue after the restored offsets.
     let reply = send(&mut client, stream, topic, 2, BATCHES * PER_BATCH);
     assert_eq!(reply.status(), Status::Ok);
-    assert_eq!(u64_at(&reply.body, 0), BATCHES * PER_BATCH);
+    assert_eq!(sent_offset(&reply.body), BATCHES * PER_BATCH);
 
     // SIGKILL, restart: acknowledged data survives.
     daemon.kill();
@@ -245,7 +236,6 @@ fn bad_client_input_is_answered_or_closed_and_the_node_keeps_serving() {
         .expect("reply");
     assert_eq!(reply.status(), Status::InvalidRequest);
     // A batch that fails its checksum.
-    let mut body = partition_key(1, 1, 0);
     let mut bad = BatchBuilder::with_capacity(64);
     bad.push(NewMessage {
         id: 1,
@@ -256,7 +246,7 @@ fn bad_client_input_is_answered_or_closed_and_the_node_keeps_serving() {
     let mut bad = bad.finish(1);
     let end = bad.len() - 1;
     bad[end] ^= 0xff;
-    body.extend_from_slice(&bad);
+    let body = send_body(1, 1, 0, &bad);
     let reply = client.write(Operation::SendMessages, &body).expect("reply");
     assert_eq!(reply.status(), Status::InvalidRequest);
 
@@ -424,7 +414,7 @@ fn a_new_sessions_request_numbers_are_never_taken_for_an_old_sessions_retries() 
     for first in [0, PER_BATCH] {
         let reply = send(&mut client, stream, topic, 0, first);
         assert_eq!(
-            (reply.status(), u64_at(&reply.body, 0)),
+            (reply.status(), sent_offset(&reply.body)),
             (Status::Ok, first)
         );
     }
@@ -438,8 +428,7 @@ fn a_new_sessions_request_numbers_are_never_taken_for_an_old_sessions_retries() 
         (3, 4 * PER_BATCH),
         (4, 5 * PER_BATCH),
     ] {
-        let mut body = partition_key(stream, topic, 0);
-        body.extend_from_slice(&batch_for(0, first));
+        let body = send_body(stream, topic, 0, &batch_for(0, first));
         let reply = client
             .call(Operation::SendMessages as u8, 0, request, &body)
             .expect("reply");
@@ -453,7 +442,7 @@ fn a_new_sessions_request_numbers_are_never_taken_for_an_old_sessions_retries() 
             "the reply names the client's number"
         );
         assert_eq!(
-            u64_at(&reply.body, 0),
+            sent_offset(&reply.body),
             first,
             "request {request} was applied"
         );
@@ -525,7 +514,7 @@ fn a_round_of_many_partition_checkpoints_is_durable_across_a_kill() {
         for partition in 0..MANY {
             let reply = send(&mut client, stream, topic, partition, round * PER_BATCH);
             assert_eq!(reply.status(), Status::Ok, "send");
-            assert_eq!(u64_at(&reply.body, 0), round * PER_BATCH);
+            assert_eq!(sent_offset(&reply.body), round * PER_BATCH);
         }
         checkpointed(round + 1);
     }
@@ -542,7 +531,7 @@ fn a_round_of_many_partition_checkpoints_is_durable_across_a_kill() {
         // The partition groups start after the node is healthy: Unavailable until then.
         eventually(Duration::from_secs(30), Duration::from_millis(50), || {
             let body = poll_body(stream, topic, partition, 0, 1);
-            let status = client.read(5, &body).expect("poll").status();
+            let status = client.read(POLL, &body).expect("poll").status();
             if status == Status::Unavailable {
                 return Err(format!("partition {partition} unavailable"));
             }
@@ -556,7 +545,7 @@ fn a_round_of_many_partition_checkpoints_is_durable_across_a_kill() {
         assert_eq!(messages, want, "partition {partition}");
         let reply = send(&mut client, stream, topic, partition, 3 * PER_BATCH);
         assert_eq!(reply.status(), Status::Ok, "send after the restart");
-        assert_eq!(u64_at(&reply.body, 0), 3 * PER_BATCH);
+        assert_eq!(sent_offset(&reply.body), 3 * PER_BATCH);
     }
     assert_eq!(daemon.terminate(Duration::from_secs(20)), Some(0));
 }

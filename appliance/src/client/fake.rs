@@ -20,9 +20,10 @@ use replication::wire::{
     PartitionKey, ReplyHeader, RequestHeader, HEADER_SIZE, METADATA_GROUP,
 };
 
+use crate::protocol::codec::Writer;
 use crate::protocol::options::TopicOptions;
 use crate::protocol::reply::*;
-use crate::protocol::request::Identifier;
+use crate::protocol::request::{Identifier, OffsetTarget, Partitioning};
 use crate::protocol::status::PIPELINE_FULL_REASON;
 use crate::protocol::{ClientRequest, Consumer, Credentials, PollStrategy, Status};
 
@@ -553,10 +554,16 @@ fn apply(s: &mut FakeState, request: &ClientRequest<'_>) -> Answer {
             }
         }
         R::SendMessages {
-            partition,
+            stream,
+            topic,
+            partitioning: Partitioning::PartitionId(partition),
             batch: bytes,
+            ..
         } => {
             let gap_at = s.faults.gap_at;
+            let Some(partition) = &numeric_key(stream, topic, *partition) else {
+                return fail(Status::NotFound);
+            };
             let Some(p) = s.partitions.get_mut(partition) else {
                 return fail(Status::NotFound);
             };
@@ -575,34 +582,53 @@ fn apply(s: &mut FakeState, request: &ClientRequest<'_>) -> Answer {
             }
             p.batches.push(stored);
             p.next_offset = base + u64::from(info.message_count);
-            ok(SendMessagesReply {
-                base_offset: base,
-                count: info.message_count,
+            ok(SendConfirmations {
+                confirmations: vec![SendConfirmation {
+                    stream_id: partition.stream,
+                    topic_id: partition.topic,
+                    partition_id: partition.partition,
+                    base_offset: base,
+                }],
             }
             .encode())
         }
-        R::StoreConsumerOffset {
-            partition,
-            consumer,
-            offset,
-        } => {
-            if !s.partitions.contains_key(partition) {
+        R::StoreConsumerOffset { target, offset } => {
+            let Some(key) = offset_key(target).filter(|(p, _)| s.partitions.contains_key(p)) else {
                 return fail(Status::NotFound);
-            }
-            s.offsets.insert((*partition, *consumer), *offset);
+            };
+            s.offsets.insert(key, *offset);
             ok(Vec::new())
         }
-        R::DeleteConsumerOffset {
-            partition,
-            consumer,
-        } => match s.offsets.remove(&(*partition, *consumer)) {
-            Some(_) => ok(Vec::new()),
-            None => fail(Status::NotFound),
-        },
+        R::DeleteConsumerOffset { target } => {
+            match offset_key(target).and_then(|key| s.offsets.remove(&key)) {
+                Some(_) => ok(Vec::new()),
+                None => fail(Status::NotFound),
+            }
+        }
         _ => Answer::Reply(
             Status::InvalidRequest,
             b"not supported by the fake".to_vec(),
         ),
+    }
+}
+
+/// The partition and consumer an offset request names by numeric identifiers.
+fn offset_key(target: &OffsetTarget) -> Option<(PartitionKey, Consumer)> {
+    Some((
+        numeric_key(&target.stream, &target.topic, target.partition?)?,
+        target.consumer.single_key()?,
+    ))
+}
+
+/// The partition a request names by numeric identifiers (the client library's).
+fn numeric_key(stream: &Identifier, topic: &Identifier, partition: u32) -> Option<PartitionKey> {
+    match (stream, topic) {
+        (Identifier::Id(stream), Identifier::Id(topic)) => Some(PartitionKey {
+            stream: *stream,
+            topic: *topic,
+            partition,
+        }),
+        _ => None,
     }
 }
 
@@ -683,46 +709,63 @@ fn read(s: &mut FakeState, request: &ClientRequest<'_>) -> Answer {
             .encode()),
             None => fail(Status::NotFound),
         },
-        R::GetConsumerOffset {
-            partition,
-            consumer,
-        } => match s.offsets.get(&(*partition, *consumer)) {
-            Some(offset) => ok(ConsumerOffsetReply { offset: *offset }.encode()),
+        R::GetConsumerOffset { target } => match offset_key(target) {
+            Some(key) => match s.offsets.get(&key) {
+                Some(offset) => ok(ConsumerOffsetReply {
+                    partition_id: key.0.partition,
+                    current_offset: 0,
+                    stored_offset: *offset,
+                }
+                .encode()),
+                None => ok(Vec::new()),
+            },
             None => fail(Status::NotFound),
         },
         R::PollMessages {
-            partition,
-            consumer,
+            target,
             strategy,
             count,
             ..
         } => {
-            let from = match strategy {
-                PollStrategy::Offset(o) => *o,
-                PollStrategy::Timestamp(_) => 0,
-                PollStrategy::Next => s.offsets.get(&(*partition, *consumer)).map_or(0, |o| o + 1),
-            };
-            let corrupt = s.faults.corrupt_payload_at;
-            let Some(p) = s.partitions.get(partition) else {
+            let Some((partition, consumer)) = offset_key(target) else {
                 return fail(Status::NotFound);
             };
+            let corrupt = s.faults.corrupt_payload_at;
+            let Some(p) = s.partitions.get(&partition) else {
+                return fail(Status::NotFound);
+            };
+            let from = match strategy {
+                PollStrategy::Offset(o) => *o,
+                PollStrategy::Next => s.offsets.get(&(partition, consumer)).map_or(0, |o| o + 1),
+                PollStrategy::Last => p.next_offset.saturating_sub(u64::from(*count)),
+                PollStrategy::Timestamp(_) | PollStrategy::First => 0,
+            };
             let end = from.saturating_add(u64::from(*count));
-            let mut body = Vec::new();
+            let mut batches = Vec::new();
+            let mut served = 0;
             for stored in &p.batches {
-                let Ok(info) = batch::verify(stored) else {
-                    continue;
-                };
-                if info.next_offset() <= from || info.base_offset >= end {
-                    continue;
-                }
-                match corrupt {
-                    Some(at) if at >= info.base_offset && at < info.next_offset() => {
-                        body.extend_from_slice(&corrupted(stored, at));
+                let stored = match corrupt {
+                    Some(at)
+                        if batch::verify(stored)
+                            .is_ok_and(|i| at >= i.base_offset && at < i.next_offset()) =>
+                    {
+                        // Served as the damaged bytes a bad disk would return.
+                        batches.extend_from_slice(&corrupted(stored, at));
+                        continue;
                     }
-                    _ => body.extend_from_slice(stored),
-                }
+                    _ => stored,
+                };
+                served += batch::append_served(stored, from, end, &mut batches).unwrap_or(0);
             }
-            ok(body)
+            let mut body = Writer::default();
+            PollHeader {
+                partition_id: partition.partition,
+                current_offset: p.next_offset.saturating_sub(1),
+                messages_count: served,
+            }
+            .write(&mut body);
+            body.raw(&batches);
+            ok(body.finish())
         }
         _ => Answer::Reply(
             Status::InvalidRequest,

@@ -11,9 +11,12 @@ use super::error::ClientError;
 use crate::protocol::options::TopicOptions;
 use crate::protocol::reply::{
     split_poll_body, ClusterMetadataReply, ConsumerOffsetReply, IdReply, ListStreamsReply,
-    ListTopicsReply, SendMessagesReply, StreamReply, TopicDetailsReply, PRIMARY_UNKNOWN,
+    ListTopicsReply, SendConfirmations, SendMessagesReply, StreamReply, TopicDetailsReply,
+    PRIMARY_UNKNOWN,
 };
-use crate::protocol::request::{Identifier, PERMISSIONS_MAX, POLL_COUNT_MAX};
+use crate::protocol::request::{
+    Identifier, OffsetTarget, Partitioning, PERMISSIONS_MAX, POLL_COUNT_MAX,
+};
 use crate::protocol::{ClientRequest, Consumer, PollStrategy, Retention, Status, StreamPermission};
 
 fn group_of(partition: PartitionKey) -> Result<u64, ClientError> {
@@ -299,28 +302,38 @@ impl Client {
         let body = self.call(
             group,
             &ClientRequest::SendMessages {
-                partition,
+                stream: Identifier::Id(partition.stream),
+                topic: Identifier::Id(partition.topic),
+                partitioning: Partitioning::PartitionId(partition.partition),
+                messages_count: info.message_count,
                 batch: batch_bytes,
             },
         )?;
         let server = server_of(self, group);
-        let reply = SendMessagesReply::decode(&body)
+        let reply = SendConfirmations::decode(&body)
             .map_err(|e| ClientError::body(server, "SendMessages", e))?;
-        if reply.count != info.message_count {
-            return Err(ClientError::UnexpectedReply {
+        match reply.confirmations[..] {
+            [c] if (c.stream_id, c.topic_id, c.partition_id)
+                == (partition.stream, partition.topic, partition.partition) =>
+            {
+                Ok(SendMessagesReply {
+                    base_offset: c.base_offset,
+                    count: info.message_count,
+                })
+            }
+            _ => Err(ClientError::UnexpectedReply {
                 server,
                 what: format!(
-                    "SendMessages acknowledged {} messages of {}",
-                    reply.count, info.message_count
+                    "SendMessages to {partition:?} confirmed {:?}",
+                    reply.confirmations
                 ),
-            });
+            }),
         }
-        Ok(reply)
     }
 
-    /// Reads up to `count` messages: zero or more whole batches, concatenated, each
-    /// already verified (wire::batch::verify); split them with
-    /// `protocol::reply::split_poll_body`.
+    /// Reads up to `count` messages: the reply's header (`reply::PollHeader`), then zero
+    /// or more batches, each already verified (wire::batch::verify_served); split them
+    /// with `protocol::reply::split_poll_body`.
     pub fn poll_messages(
         &mut self,
         partition: PartitionKey,
@@ -362,8 +375,7 @@ impl Client {
         let body = self.read(
             group,
             &ClientRequest::PollMessages {
-                partition,
-                consumer,
+                target: OffsetTarget::of(partition, consumer),
                 strategy,
                 count,
                 auto_commit,
@@ -388,8 +400,7 @@ impl Client {
         self.call(
             group,
             &ClientRequest::StoreConsumerOffset {
-                partition,
-                consumer,
+                target: OffsetTarget::of(partition, consumer),
                 offset,
             },
         )
@@ -403,22 +414,15 @@ impl Client {
         consumer: Consumer,
     ) -> Result<Option<u64>, ClientError> {
         let group = group_of(partition)?;
-        match self.read(
+        let body = self.read(
             group,
             &ClientRequest::GetConsumerOffset {
-                partition,
-                consumer,
+                target: OffsetTarget::of(partition, consumer),
             },
-        ) {
-            Ok(body) => ConsumerOffsetReply::decode(&body)
-                .map(|r| Some(r.offset))
-                .map_err(|e| ClientError::body(server_of(self, group), "GetConsumerOffset", e)),
-            Err(ClientError::Status {
-                status: Status::NotFound,
-                ..
-            }) => Ok(None),
-            Err(e) => Err(e),
-        }
+        )?;
+        ConsumerOffsetReply::decode(&body)
+            .map(|r| r.map(|r| r.stored_offset))
+            .map_err(|e| ClientError::body(server_of(self, group), "GetConsumerOffset", e))
     }
 
     pub fn delete_consumer_offset(
@@ -430,8 +434,7 @@ impl Client {
         self.call(
             group,
             &ClientRequest::DeleteConsumerOffset {
-                partition,
-                consumer,
+                target: OffsetTarget::of(partition, consumer),
             },
         )
         .map(|_| ())

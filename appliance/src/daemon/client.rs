@@ -2,7 +2,6 @@
 //! replicated requests handed to the group's primary (metadata requests prepared by the
 //! state machine first), and reads served from committed state only.
 
-use crate::protocol::Consumer;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use replication::bus::{ClientId, VerifiedFrame};
@@ -12,14 +11,13 @@ use replication::wire::{
 };
 
 use super::node::{Event, Node};
-use super::partitions::{self, POLL_BYTES_MAX};
 use crate::protocol::codec::Writer;
 use crate::protocol::options::{self, OptionRefusal, TopicOptions};
 use crate::protocol::reply::{
     with_result_section, ClusterMetadataReply, GroupInfo, ListTopicsReply, NodeInfo,
     PartitionRange, TopicInfo, PRIMARY_UNKNOWN,
 };
-use crate::protocol::{ClientRequest, Credentials, PollStrategy, Status};
+use crate::protocol::{ClientRequest, Credentials, Status};
 use crate::state::{auth, Caller, MetadataOp, Right};
 
 /// A failed login is answered after this delay (slows password guessing).
@@ -61,7 +59,7 @@ pub fn client_request_number(numbered: u64) -> u64 {
     numbered & u64::from(u32::MAX)
 }
 
-fn now_us() -> u64 {
+pub(super) fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
@@ -261,17 +259,47 @@ impl Node {
                 let (status, body) = self.read(user, &request);
                 self.answer(connection, &header, status, &body);
             }
-            ClientRequest::SendMessages { partition, batch } => {
-                if batch::verify(batch).is_err() {
+            ClientRequest::SendMessages {
+                stream,
+                topic,
+                partitioning,
+                messages_count,
+                batch,
+            } => {
+                let Ok(info) = batch::verify(batch) else {
                     return self.invalid(connection, &header, "batch_invalid");
+                };
+                if info.message_count != *messages_count {
+                    return self.invalid(connection, &header, "messages_count_mismatch");
                 }
-                self.partition_request(connection, &header, user, *partition, batch);
+                match self.send_partition(stream, topic, partitioning) {
+                    Ok(key) => self.partition_request(connection, &header, user, key, batch),
+                    Err(status) if self.metadata_authoritative() => {
+                        self.answer(connection, &header, status, &[])
+                    }
+                    Err(_) => {
+                        self.reject("metadata_behind");
+                        self.answer(connection, &header, Status::Unavailable, &[])
+                    }
+                }
             }
-            ClientRequest::StoreConsumerOffset { partition, .. }
-            | ClientRequest::DeleteConsumerOffset { partition, .. } => {
-                // The prepare body is the request body after the 12-byte partition key.
-                let rest = body.get(12..).unwrap_or(&[]);
-                self.partition_request(connection, &header, user, *partition, rest);
+            ClientRequest::StoreConsumerOffset { target, .. }
+            | ClientRequest::DeleteConsumerOffset { target } => {
+                let offset = match &request {
+                    ClientRequest::StoreConsumerOffset { offset, .. } => Some(*offset),
+                    _ => None,
+                };
+                match self.offset_target(target) {
+                    Ok((key, consumer)) => {
+                        let prepare = Node::offset_prepare_body(consumer, offset);
+                        self.partition_request(connection, &header, user, key, &prepare);
+                    }
+                    Err(Status::NotFound) if !self.metadata_authoritative() => {
+                        self.reject("metadata_behind");
+                        self.answer(connection, &header, Status::Unavailable, &[]);
+                    }
+                    Err(status) => self.answer(connection, &header, status, &[]),
+                }
             }
             ClientRequest::Logout => {
                 self.metadata_request(connection, &header, user, operation, &[]);
@@ -582,12 +610,7 @@ impl Node {
             // acknowledged it without this node), so only the metadata primary, which
             // committed every acknowledged create, answers NotFound; elsewhere the
             // client is told to retry, and its next node may be the primary.
-            let authoritative = self.metadata().is_some_and(|m| {
-                m.is_primary()
-                    && m.status() == replication::vsr::Status::Normal
-                    && m.op() == m.commit()
-            });
-            if !authoritative {
+            if !self.metadata_authoritative() {
                 self.reject("metadata_behind");
                 return self.answer(connection, header, Status::Unavailable, &[]);
             }
@@ -641,7 +664,7 @@ impl Node {
     }
 
     /// The NotPrimary reply body: the primary's id and client address.
-    fn not_primary_body(&self, primary: u8) -> Vec<u8> {
+    pub(super) fn not_primary_body(&self, primary: u8) -> Vec<u8> {
         let address = self
             .settings
             .client_addresses
@@ -651,42 +674,6 @@ impl Node {
         let mut w = Writer::default();
         w.u8(primary).short_bytes(address.as_bytes());
         w.finish()
-    }
-
-    /// Poll with auto_commit on the partition's primary: prepares StoreConsumerOffset of
-    /// the last delivered offset as an internal write of this node's reserved client id
-    /// (its reply goes nowhere). It commits after the poll is answered; if the pipeline is full the
-    /// offset is not stored (counted) and the next poll stores a later one.
-    fn auto_commit(&mut self, group: u64, user: u32, consumer: Consumer, offset: u64) {
-        let (kind, id) = match consumer {
-            Consumer::Single(id) => (0u8, id),
-            Consumer::Group(id) => (1u8, id),
-        };
-        let mut body = Writer::default();
-        body.u8(kind).u32(id).u64(offset);
-        let body = body.finish();
-        // Request numbers must grow across restarts (the partition's client table
-        // outlives the process): microseconds since the epoch, strictly increasing.
-        self.auto_commits = now_us().max(self.auto_commits + 1);
-        let mut header = RequestHeader::new();
-        header.frame.cluster = self.settings.cluster;
-        header.client = AUTO_COMMIT_CLIENT - u128::from(self.settings.replica);
-        header.request = self.auto_commits;
-        // Partition groups deduplicate by client and request alone; the session field
-        // only has to be non-zero for a replicated request to decode.
-        header.session = u64::MAX;
-        header.user_id = user;
-        header.operation = Operation::StoreConsumerOffset as u8;
-        let frame = Frame::build(&header, &body);
-        let Some(replica) = self.groups.get_mut(group) else {
-            return;
-        };
-        if !matches!(
-            replica.on_request(frame.as_bytes()),
-            RequestOutcome::Prepared { .. }
-        ) {
-            self.reject("auto_commit_not_prepared");
-        }
     }
 
     /// NonReplicated reads, from committed state only.
@@ -782,123 +769,13 @@ impl Node {
                 return (Status::Ok, ListTopicsReply { topics }.encode());
             }
             ClientRequest::PollMessages {
-                partition,
-                consumer,
+                target,
                 strategy,
                 count,
                 auto_commit,
-            } => {
-                if !self.state.allows(user, partition.stream, Right::Read) {
-                    return (Status::PermissionDenied, Vec::new());
-                }
-                let group = partition.pack().unwrap_or(0);
-                if *auto_commit {
-                    // Storing the offset is a replicated write: only the partition's
-                    // primary polls with auto_commit.
-                    if let Some(replica) = self.groups.get(group) {
-                        let normal = replica.status() == replication::vsr::Status::Normal;
-                        if !(replica.is_primary() && normal) {
-                            let primary = replica.config().primary_of(replica.view());
-                            if primary == self.settings.replica {
-                                // Recovering or changing views with ourselves next.
-                                return (Status::Unavailable, Vec::new());
-                            }
-                            return (Status::NotPrimary, self.not_primary_body(primary));
-                        }
-                    }
-                }
-                let Some(stored) = partition
-                    .pack()
-                    .ok()
-                    .and_then(|g| self.partitions.by_group.get(&g))
-                else {
-                    return (self.missing_partition(*partition), Vec::new());
-                };
-                // The log also holds prepared, uncommitted batches: reads stop at the
-                // commit point. Reads start at the first retained offset (retention).
-                let end = stored.committed_end;
-                let first = self
-                    .state
-                    .retained_from(*partition)
-                    .max(stored.log.start_offset());
-                let batches = match strategy {
-                    // At or past the end: nothing committed yet (an empty Ok).
-                    PollStrategy::Offset(offset) if *offset >= end => Ok((*offset, Vec::new())),
-                    PollStrategy::Offset(offset) => stored
-                        .log
-                        .read_from_offset((*offset).max(first), POLL_BYTES_MAX)
-                        .map(|b| (*offset, b)),
-                    PollStrategy::Next => {
-                        let next = stored
-                            .offsets
-                            .get(partitions::consumer_key(*consumer))
-                            .map_or(0, |o| o + 1)
-                            .max(first);
-                        if next >= end {
-                            Ok((next, Vec::new()))
-                        } else {
-                            stored
-                                .log
-                                .read_from_offset(next, POLL_BYTES_MAX)
-                                .map(|b| (next, b))
-                        }
-                    }
-                    PollStrategy::Timestamp(timestamp) => stored
-                        .log
-                        .read_from_timestamp(*timestamp, POLL_BYTES_MAX)
-                        .map(|b| (0, b)),
-                };
-                let (from, batches) = match batches {
-                    Ok(found) => found,
-                    Err(error) => {
-                        tracing::warn!(?partition, %error, "poll read failed");
-                        return (Status::Unavailable, Vec::new());
-                    }
-                };
-                let mut messages = 0u64;
-                let mut delivered_end = None;
-                for bytes in batches {
-                    let Ok(info) = batch::verify(&bytes) else {
-                        self.reject("segment_batch_invalid");
-                        break;
-                    };
-                    if info.next_offset() <= from {
-                        continue;
-                    }
-                    if info.next_offset() > end {
-                        break;
-                    }
-                    w.raw(&bytes);
-                    messages += u64::from(info.message_count);
-                    delivered_end = Some(info.next_offset());
-                    if messages >= u64::from(*count) {
-                        break;
-                    }
-                }
-                if let (true, Some(end)) = (*auto_commit, delivered_end) {
-                    self.auto_commit(group, user, *consumer, end - 1);
-                }
-            }
-            ClientRequest::GetConsumerOffset {
-                partition,
-                consumer,
-            } => {
-                if !self.state.allows(user, partition.stream, Right::Read) {
-                    return (Status::PermissionDenied, Vec::new());
-                }
-                let Some(stored) = partition
-                    .pack()
-                    .ok()
-                    .and_then(|g| self.partitions.by_group.get(&g))
-                else {
-                    return (self.missing_partition(*partition), Vec::new());
-                };
-                match stored.offsets.get(partitions::consumer_key(*consumer)) {
-                    Some(offset) => {
-                        w.u64(offset);
-                    }
-                    None => return (Status::NotFound, Vec::new()),
-                }
+            } => return self.poll(user, target, *strategy, *count, *auto_commit),
+            ClientRequest::GetConsumerOffset { target } => {
+                return self.get_consumer_offset(user, target)
             }
             _ => return (Status::InvalidRequest, Vec::new()),
         }

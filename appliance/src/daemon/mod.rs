@@ -21,6 +21,7 @@ mod checkpoints;
 mod client;
 mod forward;
 mod group_commit;
+mod messages;
 mod metadata_reads;
 mod repair_windows;
 mod retention;

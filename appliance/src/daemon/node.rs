@@ -30,10 +30,12 @@ use super::partitions::{self, Partitions};
 use super::repair_windows::RepairWindows;
 use super::DaemonError;
 use crate::protocol::codec::Reader;
-use journal::segment::offsets::CONSUMERS_MAX;
-use crate::protocol::reply::{with_result_section, RegisterReply};
+use crate::protocol::reply::{
+    with_result_section, RegisterReply, SendConfirmation, SendConfirmations,
+};
 use crate::protocol::Status;
 use crate::state::{Caller, MetadataOp, MetadataState};
+use journal::segment::offsets::CONSUMERS_MAX;
 
 /// Replies remembered per (group, client) so a reply built by the consensus core gets
 /// the state machine's status and body.
@@ -271,6 +273,8 @@ pub struct Node {
     pub(super) forwarded: HashMap<u128, forward::Forwarded>,
     /// Request numbers of internal auto-commit writes.
     pub(super) auto_commits: u64,
+    /// Per topic (stream id, topic id): the round-robin position of Balanced sends.
+    pub(super) balanced: HashMap<(u32, u32), u32>,
     /// Each partition group's journal work in flight (group_commit.rs).
     pub(super) lanes: BTreeMap<u64, super::group_commit::Lane>,
     /// Completions of the lanes' IO tasks.
@@ -449,6 +453,7 @@ impl Node {
             forward_nonces: 0,
             forwarded: HashMap::new(),
             auto_commits: 0,
+            balanced: HashMap::new(),
             lanes: BTreeMap::new(),
             io_done_tx: Rc::new(io_done_tx),
             io_done,
@@ -1083,9 +1088,16 @@ impl Node {
                     DaemonError::Runtime(format!("committed batch of op {op} invalid: {e:?}"))
                 })?;
                 partition.committed_end = info.next_offset();
-                let mut reply = info.base_offset.to_le_bytes().to_vec();
-                reply.extend_from_slice(&info.message_count.to_le_bytes());
-                (Status::Ok, reply)
+                let key = partition.key;
+                let reply = SendConfirmations {
+                    confirmations: vec![SendConfirmation {
+                        stream_id: key.stream,
+                        topic_id: key.topic,
+                        partition_id: key.partition,
+                        base_offset: info.base_offset,
+                    }],
+                };
+                (Status::Ok, reply.encode())
             }
             Some(Operation::StoreConsumerOffset) | Some(Operation::DeleteConsumerOffset) => {
                 self.partitions.unsynced.insert(group);

@@ -188,54 +188,102 @@ impl IdReply {
     }
 }
 
-/// SendMessages: where the batch landed, offsets base_offset..base_offset + count.
+/// Where a sent batch landed: offsets base_offset..base_offset + count (what the client
+/// library returns; the wire carries `SendConfirmations`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SendMessagesReply {
     pub base_offset: u64,
     pub count: u32,
 }
 
-impl SendMessagesReply {
+/// One entry of a SendMessages reply: the partition a batch was appended to and the
+/// offset of its first message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendConfirmation {
+    pub stream_id: u32,
+    pub topic_id: u32,
+    pub partition_id: u32,
+    pub base_offset: u64,
+}
+
+/// SendMessages reply (Iggy's SendMessagesResponse): `count u32`, then per entry
+/// `stream_id u32, topic_id u32, partition_id u32, base_offset u64`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendConfirmations {
+    pub confirmations: Vec<SendConfirmation>,
+}
+
+impl SendConfirmations {
+    /// Entries a reply may hold (one per batch; a SendMessages carries one).
+    const ENTRIES_MAX: u32 = 1024;
+
     pub fn encode(&self) -> Vec<u8> {
-        Writer::default()
-            .u64(self.base_offset)
-            .u32(self.count)
-            .finish()
+        let mut w = Writer::default();
+        w.u32(self.confirmations.len() as u32);
+        for c in &self.confirmations {
+            w.u32(c.stream_id)
+                .u32(c.topic_id)
+                .u32(c.partition_id)
+                .u64(c.base_offset);
+        }
+        w.finish()
     }
 
-    pub fn decode(body: &[u8]) -> Result<SendMessagesReply, BodyError> {
+    pub fn decode(body: &[u8]) -> Result<SendConfirmations, BodyError> {
         decode_all(body, |r| {
-            let reply = SendMessagesReply {
-                base_offset: r.u64("base_offset")?,
-                count: r.u32("count")?,
-            };
-            if reply.count == 0 {
-                return Err(BodyError::Invalid {
-                    field: "count",
-                    rule: "an appended batch holds at least one message",
+            let count = r.u32("confirmations")?;
+            if count > Self::ENTRIES_MAX {
+                return Err(BodyError::TooMany {
+                    field: "confirmations",
+                    count: count.into(),
+                    max: Self::ENTRIES_MAX.into(),
                 });
             }
-            Ok(reply)
+            let confirmations = (0..count)
+                .map(|_| {
+                    Ok(SendConfirmation {
+                        stream_id: r.u32("stream_id")?,
+                        topic_id: r.u32("topic_id")?,
+                        partition_id: r.u32("partition_id")?,
+                        base_offset: r.u64("base_offset")?,
+                    })
+                })
+                .collect::<Result<_, BodyError>>()?;
+            Ok(SendConfirmations { confirmations })
         })
     }
 }
 
-/// GetConsumerOffset: the stored offset (NotFound when none is stored).
+/// GetConsumerOffset (Iggy's ConsumerOffsetResponse): the partition, its last committed
+/// offset (0 when empty) and the consumer's stored offset. An empty body when the
+/// consumer stores none.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConsumerOffsetReply {
-    pub offset: u64,
+    pub partition_id: u32,
+    pub current_offset: u64,
+    pub stored_offset: u64,
 }
 
 impl ConsumerOffsetReply {
     pub fn encode(&self) -> Vec<u8> {
-        Writer::default().u64(self.offset).finish()
+        Writer::default()
+            .u32(self.partition_id)
+            .u64(self.current_offset)
+            .u64(self.stored_offset)
+            .finish()
     }
 
-    pub fn decode(body: &[u8]) -> Result<ConsumerOffsetReply, BodyError> {
+    /// None for the empty body of a consumer without a stored offset.
+    pub fn decode(body: &[u8]) -> Result<Option<ConsumerOffsetReply>, BodyError> {
+        if body.is_empty() {
+            return Ok(None);
+        }
         decode_all(body, |r| {
-            Ok(ConsumerOffsetReply {
-                offset: r.u64("offset")?,
-            })
+            Ok(Some(ConsumerOffsetReply {
+                partition_id: r.u32("partition_id")?,
+                current_offset: r.u64("current_offset")?,
+                stored_offset: r.u64("stored_offset")?,
+            }))
         })
     }
 }
@@ -810,13 +858,46 @@ impl ListTopicsReply {
     }
 }
 
+/// The head of a PollMessages reply (Iggy's PolledMessages), before its batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PollHeader {
+    pub partition_id: u32,
+    /// The partition's last committed offset (0 when it holds none).
+    pub current_offset: u64,
+    /// Messages in the batches that follow.
+    pub messages_count: u32,
+}
+
+impl PollHeader {
+    pub const SIZE: usize = 16;
+
+    pub fn write(&self, w: &mut Writer) {
+        w.u32(self.partition_id)
+            .u64(self.current_offset)
+            .u32(self.messages_count);
+    }
+
+    pub fn decode(body: &[u8]) -> Result<PollHeader, BodyError> {
+        let mut r = super::codec::Reader::new(body);
+        Ok(PollHeader {
+            partition_id: r.u32("partition_id")?,
+            current_offset: r.u64("current_offset")?,
+            messages_count: r.u32("messages_count")?,
+        })
+    }
+}
+
 /// Why a poll reply does not split into whole, valid batches.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PollBodyError {
     /// Bytes at `at` are too few for a batch header, or batch_length overruns the body.
     Framing { at: usize, batch_length: u64 },
-    /// The batch at `at` fails wire::batch::verify.
+    /// The batch at `at` fails wire::batch::verify_served.
     Batch { at: usize, error: batch::BatchError },
+    /// Shorter than the reply's header.
+    Header,
+    /// The header counts `counted` messages, the batches hold `held`.
+    Count { counted: u32, held: u64 },
 }
 
 impl core::fmt::Display for PollBodyError {
@@ -827,20 +908,46 @@ impl core::fmt::Display for PollBodyError {
                 "batch at byte {at} (batch_length {batch_length}) does not fit the reply"
             ),
             PollBodyError::Batch { at, error } => write!(f, "batch at byte {at}: {error}"),
+            PollBodyError::Header => write!(f, "shorter than its 16-byte header"),
+            PollBodyError::Count { counted, held } => {
+                write!(
+                    f,
+                    "header counts {counted} messages, the batches hold {held}"
+                )
+            }
         }
     }
 }
 
 impl std::error::Error for PollBodyError {}
 
-/// PollMessages: splits the body (zero or more whole stored batches, concatenated) by
-/// each batch's batch_length and verifies every one (message checksums, tiling,
-/// batch_checksum). Returns each batch's bytes with what verify read from it.
+/// PollMessages: reads the reply's header, splits the rest (zero or more served
+/// batches, concatenated) by each batch's batch_length and verifies every one (message
+/// checksums, tiling, batch_checksum) and their count against the header. Returns each
+/// batch's bytes with what verify read from it (base_offset: its first message's).
 pub fn split_poll_body(body: &[u8]) -> Result<Vec<(&[u8], BatchInfo)>, PollBodyError> {
+    let header = PollHeader::decode(body).map_err(|_| PollBodyError::Header)?;
+    let batches = split_batches(&body[PollHeader::SIZE..])?;
+    let held: u64 = batches
+        .iter()
+        .map(|(_, i)| u64::from(i.message_count))
+        .sum();
+    if held != u64::from(header.messages_count) {
+        return Err(PollBodyError::Count {
+            counted: header.messages_count,
+            held,
+        });
+    }
+    Ok(batches)
+}
+
+/// Splits served batches; `at` in errors counts from the start of the reply.
+fn split_batches(body: &[u8]) -> Result<Vec<(&[u8], BatchInfo)>, PollBodyError> {
     let mut batches = Vec::new();
-    let mut at = 0;
-    while at < body.len() {
-        let rest = &body[at..];
+    let mut offset = 0;
+    while offset < body.len() {
+        let at = PollHeader::SIZE + offset;
+        let rest = &body[offset..];
         let batch_length = rest
             .get(32..40)
             .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
@@ -852,9 +959,10 @@ pub fn split_poll_body(body: &[u8]) -> Result<Vec<(&[u8], BatchInfo)>, PollBodyE
             return Err(PollBodyError::Framing { at, batch_length });
         }
         let bytes = &rest[..batch_length as usize];
-        let info = batch::verify(bytes).map_err(|error| PollBodyError::Batch { at, error })?;
+        let info =
+            batch::verify_served(bytes).map_err(|error| PollBodyError::Batch { at, error })?;
         batches.push((bytes, info));
-        at += bytes.len();
+        offset += bytes.len();
     }
     Ok(batches)
 }

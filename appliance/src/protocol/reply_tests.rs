@@ -4,6 +4,7 @@ use proptest::prelude::*;
 use replication::wire::batch::{BatchBuilder, NewMessage};
 use replication::wire::METADATA_GROUP;
 
+use super::codec::Writer;
 use super::reply::*;
 use super::BodyError;
 
@@ -123,16 +124,26 @@ fn samples() -> Vec<(Vec<u8>, fn(&[u8]) -> Result<Vec<u8>, BodyError>)> {
             IdReply::decode(b).map(|r| r.encode())
         }),
         (
-            SendMessagesReply {
-                base_offset: 1 << 40,
-                count: 9,
+            SendConfirmations {
+                confirmations: vec![SendConfirmation {
+                    stream_id: 1,
+                    topic_id: 2,
+                    partition_id: 3,
+                    base_offset: 1 << 40,
+                }],
             }
             .encode(),
-            |b| SendMessagesReply::decode(b).map(|r| r.encode()),
+            |b| SendConfirmations::decode(b).map(|r| r.encode()),
         ),
-        (ConsumerOffsetReply { offset: 77 }.encode(), |b| {
-            ConsumerOffsetReply::decode(b).map(|r| r.encode())
-        }),
+        (
+            ConsumerOffsetReply {
+                partition_id: 2,
+                current_offset: 90,
+                stored_offset: 77,
+            }
+            .encode(),
+            |b| ConsumerOffsetReply::decode(b).map(|r| r.map_or(Vec::new(), |r| r.encode())),
+        ),
         (
             NotPrimaryReply {
                 primary: 2,
@@ -235,9 +246,12 @@ fn zero_session_and_empty_send_reply_are_refused() {
     let mut refused = zero.encode();
     refused[0] = 1;
     assert!(RegisterReply::decode(&refused).is_err());
-    let mut body = 5u64.to_le_bytes().to_vec();
-    body.extend_from_slice(&0u32.to_le_bytes());
-    assert!(SendMessagesReply::decode(&body).is_err());
+    // No stored offset: an empty body.
+    assert_eq!(ConsumerOffsetReply::decode(&[]), Ok(None));
+    // Two confirmations counted, one present.
+    let mut body = 2u32.to_le_bytes().to_vec();
+    body.extend_from_slice(&[0; 20]);
+    assert!(SendConfirmations::decode(&body).is_err());
 }
 
 fn batch(ids: std::ops::Range<u128>) -> Vec<u8> {
@@ -253,15 +267,30 @@ fn batch(ids: std::ops::Range<u128>) -> Vec<u8> {
     b.finish(1)
 }
 
+fn poll_reply(messages_count: u32, batches: &[u8]) -> Vec<u8> {
+    let mut w = Writer::default();
+    PollHeader {
+        partition_id: 2,
+        current_offset: 9,
+        messages_count,
+    }
+    .write(&mut w);
+    w.raw(batches);
+    w.finish()
+}
+
 #[test]
 fn poll_body_splits_into_verified_batches() {
-    assert!(split_poll_body(&[]).unwrap().is_empty());
-    let mut body = batch(0..3);
-    body.extend_from_slice(&batch(3..4));
-    let batches = split_poll_body(&body).unwrap();
-    assert_eq!(batches.len(), 2);
-    assert_eq!(batches[0].1.message_count, 3);
-    assert_eq!(batches[1].1.message_count, 1);
+    assert!(split_poll_body(&poll_reply(0, &[])).unwrap().is_empty());
+    let mut batches = batch(0..3);
+    batches.extend_from_slice(&batch(3..4));
+    let body = poll_reply(4, &batches);
+    let split = split_poll_body(&body).unwrap();
+    assert_eq!(split.len(), 2);
+    assert_eq!(split[0].1.message_count, 3);
+    assert_eq!(split[1].1.message_count, 1);
+    let header = PollHeader::decode(&body).unwrap();
+    assert_eq!((header.partition_id, header.current_offset), (2, 9));
     // A flipped payload byte fails verification; a cut batch fails framing.
     let mut bad = body.clone();
     let last = bad.len() - 1;
@@ -275,9 +304,18 @@ fn poll_body_splits_into_verified_batches() {
         Err(PollBodyError::Framing { .. })
     ));
     assert!(matches!(
-        split_poll_body(&[0; 10]),
-        Err(PollBodyError::Framing { .. })
+        split_poll_body(&poll_reply(0, &[0; 10])),
+        Err(PollBodyError::Framing { at: 16, .. })
     ));
+    // The header must count what the batches hold, and be there.
+    assert!(matches!(
+        split_poll_body(&poll_reply(5, &batches)),
+        Err(PollBodyError::Count {
+            counted: 5,
+            held: 4
+        })
+    ));
+    assert_eq!(split_poll_body(&[0; 15]), Err(PollBodyError::Header));
 }
 
 #[test]

@@ -54,13 +54,237 @@ pub enum PollStrategy {
     Offset(u64),
     /// The first message at or after this timestamp (microseconds).
     Timestamp(u64),
+    /// The first retained message.
+    First,
+    /// The last `count` messages.
+    Last,
     /// After the consumer's stored offset.
     Next,
 }
 
+impl PollStrategy {
+    /// Iggy's PollingStrategy: kind u8 (1 offset, 2 timestamp, 3 first, 4 last, 5 next),
+    /// value u64.
+    fn read(r: &mut Reader<'_>) -> Result<PollStrategy, BodyError> {
+        let kind = r.u8("strategy")?;
+        let value = r.u64("strategy_value")?;
+        Ok(match kind {
+            1 => PollStrategy::Offset(value),
+            2 => PollStrategy::Timestamp(value),
+            3 => PollStrategy::First,
+            4 => PollStrategy::Last,
+            5 => PollStrategy::Next,
+            _ => {
+                return Err(BodyError::Invalid {
+                    field: "strategy",
+                    rule: "must be 1 (offset), 2 (timestamp), 3 (first), 4 (last) or 5 (next)",
+                })
+            }
+        })
+    }
+
+    fn write(&self, w: &mut Writer) {
+        let (kind, value) = match self {
+            PollStrategy::Offset(offset) => (1, *offset),
+            PollStrategy::Timestamp(timestamp) => (2, *timestamp),
+            PollStrategy::First => (3, 0),
+            PollStrategy::Last => (4, 0),
+            PollStrategy::Next => (5, 0),
+        };
+        w.u8(kind).u64(value);
+    }
+}
+
+/// The consumer a poll or an offset request names (Iggy's Consumer): kind u8 (1
+/// consumer, 2 consumer group), then an Identifier.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ConsumerRef {
+    Single(Identifier),
+    Group(Identifier),
+}
+
+impl ConsumerRef {
+    fn read(r: &mut Reader<'_>) -> Result<ConsumerRef, BodyError> {
+        match r.u8("consumer_kind")? {
+            1 => Ok(ConsumerRef::Single(Identifier::read(r, "consumer_id")?)),
+            2 => Ok(ConsumerRef::Group(Identifier::read(r, "consumer_id")?)),
+            _ => Err(BodyError::Invalid {
+                field: "consumer_kind",
+                rule: "must be 1 (consumer) or 2 (consumer group)",
+            }),
+        }
+    }
+
+    fn write(&self, w: &mut Writer) {
+        match self {
+            ConsumerRef::Single(id) => {
+                w.u8(1);
+                id.write(w);
+            }
+            ConsumerRef::Group(id) => {
+                w.u8(2);
+                id.write(w);
+            }
+        }
+    }
+
+    /// A single consumer's offset key: its numeric id, or for a name the name's
+    /// XxHash32 (seed 0). A group's by its id only (a name is resolved in the topic).
+    pub fn single_key(&self) -> Option<Consumer> {
+        match self {
+            ConsumerRef::Single(Identifier::Id(id)) => Some(Consumer::Single(*id)),
+            ConsumerRef::Single(Identifier::Name(name)) => Some(Consumer::Single(
+                xxhash_rust::xxh32::xxh32(name.as_bytes(), 0),
+            )),
+            ConsumerRef::Group(Identifier::Id(id)) => Some(Consumer::Group(*id)),
+            ConsumerRef::Group(Identifier::Name(_)) => None,
+        }
+    }
+}
+
+impl From<Consumer> for ConsumerRef {
+    fn from(consumer: Consumer) -> ConsumerRef {
+        match consumer {
+            Consumer::Single(id) => ConsumerRef::Single(Identifier::Id(id)),
+            Consumer::Group(id) => ConsumerRef::Group(Identifier::Id(id)),
+        }
+    }
+}
+
+/// Whose offset in which partition (Iggy's consumer offset requests): the consumer,
+/// the stream and topic, and a partition flag u8 (1: the u32 that follows names it)
+/// with the partition id u32.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct OffsetTarget {
+    pub consumer: ConsumerRef,
+    pub stream: Identifier,
+    pub topic: Identifier,
+    pub partition: Option<u32>,
+}
+
+impl OffsetTarget {
+    fn read(r: &mut Reader<'_>) -> Result<OffsetTarget, BodyError> {
+        Ok(OffsetTarget {
+            consumer: ConsumerRef::read(r)?,
+            stream: Identifier::read(r, "stream_id")?,
+            topic: Identifier::read(r, "topic_id")?,
+            partition: optional_partition(r)?,
+        })
+    }
+
+    fn write(&self, w: &mut Writer) {
+        self.consumer.write(w);
+        self.stream.write(w);
+        self.topic.write(w);
+        write_optional_partition(w, self.partition);
+    }
+
+    /// The target of `consumer`'s offset in a partition named by numeric ids.
+    pub fn of(partition: PartitionKey, consumer: Consumer) -> OffsetTarget {
+        OffsetTarget {
+            consumer: consumer.into(),
+            stream: Identifier::Id(partition.stream),
+            topic: Identifier::Id(partition.topic),
+            partition: Some(partition.partition),
+        }
+    }
+}
+
+/// Iggy's optional partition: flag u8 (0 none, 1 the id), then the id u32 (0 if none).
+fn optional_partition(r: &mut Reader<'_>) -> Result<Option<u32>, BodyError> {
+    match (r.u8("partition_flag")?, r.u32("partition_id")?) {
+        (0, _) => Ok(None),
+        (1, id) => Ok(Some(id)),
+        _ => Err(BodyError::Invalid {
+            field: "partition_flag",
+            rule: "must be 0 (none) or 1",
+        }),
+    }
+}
+
+fn write_optional_partition(w: &mut Writer, partition: Option<u32>) {
+    w.u8(u8::from(partition.is_some()))
+        .u32(partition.unwrap_or(0));
+}
+
+/// Iggy's ack level of an offset write: 0 none, 1 quorum.
+const ACK_QUORUM: u8 = 1;
+
+fn ack_level(r: &mut Reader<'_>) -> Result<u8, BodyError> {
+    match r.u8("ack")? {
+        level @ (0 | ACK_QUORUM) => Ok(level),
+        _ => Err(BodyError::Invalid {
+            field: "ack",
+            rule: "must be 0 (none) or 1 (quorum)",
+        }),
+    }
+}
+
+/// How a SendMessages picks its partition (Iggy's Partitioning): kind u8, length u8,
+/// value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Partitioning<'a> {
+    /// Round robin over the topic's partitions (kind 1, no value).
+    Balanced,
+    /// This partition (kind 2, a u32).
+    PartitionId(u32),
+    /// The key's XxHash32 (seed 0) modulo the partition count (kind 3, 1 to 255 bytes).
+    MessagesKey(&'a [u8]),
+}
+
+impl<'a> Partitioning<'a> {
+    fn read(r: &mut Reader<'a>) -> Result<Partitioning<'a>, BodyError> {
+        let kind = r.u8("partitioning")?;
+        let len = r.u8("partitioning_length")?;
+        match (kind, len) {
+            (1, 0) => Ok(Partitioning::Balanced),
+            (2, 4) => Ok(Partitioning::PartitionId(r.u32("partition_id")?)),
+            (3, 1..) => Ok(Partitioning::MessagesKey(
+                r.bytes(usize::from(len), "messages_key")?,
+            )),
+            _ => Err(BodyError::Invalid {
+                field: "partitioning",
+                rule: "kind 1 (balanced, length 0), 2 (partition id, length 4) or 3 \
+                       (messages key, length 1 to 255)",
+            }),
+        }
+    }
+
+    fn write(&self, w: &mut Writer) {
+        match self {
+            Partitioning::Balanced => {
+                w.u8(1).u8(0);
+            }
+            Partitioning::PartitionId(id) => {
+                w.u8(2).u8(4).u32(*id);
+            }
+            Partitioning::MessagesKey(key) => {
+                w.u8(3).short_bytes(key);
+            }
+        }
+    }
+
+    /// The partition of a topic of `partitions` partitions this picks; `next_balanced`
+    /// is the topic's round-robin counter. None for an empty topic.
+    pub fn pick(&self, partitions: u32, next_balanced: &mut u32) -> Option<u32> {
+        if partitions == 0 {
+            return None;
+        }
+        Some(match self {
+            Partitioning::Balanced => {
+                let picked = *next_balanced % partitions;
+                *next_balanced = next_balanced.wrapping_add(1);
+                picked
+            }
+            Partitioning::PartitionId(id) => *id,
+            Partitioning::MessagesKey(key) => xxhash_rust::xxh32::xxh32(key, 0) % partitions,
+        })
+    }
+}
+
 /// NonReplicated read commands (RequestHeader.read_command): the Apache Iggy command
 /// codes (binary protocol 0.11.0) where the appliance serves Iggy's command, and the
-/// appliance's own reads at codes Iggy leaves unused (2 to 6).
+/// appliance's own reads at codes Iggy leaves unused (2 to 4).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadCommand {
@@ -68,8 +292,8 @@ pub enum ReadCommand {
     ClusterMetadata = 2,
     ListStreams = 3,
     ListTopics = 4,
-    PollMessages = 5,
-    GetConsumerOffset = 6,
+    PollMessages = 100,
+    GetConsumerOffset = 120,
     /// Iggy's GetClusterMetadata: every node, its address and role.
     ClusterNodes = 12,
     GetStream = 200,
@@ -87,8 +311,8 @@ impl ReadCommand {
             2 => ReadCommand::ClusterMetadata,
             3 => ReadCommand::ListStreams,
             4 => ReadCommand::ListTopics,
-            5 => ReadCommand::PollMessages,
-            6 => ReadCommand::GetConsumerOffset,
+            100 => ReadCommand::PollMessages,
+            120 => ReadCommand::GetConsumerOffset,
             12 => ReadCommand::ClusterNodes,
             200 => ReadCommand::GetStream,
             201 => ReadCommand::GetStreams,
@@ -258,19 +482,25 @@ pub enum ClientRequest<'a> {
         topic_id: u32,
         group_id: u32,
     },
-    /// The batch is verified separately (wire::batch::verify) at ingress.
+    /// Iggy's SendMessages: `metadata_length u32`, then stream and topic Identifiers,
+    /// the partitioning and `messages_count u32` (`metadata_length` bytes in all), then
+    /// the batch, verified separately (wire::batch::verify) at ingress.
     SendMessages {
-        partition: PartitionKey,
+        stream: Identifier,
+        topic: Identifier,
+        partitioning: Partitioning<'a>,
+        messages_count: u32,
         batch: &'a [u8],
     },
+    /// Iggy's StoreConsumerOffset; its trailing ack level (0 none, 1 quorum) is read
+    /// and every store is acknowledged at quorum.
     StoreConsumerOffset {
-        partition: PartitionKey,
-        consumer: Consumer,
+        target: OffsetTarget,
         offset: u64,
     },
+    /// Iggy's DeleteConsumerOffset (with its ack level, as above).
     DeleteConsumerOffset {
-        partition: PartitionKey,
-        consumer: Consumer,
+        target: OffsetTarget,
     },
     /// Delete the oldest `segments` sealed segments of a partition.
     DeleteSegments {
@@ -316,16 +546,16 @@ pub enum ClientRequest<'a> {
     ListTopics {
         stream_id: u32,
     },
+    /// Iggy's PollMessages: a partition of `None` is partition 0 for a single consumer
+    /// (a consumer group's member names its assigned partition).
     PollMessages {
-        partition: PartitionKey,
-        consumer: Consumer,
+        target: OffsetTarget,
         strategy: PollStrategy,
         count: u32,
         auto_commit: bool,
     },
     GetConsumerOffset {
-        partition: PartitionKey,
-        consumer: Consumer,
+        target: OffsetTarget,
     },
 }
 
@@ -340,17 +570,6 @@ fn partition(r: &mut Reader<'_>) -> Result<PartitionKey, BodyError> {
         rule: "stream/topic/partition must fit 20/12/20 bits and not all be 0",
     })?;
     Ok(key)
-}
-
-fn consumer(r: &mut Reader<'_>) -> Result<Consumer, BodyError> {
-    match r.u8("consumer_kind")? {
-        0 => Ok(Consumer::Single(r.u32("consumer_id")?)),
-        1 => Ok(Consumer::Group(r.u32("consumer_id")?)),
-        _ => Err(BodyError::Invalid {
-            field: "consumer_kind",
-            rule: "must be 0 (consumer) or 1 (group)",
-        }),
-    }
 }
 
 /// Reads a permission list (`count u32`, then `stream_id u32, bits u8` per entry): the
@@ -535,19 +754,33 @@ impl<'a> ClientRequest<'a> {
                     },
                 }
             }
-            O::SendMessages => ClientRequest::SendMessages {
-                partition: partition(&mut r)?,
-                batch: r.rest(),
-            },
-            O::StoreConsumerOffset => ClientRequest::StoreConsumerOffset {
-                partition: partition(&mut r)?,
-                consumer: consumer(&mut r)?,
-                offset: r.u64("offset")?,
-            },
-            O::DeleteConsumerOffset => ClientRequest::DeleteConsumerOffset {
-                partition: partition(&mut r)?,
-                consumer: consumer(&mut r)?,
-            },
+            O::SendMessages => {
+                let metadata_length = r.u32("metadata_length")?;
+                let mut m = Reader::new(r.bytes(metadata_length as usize, "metadata")?);
+                let stream = Identifier::read(&mut m, "stream_id")?;
+                let topic = Identifier::read(&mut m, "topic_id")?;
+                let partitioning = Partitioning::read(&mut m)?;
+                let messages_count = m.u32("messages_count")?;
+                m.finish()?;
+                ClientRequest::SendMessages {
+                    stream,
+                    topic,
+                    partitioning,
+                    messages_count,
+                    batch: r.rest(),
+                }
+            }
+            O::StoreConsumerOffset => {
+                let target = OffsetTarget::read(&mut r)?;
+                let offset = r.u64("offset")?;
+                ack_level(&mut r)?;
+                ClientRequest::StoreConsumerOffset { target, offset }
+            }
+            O::DeleteConsumerOffset => {
+                let target = OffsetTarget::read(&mut r)?;
+                ack_level(&mut r)?;
+                ClientRequest::DeleteConsumerOffset { target }
+            }
             O::DeleteSegments => ClientRequest::DeleteSegments {
                 partition: partition(&mut r)?,
                 segments: r.u32("segments")?,
@@ -578,22 +811,8 @@ impl<'a> ClientRequest<'a> {
                     stream_id: r.u32("stream_id")?,
                 },
                 Some(ReadCommand::PollMessages) => {
-                    let partition = partition(&mut r)?;
-                    let consumer = consumer(&mut r)?;
-                    let strategy = match r.u8("strategy")? {
-                        0 => PollStrategy::Offset(r.u64("value")?),
-                        1 => PollStrategy::Timestamp(r.u64("value")?),
-                        2 => {
-                            r.u64("value")?;
-                            PollStrategy::Next
-                        }
-                        _ => {
-                            return Err(BodyError::Invalid {
-                                field: "strategy",
-                                rule: "must be 0 (offset), 1 (timestamp) or 2 (next)",
-                            })
-                        }
-                    };
+                    let target = OffsetTarget::read(&mut r)?;
+                    let strategy = PollStrategy::read(&mut r)?;
                     let count = r.u32("count")?;
                     if count == 0 || count > POLL_COUNT_MAX {
                         return Err(BodyError::Invalid {
@@ -601,27 +820,16 @@ impl<'a> ClientRequest<'a> {
                             rule: "must be 1 to 100000",
                         });
                     }
-                    let auto_commit = match r.u8("auto_commit")? {
-                        0 => false,
-                        1 => true,
-                        _ => {
-                            return Err(BodyError::Invalid {
-                                field: "auto_commit",
-                                rule: "must be 0 or 1",
-                            })
-                        }
-                    };
+                    let auto_commit = r.u8("auto_commit")? != 0;
                     ClientRequest::PollMessages {
-                        partition,
-                        consumer,
+                        target,
                         strategy,
                         count,
                         auto_commit,
                     }
                 }
                 Some(ReadCommand::GetConsumerOffset) => ClientRequest::GetConsumerOffset {
-                    partition: partition(&mut r)?,
-                    consumer: consumer(&mut r)?,
+                    target: OffsetTarget::read(&mut r)?,
                 },
                 None => {
                     // Answered whatever the body holds.
@@ -699,14 +907,6 @@ impl<'a> ClientRequest<'a> {
         let mut w = Writer::default();
         let part = |w: &mut Writer, p: &PartitionKey| {
             w.u32(p.stream).u32(p.topic).u32(p.partition);
-        };
-        let cons = |w: &mut Writer, c: &Consumer| match c {
-            Consumer::Single(id) => {
-                w.u8(0).u32(*id);
-            }
-            Consumer::Group(id) => {
-                w.u8(1).u32(*id);
-            }
         };
         match self {
             R::Logout
@@ -830,30 +1030,30 @@ impl<'a> ClientRequest<'a> {
             } => {
                 w.u32(*stream_id).u32(*topic_id).u32(*group_id);
             }
-            R::SendMessages { partition, batch } => {
-                part(&mut w, partition);
-                w.raw(batch);
-            }
-            R::StoreConsumerOffset {
-                partition,
-                consumer,
-                offset,
+            R::SendMessages {
+                stream,
+                topic,
+                partitioning,
+                messages_count,
+                batch,
             } => {
-                part(&mut w, partition);
-                cons(&mut w, consumer);
-                w.u64(*offset);
+                let mut m = Writer::default();
+                stream.write(&mut m);
+                topic.write(&mut m);
+                partitioning.write(&mut m);
+                m.u32(*messages_count);
+                let metadata = m.finish();
+                w.u32(metadata.len() as u32).raw(&metadata).raw(batch);
             }
-            R::DeleteConsumerOffset {
-                partition,
-                consumer,
+            R::StoreConsumerOffset { target, offset } => {
+                target.write(&mut w);
+                w.u64(*offset).u8(ACK_QUORUM);
             }
-            | R::GetConsumerOffset {
-                partition,
-                consumer,
-            } => {
-                part(&mut w, partition);
-                cons(&mut w, consumer);
+            R::DeleteConsumerOffset { target } => {
+                target.write(&mut w);
+                w.u8(ACK_QUORUM);
             }
+            R::GetConsumerOffset { target } => target.write(&mut w),
             R::DeleteSegments {
                 partition,
                 segments,
@@ -873,19 +1073,13 @@ impl<'a> ClientRequest<'a> {
                     .optional_text(context.as_deref());
             }
             R::PollMessages {
-                partition,
-                consumer,
+                target,
                 strategy,
                 count,
                 auto_commit,
             } => {
-                part(&mut w, partition);
-                cons(&mut w, consumer);
-                match strategy {
-                    PollStrategy::Offset(v) => w.u8(0).u64(*v),
-                    PollStrategy::Timestamp(v) => w.u8(1).u64(*v),
-                    PollStrategy::Next => w.u8(2).u64(0),
-                };
+                target.write(&mut w);
+                strategy.write(&mut w);
                 w.u32(*count).u8(u8::from(*auto_commit));
             }
         }

@@ -3,6 +3,7 @@
 use proptest::prelude::*;
 use replication::wire::{Operation, PartitionKey};
 
+use super::request::{ConsumerRef, Identifier, OffsetTarget, Partitioning};
 use super::*;
 
 fn key() -> PartitionKey {
@@ -135,17 +136,41 @@ fn samples() -> Vec<ClientRequest<'static>> {
             group_id: 5,
         },
         ClientRequest::SendMessages {
-            partition: key(),
+            stream: Identifier::Id(1),
+            topic: Identifier::Name("orders".into()),
+            partitioning: Partitioning::PartitionId(3),
+            messages_count: 4,
+            batch: b"batch bytes",
+        },
+        ClientRequest::SendMessages {
+            stream: Identifier::Name("s".into()),
+            topic: Identifier::Id(2),
+            partitioning: Partitioning::Balanced,
+            messages_count: 1,
+            batch: b"batch bytes",
+        },
+        ClientRequest::SendMessages {
+            stream: Identifier::Id(1),
+            topic: Identifier::Id(2),
+            partitioning: Partitioning::MessagesKey(b"customer-7"),
+            messages_count: 1,
             batch: b"batch bytes",
         },
         ClientRequest::StoreConsumerOffset {
-            partition: key(),
-            consumer: Consumer::Group(5),
+            target: OffsetTarget::of(key(), Consumer::Group(5)),
             offset: 99,
         },
+        ClientRequest::StoreConsumerOffset {
+            target: OffsetTarget {
+                consumer: ConsumerRef::Single(Identifier::Name("billing".into())),
+                stream: Identifier::Name("s".into()),
+                topic: Identifier::Id(2),
+                partition: None,
+            },
+            offset: 0,
+        },
         ClientRequest::DeleteConsumerOffset {
-            partition: key(),
-            consumer: Consumer::Single(6),
+            target: OffsetTarget::of(key(), Consumer::Single(6)),
         },
         ClientRequest::DeleteSegments {
             partition: key(),
@@ -161,24 +186,46 @@ fn samples() -> Vec<ClientRequest<'static>> {
         ClientRequest::ListStreams,
         ClientRequest::ListTopics { stream_id: 1 },
         ClientRequest::PollMessages {
-            partition: key(),
-            consumer: Consumer::Single(1),
+            target: OffsetTarget::of(key(), Consumer::Single(1)),
             strategy: PollStrategy::Timestamp(5),
             count: 10,
             auto_commit: true,
         },
         ClientRequest::PollMessages {
-            partition: key(),
-            consumer: Consumer::Group(1),
+            target: OffsetTarget {
+                consumer: ConsumerRef::Group(Identifier::Name("g".into())),
+                stream: Identifier::Name("s".into()),
+                topic: Identifier::Name("t".into()),
+                partition: None,
+            },
             strategy: PollStrategy::Next,
             count: 1,
             auto_commit: false,
         },
         ClientRequest::GetConsumerOffset {
-            partition: key(),
-            consumer: Consumer::Single(1),
+            target: OffsetTarget::of(key(), Consumer::Single(1)),
         },
     ]
+    .into_iter()
+    .chain(
+        [
+            PollStrategy::First,
+            PollStrategy::Last,
+            PollStrategy::Offset(1 << 40),
+        ]
+        .map(|strategy| ClientRequest::PollMessages {
+            target: OffsetTarget {
+                consumer: ConsumerRef::Single(Identifier::Name("reader".into())),
+                stream: Identifier::Id(1),
+                topic: Identifier::Id(2),
+                partition: Some(0),
+            },
+            strategy,
+            count: 7,
+            auto_commit: false,
+        }),
+    )
+    .collect()
 }
 
 #[test]
@@ -253,8 +300,7 @@ fn field_ranges_are_enforced() {
     ));
     // A poll of zero messages.
     let poll = ClientRequest::PollMessages {
-        partition: key(),
-        consumer: Consumer::Single(1),
+        target: OffsetTarget::of(key(), Consumer::Single(1)),
         strategy: PollStrategy::Offset(0),
         count: 0,
         auto_commit: false,

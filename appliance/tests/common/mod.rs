@@ -505,11 +505,63 @@ pub fn create_topic_body(stream: u32, name: &str, partitions: u32) -> Vec<u8> {
     body
 }
 
+/// The 12-byte partition key the consumer-offset requests start with.
 pub fn partition_key(stream: u32, topic: u32, partition: u32) -> Vec<u8> {
     let mut v = stream.to_le_bytes().to_vec();
     v.extend_from_slice(&topic.to_le_bytes());
     v.extend_from_slice(&partition.to_le_bytes());
     v
+}
+
+/// A raw client of node 0 logged in as root, with a session.
+pub fn logged_in(files: &ClusterFiles, id: u128) -> Client {
+    let mut client = Client::connect(files.client_addr(0), id).expect("connect");
+    let login = client.login("root", ROOT_PASSWORD).expect("login");
+    assert_eq!(login.status(), Status::Ok, "login");
+    let register = client.register().expect("register");
+    assert_eq!(register.status(), Status::Ok, "register");
+    assert_ne!(client.session, 0);
+    client
+}
+
+/// The read command of Iggy's PollMessages.
+pub const POLL: u32 = appliance::protocol::ReadCommand::PollMessages as u32;
+
+/// A SendMessages body: `batch` to a partition named by numeric ids.
+pub fn send_body(stream: u32, topic: u32, partition: u32, batch: &[u8]) -> Vec<u8> {
+    use appliance::protocol::request::{Identifier, Partitioning};
+    appliance::protocol::ClientRequest::SendMessages {
+        stream: Identifier::Id(stream),
+        topic: Identifier::Id(topic),
+        partitioning: Partitioning::PartitionId(partition),
+        messages_count: u32_at(batch, 48),
+        batch,
+    }
+    .encode()
+}
+
+/// A PollMessages body: up to `count` messages at `offset` for consumer 1, without
+/// auto commit.
+pub fn poll_body(stream: u32, topic: u32, partition: u32, offset: u64, count: u32) -> Vec<u8> {
+    use appliance::protocol::request::OffsetTarget;
+    let partition = replication::wire::PartitionKey {
+        stream,
+        topic,
+        partition,
+    };
+    appliance::protocol::ClientRequest::PollMessages {
+        target: OffsetTarget::of(partition, appliance::protocol::Consumer::Single(1)),
+        strategy: appliance::protocol::PollStrategy::Offset(offset),
+        count,
+        auto_commit: false,
+    }
+    .encode()
+}
+
+/// The base offset a SendMessages reply confirms (its one confirmation's).
+pub fn sent_offset(body: &[u8]) -> u64 {
+    assert_eq!(u32_at(body, 0), 1, "one confirmation");
+    u64_at(body, 16)
 }
 
 pub fn u32_at(bytes: &[u8], at: usize) -> u32 {

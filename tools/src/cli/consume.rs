@@ -174,11 +174,8 @@ pub fn run(global: &Global, args: &ConsumeArgs) -> Result<Report, CliError> {
         for (bytes, _) in &batches {
             for message in batch::messages(bytes) {
                 if message.offset < progress.next {
-                    // Whole batches come back: the first may begin before the offset
-                    // asked for. Anything else going backwards is a repeat.
-                    if progress.next == before && message.offset < before {
-                        continue;
-                    }
+                    // A poll serves from the offset asked for: anything going
+                    // backwards is a repeat.
                     return Err(fail(
                         &progress,
                         format!(

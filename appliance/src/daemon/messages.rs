@@ -1,0 +1,299 @@
+//! The messages path of the client plane: where a SendMessages goes (its stream and
+//! topic by identifier, its partition by Iggy's partitioning) and what a poll serves
+//! (Iggy's PollMessages: the messages of one partition from committed state, cut to
+//! the range asked, with auto-commit on the partition's primary).
+
+use replication::wire::{batch, Frame, Header, Operation, PartitionKey, RequestHeader};
+
+use super::client::{now_us, AUTO_COMMIT_CLIENT};
+use super::node::Node;
+use super::partitions::{self, POLL_BYTES_MAX};
+use crate::protocol::codec::Writer;
+use crate::protocol::reply::{ConsumerOffsetReply, PollHeader};
+use crate::protocol::request::{ConsumerRef, Identifier, OffsetTarget, Partitioning};
+use crate::protocol::{Consumer, PollStrategy, Status};
+use crate::state::Right;
+
+/// Topics whose round-robin position a node keeps for Balanced sends; past this the
+/// positions start over (a Balanced send only has to spread, not to alternate exactly).
+const BALANCED_TOPICS_MAX: usize = 1 << 16;
+
+impl Node {
+    /// The partition a SendMessages names: NotFound when its stream or topic is not in
+    /// this node's committed metadata, or the topic has no partitions.
+    pub(super) fn send_partition(
+        &mut self,
+        stream: &Identifier,
+        topic: &Identifier,
+        partitioning: &Partitioning<'_>,
+    ) -> Result<PartitionKey, Status> {
+        let (stream_id, topic_id) = self.state.topic_id(stream, topic).ok_or(Status::NotFound)?;
+        let partitions = self
+            .state
+            .streams
+            .get(&stream_id)
+            .and_then(|s| s.topics.get(&topic_id))
+            .map_or(0, |t| t.partition_count);
+        if self.balanced.len() >= BALANCED_TOPICS_MAX {
+            self.balanced.clear();
+        }
+        let next = self.balanced.entry((stream_id, topic_id)).or_insert(0);
+        let partition = partitioning
+            .pick(partitions, next)
+            .ok_or(Status::NotFound)?;
+        Ok(PartitionKey {
+            stream: stream_id,
+            topic: topic_id,
+            partition,
+        })
+    }
+
+    /// Whether this node's NotFound is final: only the metadata primary, which
+    /// committed every acknowledged create, knows a stream, topic or partition is gone
+    /// (elsewhere the create may not have arrived yet).
+    pub(super) fn metadata_authoritative(&self) -> bool {
+        self.metadata().is_some_and(|m| {
+            m.is_primary() && m.status() == replication::vsr::Status::Normal && m.op() == m.commit()
+        })
+    }
+
+    /// The partition and offset key a poll or an offset request names: NotFound for a
+    /// stream, topic or group by name that this node's committed metadata does not hold;
+    /// FeatureUnavailable for a group member that names no partition.
+    pub(super) fn offset_target(
+        &self,
+        target: &OffsetTarget,
+    ) -> Result<(PartitionKey, Consumer), Status> {
+        let (stream, topic) = self
+            .state
+            .topic_id(&target.stream, &target.topic)
+            .ok_or(Status::NotFound)?;
+        let partition = match (target.partition, &target.consumer) {
+            (Some(partition), _) => partition,
+            (None, ConsumerRef::Single(_)) => 0,
+            // A group member reads the partition assigned to it; assignments are the
+            // SDK's own (SyncConsumerGroup), so it must name one.
+            (None, ConsumerRef::Group(_)) => {
+                self.reject("group_poll_unassigned");
+                return Err(Status::FeatureUnavailable);
+            }
+        };
+        let key = PartitionKey {
+            stream,
+            topic,
+            partition,
+        };
+        let consumer = self
+            .consumer_key(&target.consumer, key)
+            .ok_or(Status::NotFound)?;
+        Ok((key, consumer))
+    }
+
+    /// The prepare body of a StoreConsumerOffset (with `offset`) or DeleteConsumerOffset:
+    /// consumer kind u8 (0 single, 1 group), id u32, then the offset u64.
+    pub(super) fn offset_prepare_body(consumer: Consumer, offset: Option<u64>) -> Vec<u8> {
+        let (kind, id) = match consumer {
+            Consumer::Single(id) => (0u8, id),
+            Consumer::Group(id) => (1u8, id),
+        };
+        let mut body = Writer::default();
+        body.u8(kind).u32(id);
+        if let Some(offset) = offset {
+            body.u64(offset);
+        }
+        body.finish()
+    }
+
+    /// Iggy's GetConsumerOffset, from committed state: an empty body when the consumer
+    /// stores no offset there.
+    pub(super) fn get_consumer_offset(
+        &self,
+        user: u32,
+        target: &OffsetTarget,
+    ) -> (Status, Vec<u8>) {
+        let (key, consumer, stored) = match self.readable(user, target) {
+            Ok(found) => found,
+            Err(status) => return (status, Vec::new()),
+        };
+        match stored.offsets.get(partitions::consumer_key(consumer)) {
+            Some(offset) => {
+                let reply = ConsumerOffsetReply {
+                    partition_id: key.partition,
+                    current_offset: stored.committed_end.saturating_sub(1),
+                    stored_offset: offset,
+                };
+                (Status::Ok, reply.encode())
+            }
+            None => (Status::Ok, Vec::new()),
+        }
+    }
+
+    /// What a read of `user` names: its partition, the consumer's offset key and the
+    /// partition's storage here.
+    fn readable(
+        &self,
+        user: u32,
+        target: &OffsetTarget,
+    ) -> Result<(PartitionKey, Consumer, &partitions::Partition), Status> {
+        let (key, consumer) = self.offset_target(target)?;
+        if !self.state.allows(user, key.stream, Right::Read) {
+            return Err(Status::PermissionDenied);
+        }
+        match key
+            .pack()
+            .ok()
+            .and_then(|g| self.partitions.by_group.get(&g))
+        {
+            Some(stored) => Ok((key, consumer, stored)),
+            None => Err(self.missing_partition(key)),
+        }
+    }
+
+    /// The offset key of a consumer; a group named by name is looked up in the topic.
+    fn consumer_key(&self, consumer: &ConsumerRef, key: PartitionKey) -> Option<Consumer> {
+        if let ConsumerRef::Group(Identifier::Name(name)) = consumer {
+            let topic = self
+                .state
+                .streams
+                .get(&key.stream)?
+                .topics
+                .get(&key.topic)?;
+            return topic
+                .groups
+                .iter()
+                .find(|(_, g)| g.name == *name)
+                .map(|(id, _)| Consumer::Group(*id));
+        }
+        consumer.single_key()
+    }
+
+    /// Iggy's PollMessages, from committed state: the reply's header, then the messages
+    /// `strategy` starts at, up to `count`, as served batches (`batch::append_served`).
+    pub(super) fn poll(
+        &mut self,
+        user: u32,
+        target: &OffsetTarget,
+        strategy: PollStrategy,
+        count: u32,
+        auto_commit: bool,
+    ) -> (Status, Vec<u8>) {
+        let (key, consumer, stored) = match self.readable(user, target) {
+            Ok(found) => found,
+            Err(status) => return (status, Vec::new()),
+        };
+        let (partition, group) = (key.partition, key.pack().unwrap_or(0));
+        if auto_commit {
+            // Storing the offset is a replicated write: only the partition's primary
+            // polls with auto_commit.
+            if let Some(replica) = self.groups.get(group) {
+                let normal = replica.status() == replication::vsr::Status::Normal;
+                if !(replica.is_primary() && normal) {
+                    let primary = replica.config().primary_of(replica.view());
+                    if primary == self.settings.replica {
+                        // Recovering or changing views with ourselves next.
+                        return (Status::Unavailable, Vec::new());
+                    }
+                    return (Status::NotPrimary, self.not_primary_body(primary));
+                }
+            }
+        }
+        // The log also holds prepared, uncommitted batches: reads stop at the commit
+        // point. Reads start at the first retained offset (retention).
+        let end = stored.committed_end;
+        let first = self.state.retained_from(key).max(stored.log.start_offset());
+        let from = match strategy {
+            PollStrategy::Offset(offset) => offset.max(first),
+            PollStrategy::First | PollStrategy::Timestamp(_) => first,
+            PollStrategy::Last => end.saturating_sub(u64::from(count)).max(first),
+            PollStrategy::Next => stored
+                .offsets
+                .get(partitions::consumer_key(consumer))
+                .map_or(0, |o| o + 1)
+                .max(first),
+        };
+        let batches = match strategy {
+            _ if from >= end => Ok(Vec::new()),
+            PollStrategy::Timestamp(timestamp) => {
+                stored.log.read_from_timestamp(timestamp, POLL_BYTES_MAX)
+            }
+            _ => stored.log.read_from_offset(from, POLL_BYTES_MAX),
+        };
+        let batches = match batches {
+            Ok(batches) => batches,
+            Err(error) => {
+                tracing::warn!(?key, %error, "poll read failed");
+                return (Status::Unavailable, Vec::new());
+            }
+        };
+        let mut body = vec![0; PollHeader::SIZE];
+        let (mut served, mut next) = (0u32, None::<u64>);
+        for bytes in batches {
+            let Ok(info) = batch::verify(&bytes) else {
+                self.reject("segment_batch_invalid");
+                break;
+            };
+            // A timestamp poll starts at the first batch the index found.
+            let start = next.unwrap_or(match strategy {
+                PollStrategy::Timestamp(_) => info.base_offset.max(first),
+                _ => from,
+            });
+            let to = end.min(start.saturating_add(u64::from(count - served)));
+            if info.base_offset >= to {
+                break;
+            }
+            match batch::append_served(&bytes, start, to, &mut body) {
+                Ok(appended) => served += appended,
+                Err(_) => {
+                    self.reject("segment_batch_invalid");
+                    break;
+                }
+            }
+            next = Some(info.next_offset().min(to));
+            if served >= count || info.next_offset() >= end {
+                break;
+            }
+        }
+        let mut header = Writer::default();
+        PollHeader {
+            partition_id: partition,
+            current_offset: end.saturating_sub(1),
+            messages_count: served,
+        }
+        .write(&mut header);
+        body[..PollHeader::SIZE].copy_from_slice(&header.finish());
+        if let (true, Some(next)) = (auto_commit && served > 0, next) {
+            self.auto_commit(group, user, consumer, next - 1);
+        }
+        (Status::Ok, body)
+    }
+
+    /// Poll with auto_commit on the partition's primary: prepares StoreConsumerOffset of
+    /// the last delivered offset as an internal write of this node's reserved client id
+    /// (its reply goes nowhere). It commits after the poll is answered; if the pipeline
+    /// is full the offset is not stored (counted) and the next poll stores a later one.
+    fn auto_commit(&mut self, group: u64, user: u32, consumer: Consumer, offset: u64) {
+        let body = Self::offset_prepare_body(consumer, Some(offset));
+        // Request numbers must grow across restarts (the partition's client table
+        // outlives the process): microseconds since the epoch, strictly increasing.
+        self.auto_commits = now_us().max(self.auto_commits + 1);
+        let mut header = RequestHeader::new();
+        header.frame.cluster = self.settings.cluster;
+        header.client = AUTO_COMMIT_CLIENT - u128::from(self.settings.replica);
+        header.request = self.auto_commits;
+        // Partition groups deduplicate by client and request alone; the session field
+        // only has to be non-zero for a replicated request to decode.
+        header.session = u64::MAX;
+        header.user_id = user;
+        header.operation = Operation::StoreConsumerOffset as u8;
+        let frame = Frame::build(&header, &body);
+        let Some(replica) = self.groups.get_mut(group) else {
+            return;
+        };
+        if !matches!(
+            replica.on_request(frame.as_bytes()),
+            replication::vsr::RequestOutcome::Prepared { .. }
+        ) {
+            self.reject("auto_commit_not_prepared");
+        }
+    }
+}

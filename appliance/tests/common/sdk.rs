@@ -1,0 +1,35 @@
+//! The official Apache Iggy Rust SDK (`iggy` 0.11.0) pointed at the harness's nodes.
+
+#![allow(dead_code)]
+
+use iggy::prelude::{Client as _, IggyClient, UserClient};
+
+use super::{ClusterFiles, ROOT_PASSWORD};
+
+/// A client of the SDK for a node's client port (no automatic sign-in).
+pub fn node_client(files: &ClusterFiles, replica: usize) -> IggyClient {
+    IggyClient::builder()
+        .with_tcp()
+        .with_server_address(files.client_addr(replica).to_string())
+        .build()
+        .expect("the SDK builds a TCP client")
+}
+
+/// A connected SDK client of node `replica`, logged in as root.
+pub async fn root_client(files: &ClusterFiles, replica: usize) -> IggyClient {
+    let client = node_client(files, replica);
+    client.connect().await.expect("connect");
+    client
+        .login_user("root", ROOT_PASSWORD)
+        .await
+        .expect("login");
+    client
+}
+
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}

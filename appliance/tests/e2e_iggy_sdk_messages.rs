@@ -1,0 +1,356 @@
+//! Producing and consuming through the official Apache Iggy Rust SDK (`iggy` 0.11.0)
+//! against a real node: sends by each partitioning with user headers, polls by each
+//! strategy, for a consumer by id and by name, with auto-commit.
+
+mod common;
+#[path = "common/sdk.rs"]
+mod sdk;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use appliance::protocol::request::{
+    Identifier as NodeIdentifier, Partitioning as NodePartitioning,
+};
+use bytes::Bytes;
+use common::*;
+use iggy::prelude::{
+    Consumer, ConsumerOffsetClient, HeaderKey, HeaderValue, Identifier, IggyClient, IggyError,
+    IggyMessage, IggyTimestamp, MessageClient, Partitioning, PolledMessages, PollingStrategy,
+    StreamClient, TopicClient, TopicCreateOptions,
+};
+use replication::wire::batch::{BatchBuilder, NewMessage};
+use sdk::*;
+
+const PARTITIONS: u32 = 3;
+
+fn payload(batch: u64, index: u64) -> Vec<u8> {
+    format!("batch {batch} message {index}").into_bytes()
+}
+
+/// A batch of `count` messages; every other one carries user headers.
+fn messages(batch: u64, count: u64) -> Vec<IggyMessage> {
+    (0..count)
+        .map(|index| {
+            let headers = (index % 2 == 0).then(|| {
+                BTreeMap::from([
+                    (
+                        HeaderKey::try_from("trace").expect("key"),
+                        HeaderValue::from(batch * 100 + index),
+                    ),
+                    (
+                        HeaderKey::try_from("source").expect("key"),
+                        HeaderValue::try_from("e2e").expect("value"),
+                    ),
+                ])
+            });
+            IggyMessage::builder()
+                .payload(Bytes::from(payload(batch, index)))
+                .maybe_user_headers(headers)
+                .build()
+                .expect("message")
+        })
+        .collect()
+}
+
+/// (offset, payload) of each polled message.
+fn offsets_and_payloads(polled: &PolledMessages) -> Vec<(u64, Vec<u8>)> {
+    polled
+        .messages
+        .iter()
+        .map(|m| (m.header.offset, m.payload.to_vec()))
+        .collect()
+}
+
+async fn poll(
+    client: &IggyClient,
+    partition: u32,
+    consumer: &Consumer,
+    strategy: PollingStrategy,
+    count: u32,
+    auto_commit: bool,
+) -> PolledMessages {
+    client
+        .poll_messages(
+            &Identifier::named("orders").expect("name"),
+            &Identifier::named("eu").expect("name"),
+            Some(partition),
+            consumer,
+            &strategy,
+            count,
+            auto_commit,
+        )
+        .await
+        .expect("poll")
+}
+
+/// Polls `Next` for `consumer` without committing until it starts at `offset` (an
+/// auto-commit commits after its poll is answered).
+async fn next_starts_at(client: &IggyClient, consumer: &Consumer, offset: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let polled = poll(client, 1, consumer, PollingStrategy::next(), 1, false).await;
+        let first = polled.messages.first().map(|m| m.header.offset);
+        if first == Some(offset) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "next stayed at {first:?}, not {offset}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[test]
+fn the_sdk_sends_by_each_partitioning_and_polls_by_each_strategy() {
+    let files = ClusterFiles::new(1);
+    let mut daemon = Daemon::start(&files, 0);
+    wait_healthy(&files, &mut daemon, Duration::from_secs(60));
+    let mut raw = logged_in(&files, 0x3e);
+    runtime().block_on(async {
+        let client = root_client(&files, 0).await;
+        let stream = client.create_stream("orders").await.expect("stream");
+        let stream_id = Identifier::named("orders").expect("name");
+        let topic_id = Identifier::named("eu").expect("name");
+        let topic = client
+            .create_topic(
+                &stream_id,
+                "eu",
+                &TopicCreateOptions {
+                    partitions_count: Some(PARTITIONS),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("topic");
+
+        // By partition id: four batches of five, confirmed at their offsets.
+        let mut timestamps = Vec::new();
+        for batch in 0..4u64 {
+            let mut batch_messages = messages(batch, 5);
+            let sent = client
+                .send_messages(
+                    &stream_id,
+                    &topic_id,
+                    &Partitioning::partition_id(1),
+                    &mut batch_messages,
+                )
+                .await
+                .expect("send");
+            let confirmation = sent.confirmations.first().expect("a confirmation");
+            assert_eq!(
+                (
+                    confirmation.stream_id,
+                    confirmation.topic_id,
+                    confirmation.partition_id,
+                    confirmation.base_offset
+                ),
+                (stream.id, topic.id, 1, batch * 5)
+            );
+            let polled = poll(
+                &client,
+                1,
+                &Consumer::new(Identifier::numeric(1).expect("id")),
+                PollingStrategy::offset(batch * 5),
+                1,
+                false,
+            )
+            .await;
+            timestamps.push(polled.messages[0].header.timestamp);
+        }
+        let all: Vec<(u64, Vec<u8>)> = (0..20)
+            .map(|offset| (offset, payload(offset / 5, offset % 5)))
+            .collect();
+
+        // Offset: exactly the messages asked for, from inside a batch, across batches.
+        let reader = Consumer::new(Identifier::numeric(7).expect("id"));
+        let polled = poll(&client, 1, &reader, PollingStrategy::offset(3), 4, false).await;
+        assert_eq!(offsets_and_payloads(&polled), all[3..7].to_vec());
+        assert_eq!((polled.partition_id, polled.current_offset), (1, 19));
+        assert_eq!(polled.count, 4);
+        // User headers arrive as sent.
+        let headers = polled.messages[1]
+            .user_headers_map()
+            .expect("headers")
+            .expect("message 4 has headers");
+        let trace = &headers[&HeaderKey::try_from("trace").expect("key")];
+        assert_eq!(trace.as_uint64().expect("a u64"), 4);
+        assert!(polled.messages[0].user_headers.is_none());
+        // First, last and timestamp.
+        let polled = poll(&client, 1, &reader, PollingStrategy::first(), 2, false).await;
+        assert_eq!(offsets_and_payloads(&polled), all[0..2].to_vec());
+        let polled = poll(&client, 1, &reader, PollingStrategy::last(), 3, false).await;
+        assert_eq!(offsets_and_payloads(&polled), all[17..20].to_vec());
+        let at = IggyTimestamp::from(timestamps[2]);
+        let polled = poll(
+            &client,
+            1,
+            &reader,
+            PollingStrategy::timestamp(at),
+            7,
+            false,
+        )
+        .await;
+        assert_eq!(offsets_and_payloads(&polled), all[10..17].to_vec());
+        // Past the end: nothing, and the partition's current offset.
+        let polled = poll(&client, 1, &reader, PollingStrategy::offset(20), 5, false).await;
+        assert!(polled.messages.is_empty());
+        assert_eq!(polled.current_offset, 19);
+
+        // Next with auto-commit walks the partition once, for a consumer by id and,
+        // separately, one by name.
+        let named = Consumer::new(Identifier::named("billing").expect("name"));
+        for consumer in [&reader, &named] {
+            let polled = poll(&client, 1, consumer, PollingStrategy::next(), 6, true).await;
+            assert_eq!(offsets_and_payloads(&polled), all[0..6].to_vec());
+            next_starts_at(&client, consumer, 6).await;
+            let polled = poll(&client, 1, consumer, PollingStrategy::next(), 6, true).await;
+            assert_eq!(offsets_and_payloads(&polled), all[6..12].to_vec());
+            next_starts_at(&client, consumer, 12).await;
+        }
+
+        // Consumer offsets: store, get, a Next poll after it, delete.
+        let ledger = Consumer::new(Identifier::named("ledger").expect("name"));
+        let stored = client
+            .get_consumer_offset(&ledger, &stream_id, &topic_id, Some(1))
+            .await
+            .expect("get offset");
+        assert!(stored.is_none(), "{stored:?}");
+        client
+            .store_consumer_offset(&ledger, &stream_id, &topic_id, Some(1), 13)
+            .await
+            .expect("store offset");
+        let stored = client
+            .get_consumer_offset(&ledger, &stream_id, &topic_id, Some(1))
+            .await
+            .expect("get offset")
+            .expect("an offset");
+        assert_eq!(
+            (
+                stored.partition_id,
+                stored.current_offset,
+                stored.stored_offset
+            ),
+            (1, 19, 13)
+        );
+        let polled = poll(&client, 1, &ledger, PollingStrategy::next(), 2, false).await;
+        assert_eq!(offsets_and_payloads(&polled), all[14..16].to_vec());
+        client
+            .delete_consumer_offset(&ledger, &stream_id, &topic_id, Some(1))
+            .await
+            .expect("delete offset");
+        let stored = client
+            .get_consumer_offset(&ledger, &stream_id, &topic_id, Some(1))
+            .await
+            .expect("get offset");
+        assert!(stored.is_none(), "{stored:?}");
+        let deleted = client
+            .delete_consumer_offset(&ledger, &stream_id, &topic_id, Some(1))
+            .await;
+        assert!(
+            matches!(deleted, Err(IggyError::ConsumerOffsetNotFound(..))),
+            "{deleted:?}"
+        );
+
+        // Messages key: the SDK picks the partition by the key's hash, the same one the
+        // node picks for a raw request that leaves it to the node.
+        let key = b"customer-7";
+        let expected = xxhash_rust::xxh32::xxh32(key, 0) % PARTITIONS;
+        let mut keyed = messages(10, 1);
+        let sent = client
+            .send_messages(
+                &stream_id,
+                &topic_id,
+                &Partitioning::messages_key(key).expect("key"),
+                &mut keyed,
+            )
+            .await
+            .expect("send by key");
+        assert_eq!(sent.confirmations[0].partition_id, expected);
+        let reply = raw
+            .write(
+                replication::wire::Operation::SendMessages,
+                &send_body_by(stream.id, topic.id, NodePartitioning::MessagesKey(key)),
+            )
+            .expect("raw send by key");
+        assert_eq!(reply.status(), Status::Ok);
+        assert_eq!(u32_at(&reply.body, 12), expected, "the node's pick");
+
+        // Balanced: the SDK spreads its sends over every partition; so does the node.
+        let mut partitions = Vec::new();
+        for batch in 0..PARTITIONS {
+            let mut balanced = messages(20 + u64::from(batch), 1);
+            let sent = client
+                .send_messages(
+                    &stream_id,
+                    &topic_id,
+                    &Partitioning::balanced(),
+                    &mut balanced,
+                )
+                .await
+                .expect("balanced send");
+            partitions.push(sent.confirmations[0].partition_id);
+        }
+        partitions.sort_unstable();
+        assert_eq!(partitions, (0..PARTITIONS).collect::<Vec<_>>());
+        let mut partitions = Vec::new();
+        for _ in 0..PARTITIONS {
+            let reply = raw
+                .write(
+                    replication::wire::Operation::SendMessages,
+                    &send_body_by(stream.id, topic.id, NodePartitioning::Balanced),
+                )
+                .expect("raw balanced send");
+            assert_eq!(reply.status(), Status::Ok);
+            partitions.push(u32_at(&reply.body, 12));
+        }
+        partitions.sort_unstable();
+        assert_eq!(partitions, (0..PARTITIONS).collect::<Vec<_>>());
+
+        // A partition the topic does not have, a topic that does not exist.
+        let missing = client
+            .send_messages(
+                &stream_id,
+                &topic_id,
+                &Partitioning::partition_id(PARTITIONS),
+                &mut messages(30, 1),
+            )
+            .await;
+        assert!(
+            matches!(missing, Err(IggyError::PartitionNotFound(..))),
+            "{missing:?}"
+        );
+        let missing = client
+            .poll_messages(
+                &stream_id,
+                &Identifier::named("nowhere").expect("name"),
+                Some(0),
+                &reader,
+                &PollingStrategy::first(),
+                1,
+                false,
+            )
+            .await;
+        assert!(missing.is_err(), "{missing:?}");
+    });
+}
+
+/// A raw SendMessages body of one message to topic `topic`, partitioned by the node.
+fn send_body_by(stream: u32, topic: u32, partitioning: NodePartitioning<'_>) -> Vec<u8> {
+    let mut builder = BatchBuilder::with_capacity(64);
+    builder.push(NewMessage {
+        id: 1,
+        timestamp_delta: 0,
+        payload: b"left to the node",
+        user_headers: &[],
+    });
+    appliance::protocol::ClientRequest::SendMessages {
+        stream: NodeIdentifier::Id(stream),
+        topic: NodeIdentifier::Id(topic),
+        partitioning,
+        messages_count: 1,
+        batch: &builder.finish(1),
+    }
+    .encode()
+}

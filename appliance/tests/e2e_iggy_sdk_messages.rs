@@ -53,6 +53,23 @@ fn messages(batch: u64, count: u64) -> Vec<IggyMessage> {
         .collect()
 }
 
+/// Creates stream "orders" and in it topic "eu" of `PARTITIONS` partitions: their ids.
+async fn orders_topic(client: &IggyClient) -> (u32, u32) {
+    let stream = client.create_stream("orders").await.expect("stream");
+    let topic = client
+        .create_topic(
+            &Identifier::named("orders").expect("name"),
+            "eu",
+            &TopicCreateOptions {
+                partitions_count: Some(PARTITIONS),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("topic");
+    (stream.id, topic.id)
+}
+
 /// (offset, payload) of each polled message.
 fn offsets_and_payloads(polled: &PolledMessages) -> Vec<(u64, Vec<u8>)> {
     polled
@@ -84,12 +101,21 @@ async fn poll(
         .expect("poll")
 }
 
-/// Polls `Next` for `consumer` without committing until it starts at `offset` (an
-/// auto-commit commits after its poll is answered).
-async fn next_starts_at(client: &IggyClient, consumer: &Consumer, offset: u64) {
+/// Polls `Next` for `consumer` in `partition` without committing until it starts at
+/// `offset` (an auto-commit commits after its poll is answered, and a backup serving
+/// the poll applies the commit a moment after the primary).
+async fn next_starts_at(client: &IggyClient, partition: u32, consumer: &Consumer, offset: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let polled = poll(client, 1, consumer, PollingStrategy::next(), 1, false).await;
+        let polled = poll(
+            client,
+            partition,
+            consumer,
+            PollingStrategy::next(),
+            1,
+            false,
+        )
+        .await;
         let first = polled.messages.first().map(|m| m.header.offset);
         if first == Some(offset) {
             return;
@@ -110,20 +136,9 @@ fn the_sdk_sends_by_each_partitioning_and_polls_by_each_strategy() {
     let mut raw = logged_in(&files, 0x3e);
     runtime().block_on(async {
         let client = root_client(&files, 0).await;
-        let stream = client.create_stream("orders").await.expect("stream");
+        let (stream, topic) = orders_topic(&client).await;
         let stream_id = Identifier::named("orders").expect("name");
         let topic_id = Identifier::named("eu").expect("name");
-        let topic = client
-            .create_topic(
-                &stream_id,
-                "eu",
-                &TopicCreateOptions {
-                    partitions_count: Some(PARTITIONS),
-                    ..Default::default()
-                },
-            )
-            .await
-            .expect("topic");
 
         // By partition id: four batches of five, confirmed at their offsets.
         let mut timestamps = Vec::new();
@@ -146,7 +161,7 @@ fn the_sdk_sends_by_each_partitioning_and_polls_by_each_strategy() {
                     confirmation.partition_id,
                     confirmation.base_offset
                 ),
-                (stream.id, topic.id, 1, batch * 5)
+                (stream, topic, 1, batch * 5)
             );
             let polled = poll(
                 &client,
@@ -204,10 +219,10 @@ fn the_sdk_sends_by_each_partitioning_and_polls_by_each_strategy() {
         for consumer in [&reader, &named] {
             let polled = poll(&client, 1, consumer, PollingStrategy::next(), 6, true).await;
             assert_eq!(offsets_and_payloads(&polled), all[0..6].to_vec());
-            next_starts_at(&client, consumer, 6).await;
+            next_starts_at(&client, 1, consumer, 6).await;
             let polled = poll(&client, 1, consumer, PollingStrategy::next(), 6, true).await;
             assert_eq!(offsets_and_payloads(&polled), all[6..12].to_vec());
-            next_starts_at(&client, consumer, 12).await;
+            next_starts_at(&client, 1, consumer, 12).await;
         }
 
         // Consumer offsets: store, get, a Next poll after it, delete.
@@ -271,7 +286,7 @@ fn the_sdk_sends_by_each_partitioning_and_polls_by_each_strategy() {
         let reply = raw
             .write(
                 replication::wire::Operation::SendMessages,
-                &send_body_by(stream.id, topic.id, NodePartitioning::MessagesKey(key)),
+                &send_body_by(stream, topic, NodePartitioning::MessagesKey(key)),
             )
             .expect("raw send by key");
         assert_eq!(reply.status(), Status::Ok);
@@ -299,7 +314,7 @@ fn the_sdk_sends_by_each_partitioning_and_polls_by_each_strategy() {
             let reply = raw
                 .write(
                     replication::wire::Operation::SendMessages,
-                    &send_body_by(stream.id, topic.id, NodePartitioning::Balanced),
+                    &send_body_by(stream, topic, NodePartitioning::Balanced),
                 )
                 .expect("raw balanced send");
             assert_eq!(reply.status(), Status::Ok);
@@ -353,4 +368,117 @@ fn send_body_by(stream: u32, topic: u32, partitioning: NodePartitioning<'_>) -> 
         batch: &builder.finish(1),
     }
     .encode()
+}
+
+/// Every node of `files` started and healthy, the metadata group with a primary.
+fn cluster(files: &ClusterFiles) -> Vec<Daemon> {
+    let mut daemons: Vec<Daemon> = (0..files.ports.len())
+        .map(|r| Daemon::start(files, r))
+        .collect();
+    for daemon in &mut daemons {
+        wait_healthy(files, daemon, Duration::from_secs(60));
+    }
+    daemons
+}
+
+#[test]
+fn on_three_nodes_the_sdk_routes_auto_commit_polls_and_offsets_to_each_primary() {
+    const NODES: usize = 3;
+    let files = ClusterFiles::new(NODES);
+    let mut daemons = cluster(&files);
+    runtime().block_on(async {
+        let client = root_client(&files, 0).await;
+        orders_topic(&client).await;
+        let stream_id = Identifier::named("orders").expect("name");
+        let topic_id = Identifier::named("eu").expect("name");
+        // The partitions' primaries are spread over the nodes: sends, routed polls and
+        // offset writes reach each of them.
+        let addrs: Vec<_> = (0..NODES).map(|r| files.client_addr(r)).collect();
+        let mut library =
+            appliance::client::Client::connect(&addrs, appliance::client::ClientOptions::default())
+                .expect("connect");
+        library
+            .login("root", ROOT_PASSWORD.as_bytes())
+            .expect("login");
+        let metadata = library.cluster_metadata().expect("cluster metadata");
+        let mut primaries: Vec<u8> = metadata
+            .groups
+            .iter()
+            .filter(|g| g.group != replication::wire::METADATA_GROUP)
+            .map(|g| g.primary)
+            .collect();
+        primaries.sort_unstable();
+        assert_eq!(primaries, [0, 1, 2], "{metadata:?}");
+        // Each partition's primary takes its sends, wherever it is.
+        for partition in 0..PARTITIONS {
+            for batch in 0..2u64 {
+                let sent = client
+                    .send_messages(
+                        &stream_id,
+                        &topic_id,
+                        &Partitioning::partition_id(partition),
+                        &mut messages(batch, 5),
+                    )
+                    .await
+                    .expect("send");
+                assert_eq!(sent.confirmations[0].base_offset, batch * 5);
+            }
+        }
+        let all: Vec<(u64, Vec<u8>)> = (0..10)
+            .map(|offset| (offset, payload(offset / 5, offset % 5)))
+            .collect();
+        for partition in 0..PARTITIONS {
+            // Auto-commit polls are routed to the partition's primary; the offset they
+            // store is read back through the same routing.
+            let reader = Consumer::new(Identifier::named("audit").expect("name"));
+            let polled = poll(
+                &client,
+                partition,
+                &reader,
+                PollingStrategy::next(),
+                4,
+                true,
+            )
+            .await;
+            assert_eq!(offsets_and_payloads(&polled), all[0..4].to_vec());
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let stored = client
+                    .get_consumer_offset(&reader, &stream_id, &topic_id, Some(partition))
+                    .await
+                    .expect("get offset");
+                if stored.as_ref().map(|s| s.stored_offset) == Some(3) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "partition {partition}: {stored:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let polled = poll(
+                &client,
+                partition,
+                &reader,
+                PollingStrategy::next(),
+                10,
+                true,
+            )
+            .await;
+            assert_eq!(offsets_and_payloads(&polled), all[4..10].to_vec());
+            // Offset writes go to the primary too.
+            client
+                .store_consumer_offset(&reader, &stream_id, &topic_id, Some(partition), 1)
+                .await
+                .expect("store offset");
+            next_starts_at(&client, partition, &reader, 2).await;
+            client
+                .delete_consumer_offset(&reader, &stream_id, &topic_id, Some(partition))
+                .await
+                .expect("delete offset");
+        }
+    });
+    for daemon in &mut daemons {
+        assert_eq!(daemon.terminate(Duration::from_secs(20)), Some(0));
+    }
 }

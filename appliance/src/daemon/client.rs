@@ -259,6 +259,19 @@ impl Node {
                 let (status, body) = self.read(user, &request);
                 self.answer(connection, &header, status, &body);
             }
+            ClientRequest::GetPollRouting { target, .. }
+            | ClientRequest::GetConsumerOffsetRouting { target } => {
+                let (status, body) = self.route(user, target, &header);
+                self.answer(connection, &header, status, &body);
+            }
+            ClientRequest::AttachConsumerSession {
+                client,
+                session,
+                metadata_watermark,
+            } => {
+                let status = self.attach_status(*client, *session, *metadata_watermark);
+                self.answer(connection, &header, status, &[]);
+            }
             ClientRequest::SendMessages {
                 stream,
                 topic,

@@ -9,7 +9,7 @@ use super::client::{now_us, AUTO_COMMIT_CLIENT};
 use super::node::Node;
 use super::partitions::{self, POLL_BYTES_MAX};
 use crate::protocol::codec::Writer;
-use crate::protocol::reply::{ConsumerOffsetReply, PollHeader};
+use crate::protocol::reply::{ConsumerOffsetReply, PollHeader, PollRoutingReply};
 use crate::protocol::request::{ConsumerRef, Identifier, OffsetTarget, Partitioning};
 use crate::protocol::{Consumer, PollStrategy, Status};
 use crate::state::Right;
@@ -146,6 +146,58 @@ impl Node {
         {
             Some(stored) => Ok((key, consumer, stored)),
             None => Err(self.missing_partition(key)),
+        }
+    }
+
+    /// Iggy's GetPollRouting and GetConsumerOffsetRouting: the partition's primary and
+    /// the session a connection to it attaches to (the requester's).
+    pub(super) fn route(
+        &self,
+        user: u32,
+        target: &OffsetTarget,
+        header: &RequestHeader,
+    ) -> (Status, Vec<u8>) {
+        let key = match self.offset_target(target) {
+            Ok((key, _)) => key,
+            Err(status) => return (status, Vec::new()),
+        };
+        if !self.state.allows(user, key.stream, Right::Read) {
+            return (Status::PermissionDenied, Vec::new());
+        }
+        let Some(replica) = key.pack().ok().and_then(|g| self.groups.get(g)) else {
+            return (self.missing_partition(key), Vec::new());
+        };
+        if replica.status() != replication::vsr::Status::Normal {
+            // A view change: the primary is not known yet.
+            return (Status::Unavailable, Vec::new());
+        }
+        let primary = replica.config().primary_of(replica.view());
+        let reply = PollRoutingReply {
+            client: header.client,
+            session: header.session,
+            metadata_watermark: self.metadata().map_or(0, |m| m.commit()),
+            primary: self.cluster_node(primary),
+        };
+        (Status::Ok, reply.encode())
+    }
+
+    /// Iggy's AttachConsumerSession on a logged-in connection: Ok when `session` is
+    /// `client`'s session here; Unavailable while this node's metadata commit is below
+    /// the watermark the routing reply named (the session may not have arrived yet).
+    pub(super) fn attach_status(&self, client: u128, session: u64, watermark: u64) -> Status {
+        let Some(metadata) = self.metadata() else {
+            return Status::Unavailable;
+        };
+        if metadata.commit() < watermark {
+            self.reject("session_not_committed_here");
+            return Status::Unavailable;
+        }
+        match metadata.clients().get(client) {
+            Some(entry) if entry.session == session && session != 0 => Status::Ok,
+            _ => {
+                self.reject("no_session");
+                Status::NoSession
+            }
         }
     }
 

@@ -186,42 +186,49 @@ impl Node {
     /// group's primary leads (no node does during a view change); a peer this node has
     /// no link to is reported unreachable.
     pub(super) fn cluster_nodes(&self) -> ClusterNodesReply {
-        let leader = self
-            .metadata()
-            .filter(|r| r.status() == replication::vsr::Status::Normal)
-            .map(|r| r.config().primary_of(r.view()));
         let nodes = self
             .settings
             .client_addresses
-            .iter()
-            .map(|(replica, address)| {
-                // "host:port" or "[v6]:port": the port follows the last colon.
-                let (host, port) = address.rsplit_once(':').unwrap_or((address, "0"));
-                let reachable =
-                    *replica == self.settings.replica || self.bus.is_connected(*replica);
-                ClusterNode {
-                    name: format!("node-{replica}"),
-                    ip: host
-                        .trim_start_matches('[')
-                        .trim_end_matches(']')
-                        .to_owned(),
-                    tcp_port: port.parse().unwrap_or(0),
-                    role: if leader == Some(*replica) {
-                        ROLE_LEADER
-                    } else {
-                        ROLE_FOLLOWER
-                    },
-                    status: if reachable {
-                        NODE_HEALTHY
-                    } else {
-                        NODE_UNREACHABLE
-                    },
-                }
-            })
+            .keys()
+            .map(|replica| self.cluster_node(*replica))
             .collect();
         ClusterNodesReply {
             name: self.settings.cluster_name.clone(),
             nodes,
+        }
+    }
+
+    /// Node `replica` as GetClusterMetadata lists it.
+    pub(super) fn cluster_node(&self, replica: u8) -> ClusterNode {
+        let leader = self
+            .metadata()
+            .filter(|r| r.status() == replication::vsr::Status::Normal)
+            .map(|r| r.config().primary_of(r.view()));
+        let address = self
+            .settings
+            .client_addresses
+            .get(&replica)
+            .map_or("", String::as_str);
+        // "host:port" or "[v6]:port": the port follows the last colon.
+        let (host, port) = address.rsplit_once(':').unwrap_or((address, "0"));
+        let reachable = replica == self.settings.replica || self.bus.is_connected(replica);
+        ClusterNode {
+            name: format!("node-{replica}"),
+            ip: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned(),
+            tcp_port: port.parse().unwrap_or(0),
+            role: if leader == Some(replica) {
+                ROLE_LEADER
+            } else {
+                ROLE_FOLLOWER
+            },
+            status: if reachable {
+                NODE_HEALTHY
+            } else {
+                NODE_UNREACHABLE
+            },
         }
     }
 }

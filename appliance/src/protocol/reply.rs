@@ -350,14 +350,7 @@ impl ClusterNodesReply {
         let mut w = Writer::default();
         w.text(&self.name).u32(self.nodes.len() as u32);
         for node in &self.nodes {
-            w.text(&node.name)
-                .text(&node.ip)
-                .u16(node.tcp_port)
-                .u16(0)
-                .u16(0)
-                .u16(0)
-                .u8(node.role)
-                .u8(node.status);
+            node.write(&mut w);
         }
         w.finish()
     }
@@ -367,23 +360,77 @@ impl ClusterNodesReply {
             let name = r.text("name", CLUSTER_TEXT_MAX)?;
             let count = list_len(r, "nodes", 18, NODES_MAX)?;
             let nodes = (0..count)
-                .map(|_| {
-                    let name = r.text("node.name", CLUSTER_TEXT_MAX)?;
-                    let ip = r.text("node.ip", CLUSTER_TEXT_MAX)?;
-                    let tcp_port = r.u16("node.tcp_port")?;
-                    for field in ["node.quic_port", "node.http_port", "node.websocket_port"] {
-                        r.u16(field)?;
-                    }
-                    Ok(ClusterNode {
-                        name,
-                        ip,
-                        tcp_port,
-                        role: r.u8("node.role")?,
-                        status: r.u8("node.status")?,
-                    })
-                })
+                .map(|_| ClusterNode::read(r))
                 .collect::<Result<Vec<_>, BodyError>>()?;
             Ok(ClusterNodesReply { name, nodes })
+        })
+    }
+}
+
+impl ClusterNode {
+    /// name, ip (u32-length texts), tcp_port u16, then the QUIC, HTTP and WebSocket
+    /// ports (u16 0: not served), role u8, status u8.
+    fn write(&self, w: &mut Writer) {
+        w.text(&self.name)
+            .text(&self.ip)
+            .u16(self.tcp_port)
+            .u16(0)
+            .u16(0)
+            .u16(0)
+            .u8(self.role)
+            .u8(self.status);
+    }
+
+    fn read(r: &mut Reader<'_>) -> Result<ClusterNode, BodyError> {
+        let name = r.text("node.name", CLUSTER_TEXT_MAX)?;
+        let ip = r.text("node.ip", CLUSTER_TEXT_MAX)?;
+        let tcp_port = r.u16("node.tcp_port")?;
+        for field in ["node.quic_port", "node.http_port", "node.websocket_port"] {
+            r.u16(field)?;
+        }
+        Ok(ClusterNode {
+            name,
+            ip,
+            tcp_port,
+            role: r.u8("node.role")?,
+            status: r.u8("node.status")?,
+        })
+    }
+}
+
+/// GetPollRouting and GetConsumerOffsetRouting (Iggy's PollRoutingResponse): the
+/// session a connection to the partition's primary attaches to (AttachConsumerSession:
+/// client u128, session u64, metadata_watermark u64, the metadata commit that node must
+/// have reached), then that primary as GetClusterMetadata lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PollRoutingReply {
+    pub client: u128,
+    pub session: u64,
+    pub metadata_watermark: u64,
+    pub primary: ClusterNode,
+}
+
+impl PollRoutingReply {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.u64(self.client as u64)
+            .u64((self.client >> 64) as u64)
+            .u64(self.session)
+            .u64(self.metadata_watermark);
+        self.primary.write(&mut w);
+        w.finish()
+    }
+
+    pub fn decode(body: &[u8]) -> Result<PollRoutingReply, BodyError> {
+        decode_all(body, |r| {
+            let low = r.u64("client")?;
+            let high = r.u64("client")?;
+            Ok(PollRoutingReply {
+                client: u128::from(high) << 64 | u128::from(low),
+                session: r.u64("session")?,
+                metadata_watermark: r.u64("metadata_watermark")?,
+                primary: ClusterNode::read(r)?,
+            })
         })
     }
 }

@@ -145,6 +145,22 @@ fn samples() -> Vec<(Vec<u8>, fn(&[u8]) -> Result<Vec<u8>, BodyError>)> {
             |b| ConsumerOffsetReply::decode(b).map(|r| r.map_or(Vec::new(), |r| r.encode())),
         ),
         (
+            PollRoutingReply {
+                client: u128::MAX - 9,
+                session: 12,
+                metadata_watermark: 40,
+                primary: ClusterNode {
+                    name: "node-2".into(),
+                    ip: "127.0.0.1".into(),
+                    tcp_port: 8092,
+                    role: ROLE_FOLLOWER,
+                    status: NODE_HEALTHY,
+                },
+            }
+            .encode(),
+            |b| PollRoutingReply::decode(b).map(|r| r.encode()),
+        ),
+        (
             NotPrimaryReply {
                 primary: 2,
                 address: "127.0.0.1:8092".into(),

@@ -190,6 +190,21 @@ impl OffsetTarget {
     }
 }
 
+/// A poll's body: offset target, strategy, count (1 to `POLL_COUNT_MAX`), auto_commit.
+fn poll(r: &mut Reader<'_>) -> Result<(OffsetTarget, PollStrategy, u32, bool), BodyError> {
+    let target = OffsetTarget::read(r)?;
+    let strategy = PollStrategy::read(r)?;
+    let count = r.u32("count")?;
+    if count == 0 || count > POLL_COUNT_MAX {
+        return Err(BodyError::Invalid {
+            field: "count",
+            rule: "must be 1 to 100000",
+        });
+    }
+    let auto_commit = r.u8("auto_commit")? != 0;
+    Ok((target, strategy, count, auto_commit))
+}
+
 /// Iggy's optional partition: flag u8 (0 none, 1 the id), then the id u32 (0 if none).
 fn optional_partition(r: &mut Reader<'_>) -> Result<Option<u32>, BodyError> {
     match (r.u8("partition_flag")?, r.u32("partition_id")?) {
@@ -292,8 +307,17 @@ pub enum ReadCommand {
     ClusterMetadata = 2,
     ListStreams = 3,
     ListTopics = 4,
+    /// Iggy's AttachConsumerSession: this connection polls and stores offsets for a
+    /// session (its routing reply named it).
+    AttachConsumerSession = 14,
     PollMessages = 100,
+    /// Where a poll with auto-commit goes: the partition's primary.
+    GetPollRouting = 103,
+    /// A poll sent to the partition's primary (as PollMessages).
+    PollMessagesOnPrimary = 104,
     GetConsumerOffset = 120,
+    /// Where a consumer offset write goes: the partition's primary.
+    GetConsumerOffsetRouting = 123,
     /// Iggy's GetClusterMetadata: every node, its address and role.
     ClusterNodes = 12,
     GetStream = 200,
@@ -311,8 +335,12 @@ impl ReadCommand {
             2 => ReadCommand::ClusterMetadata,
             3 => ReadCommand::ListStreams,
             4 => ReadCommand::ListTopics,
+            14 => ReadCommand::AttachConsumerSession,
             100 => ReadCommand::PollMessages,
+            103 => ReadCommand::GetPollRouting,
+            104 => ReadCommand::PollMessagesOnPrimary,
             120 => ReadCommand::GetConsumerOffset,
+            123 => ReadCommand::GetConsumerOffsetRouting,
             12 => ReadCommand::ClusterNodes,
             200 => ReadCommand::GetStream,
             201 => ReadCommand::GetStreams,
@@ -556,6 +584,23 @@ pub enum ClientRequest<'a> {
     },
     GetConsumerOffset {
         target: OffsetTarget,
+    },
+    /// Iggy's GetPollRouting: the body of the poll to route.
+    GetPollRouting {
+        target: OffsetTarget,
+        strategy: PollStrategy,
+        count: u32,
+        auto_commit: bool,
+    },
+    /// Iggy's GetConsumerOffsetRouting: whose offset, where.
+    GetConsumerOffsetRouting {
+        target: OffsetTarget,
+    },
+    /// Iggy's AttachConsumerSession: the session a routing reply named.
+    AttachConsumerSession {
+        client: u128,
+        session: u64,
+        metadata_watermark: u64,
     },
 }
 
@@ -810,22 +855,36 @@ impl<'a> ClientRequest<'a> {
                 Some(ReadCommand::ListTopics) => ClientRequest::ListTopics {
                     stream_id: r.u32("stream_id")?,
                 },
-                Some(ReadCommand::PollMessages) => {
-                    let target = OffsetTarget::read(&mut r)?;
-                    let strategy = PollStrategy::read(&mut r)?;
-                    let count = r.u32("count")?;
-                    if count == 0 || count > POLL_COUNT_MAX {
-                        return Err(BodyError::Invalid {
-                            field: "count",
-                            rule: "must be 1 to 100000",
-                        });
-                    }
-                    let auto_commit = r.u8("auto_commit")? != 0;
+                Some(ReadCommand::PollMessages | ReadCommand::PollMessagesOnPrimary) => {
+                    let (target, strategy, count, auto_commit) = poll(&mut r)?;
                     ClientRequest::PollMessages {
                         target,
                         strategy,
                         count,
                         auto_commit,
+                    }
+                }
+                Some(ReadCommand::GetPollRouting) => {
+                    let (target, strategy, count, auto_commit) = poll(&mut r)?;
+                    ClientRequest::GetPollRouting {
+                        target,
+                        strategy,
+                        count,
+                        auto_commit,
+                    }
+                }
+                Some(ReadCommand::GetConsumerOffsetRouting) => {
+                    ClientRequest::GetConsumerOffsetRouting {
+                        target: OffsetTarget::read(&mut r)?,
+                    }
+                }
+                Some(ReadCommand::AttachConsumerSession) => {
+                    let low = r.u64("client_id")?;
+                    let high = r.u64("client_id")?;
+                    ClientRequest::AttachConsumerSession {
+                        client: u128::from(high) << 64 | u128::from(low),
+                        session: r.u64("session")?,
+                        metadata_watermark: r.u64("metadata_watermark")?,
                     }
                 }
                 Some(ReadCommand::GetConsumerOffset) => ClientRequest::GetConsumerOffset {
@@ -898,6 +957,9 @@ impl<'a> ClientRequest<'a> {
             R::ListTopics { .. } => read(ReadCommand::ListTopics),
             R::PollMessages { .. } => read(ReadCommand::PollMessages),
             R::GetConsumerOffset { .. } => read(ReadCommand::GetConsumerOffset),
+            R::GetPollRouting { .. } => read(ReadCommand::GetPollRouting),
+            R::GetConsumerOffsetRouting { .. } => read(ReadCommand::GetConsumerOffsetRouting),
+            R::AttachConsumerSession { .. } => read(ReadCommand::AttachConsumerSession),
         }
     }
 
@@ -1077,10 +1139,27 @@ impl<'a> ClientRequest<'a> {
                 strategy,
                 count,
                 auto_commit,
+            }
+            | R::GetPollRouting {
+                target,
+                strategy,
+                count,
+                auto_commit,
             } => {
                 target.write(&mut w);
                 strategy.write(&mut w);
                 w.u32(*count).u8(u8::from(*auto_commit));
+            }
+            R::GetConsumerOffsetRouting { target } => target.write(&mut w),
+            R::AttachConsumerSession {
+                client,
+                session,
+                metadata_watermark,
+            } => {
+                w.u64(*client as u64)
+                    .u64((*client >> 64) as u64)
+                    .u64(*session)
+                    .u64(*metadata_watermark);
             }
         }
         w.finish()

@@ -205,6 +205,20 @@ fn samples() -> Vec<ClientRequest<'static>> {
         ClientRequest::GetConsumerOffset {
             target: OffsetTarget::of(key(), Consumer::Single(1)),
         },
+        ClientRequest::GetPollRouting {
+            target: OffsetTarget::of(key(), Consumer::Single(1)),
+            strategy: PollStrategy::Next,
+            count: 10,
+            auto_commit: true,
+        },
+        ClientRequest::GetConsumerOffsetRouting {
+            target: OffsetTarget::of(key(), Consumer::Group(3)),
+        },
+        ClientRequest::AttachConsumerSession {
+            client: u128::MAX - 5,
+            session: 7,
+            metadata_watermark: 11,
+        },
     ]
     .into_iter()
     .chain(
@@ -486,4 +500,21 @@ proptest! {
             let _ = ClientRequest::decode(*operation, read, &body);
         }
     }
+}
+
+#[test]
+fn a_poll_sent_to_the_primary_reads_as_a_poll() {
+    let poll = ClientRequest::PollMessages {
+        target: OffsetTarget::of(key(), Consumer::Single(4)),
+        strategy: PollStrategy::Next,
+        count: 3,
+        auto_commit: true,
+    };
+    let body = poll.encode();
+    let decoded = ClientRequest::decode(
+        Operation::NonReplicated,
+        ReadCommand::PollMessagesOnPrimary as u32,
+        &body,
+    );
+    assert_eq!(decoded, Ok(poll));
 }

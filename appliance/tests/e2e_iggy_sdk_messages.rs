@@ -14,10 +14,11 @@ use appliance::protocol::request::{
 };
 use bytes::Bytes;
 use common::*;
+use futures_lite::StreamExt;
 use iggy::prelude::{
-    Consumer, ConsumerOffsetClient, HeaderKey, HeaderValue, Identifier, IggyClient, IggyError,
-    IggyMessage, IggyTimestamp, MessageClient, Partitioning, PolledMessages, PollingStrategy,
-    StreamClient, TopicClient, TopicCreateOptions,
+    AutoCommit, Consumer, ConsumerOffsetClient, HeaderKey, HeaderValue, Identifier, IggyClient,
+    IggyDuration, IggyError, IggyMessage, IggyTimestamp, MessageClient, NonZeroIggyDuration,
+    Partitioning, PolledMessages, PollingStrategy, StreamClient, TopicClient, TopicCreateOptions,
 };
 use replication::wire::batch::{BatchBuilder, NewMessage};
 use sdk::*;
@@ -481,4 +482,103 @@ fn on_three_nodes_the_sdk_routes_auto_commit_polls_and_offsets_to_each_primary()
     for daemon in &mut daemons {
         assert_eq!(daemon.terminate(Duration::from_secs(20)), Some(0));
     }
+}
+
+#[test]
+fn the_sdks_producer_and_consumer_keep_every_acknowledged_message_across_a_primary_kill() {
+    const NODES: usize = 3;
+    const BATCHES: u64 = 60;
+    let files = ClusterFiles::new(NODES);
+    let mut daemons = cluster(&files);
+    let acked = runtime().block_on(async {
+        let client = root_client(&files, 0).await;
+        orders_topic(&client).await;
+        // The node that leads partition 0 is killed mid-produce.
+        let addrs: Vec<_> = (0..NODES).map(|r| files.client_addr(r)).collect();
+        let mut library =
+            appliance::client::Client::connect(&addrs, appliance::client::ClientOptions::default())
+                .expect("connect");
+        library
+            .login("root", ROOT_PASSWORD.as_bytes())
+            .expect("login");
+        let partition_group = replication::wire::PartitionKey {
+            stream: 1,
+            topic: 1,
+            partition: 0,
+        }
+        .pack()
+        .expect("group");
+        let victim = library
+            .cluster_metadata()
+            .expect("cluster metadata")
+            .groups
+            .iter()
+            .find(|g| g.group == partition_group)
+            .map(|g| usize::from(g.primary))
+            .expect("partition 0 has a primary");
+
+        let producer = client
+            .producer("orders", "eu")
+            .expect("producer")
+            .partitioning(Partitioning::partition_id(0))
+            .send_retries(
+                Some(30),
+                Some(NonZeroIggyDuration::new(Duration::from_millis(200)).expect("interval")),
+            )
+            .build();
+        producer.init().await.expect("producer init");
+        let mut acked = Vec::new();
+        for batch in 0..BATCHES {
+            if batch == BATCHES / 3 {
+                daemons[victim].kill();
+            }
+            let sent = producer.send(messages(batch, 10)).await;
+            if sent.is_ok() {
+                acked.extend((0..10).map(|index| payload(batch, index)));
+            }
+        }
+        eprintln!(
+            "node {victim} killed: {} of {} messages acknowledged",
+            acked.len(),
+            BATCHES * 10
+        );
+        assert!(
+            acked.len() as u64 >= BATCHES * 10 / 2,
+            "most sends were acknowledged: {} of {}",
+            acked.len(),
+            BATCHES * 10
+        );
+        acked
+    });
+    // A new client of a surviving node reads the partition back with the SDK's consumer.
+    let survivor = daemons
+        .iter()
+        .position(|d| d.pid() != 0)
+        .expect("a surviving node");
+    runtime().block_on(async {
+        let client = root_client(&files, survivor).await;
+        let mut consumer = client
+            .consumer("verifier", "orders", "eu", 0)
+            .expect("consumer")
+            .polling_strategy(PollingStrategy::offset(0))
+            .auto_commit(AutoCommit::Disabled)
+            .batch_length(100)
+            .poll_interval(IggyDuration::from(Duration::from_millis(10)))
+            .build();
+        consumer.init().await.expect("consumer init");
+        let mut read = std::collections::HashSet::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !acked.iter().all(|p| read.contains(p)) {
+            assert!(
+                Instant::now() < deadline,
+                "{} acknowledged messages never read back",
+                acked.iter().filter(|p| !read.contains(*p)).count()
+            );
+            let next = tokio::time::timeout(Duration::from_secs(1), consumer.next()).await;
+            if let Ok(Some(received)) = next {
+                let received = received.expect("a polled message");
+                read.insert(received.message.payload.to_vec());
+            }
+        }
+    });
 }

@@ -382,6 +382,20 @@ fn cluster(files: &ClusterFiles) -> Vec<Daemon> {
     daemons
 }
 
+/// The nodes and each group's primary, as the client library reads them.
+fn cluster_metadata(files: &ClusterFiles) -> appliance::protocol::reply::ClusterMetadataReply {
+    let addrs: Vec<_> = (0..files.ports.len())
+        .map(|r| files.client_addr(r))
+        .collect();
+    let mut library =
+        appliance::client::Client::connect(&addrs, appliance::client::ClientOptions::default())
+            .expect("connect");
+    library
+        .login("root", ROOT_PASSWORD.as_bytes())
+        .expect("login");
+    library.cluster_metadata().expect("cluster metadata")
+}
+
 #[test]
 fn on_three_nodes_the_sdk_routes_auto_commit_polls_and_offsets_to_each_primary() {
     const NODES: usize = 3;
@@ -394,14 +408,7 @@ fn on_three_nodes_the_sdk_routes_auto_commit_polls_and_offsets_to_each_primary()
         let topic_id = Identifier::named("eu").expect("name");
         // The partitions' primaries are spread over the nodes: sends, routed polls and
         // offset writes reach each of them.
-        let addrs: Vec<_> = (0..NODES).map(|r| files.client_addr(r)).collect();
-        let mut library =
-            appliance::client::Client::connect(&addrs, appliance::client::ClientOptions::default())
-                .expect("connect");
-        library
-            .login("root", ROOT_PASSWORD.as_bytes())
-            .expect("login");
-        let metadata = library.cluster_metadata().expect("cluster metadata");
+        let metadata = cluster_metadata(&files);
         let mut primaries: Vec<u8> = metadata
             .groups
             .iter()
@@ -494,13 +501,7 @@ fn the_sdks_producer_and_consumer_keep_every_acknowledged_message_across_a_prima
         let client = root_client(&files, 0).await;
         orders_topic(&client).await;
         // The node that leads partition 0 is killed mid-produce.
-        let addrs: Vec<_> = (0..NODES).map(|r| files.client_addr(r)).collect();
-        let mut library =
-            appliance::client::Client::connect(&addrs, appliance::client::ClientOptions::default())
-                .expect("connect");
-        library
-            .login("root", ROOT_PASSWORD.as_bytes())
-            .expect("login");
+        let metadata = cluster_metadata(&files);
         let partition_group = replication::wire::PartitionKey {
             stream: 1,
             topic: 1,
@@ -508,9 +509,7 @@ fn the_sdks_producer_and_consumer_keep_every_acknowledged_message_across_a_prima
         }
         .pack()
         .expect("group");
-        let victim = library
-            .cluster_metadata()
-            .expect("cluster metadata")
+        let victim = metadata
             .groups
             .iter()
             .find(|g| g.group == partition_group)

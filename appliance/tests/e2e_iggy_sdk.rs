@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use common::*;
 use iggy::prelude::{
-    Client as _, ClusterClient, ClusterNodeRole, ClusterNodeStatus, Identifier, IggyByteSize,
-    IggyClient, IggyError, IggyExpiry, MaxTopicSize, PartitionClient, StreamClient, SystemClient,
-    TopicClient, TopicCreateOptions, TopicUpdateOptions, UserClient,
+    Client as _, ClusterClient, ClusterNodeRole, ClusterNodeStatus, Consumer, Identifier,
+    IggyByteSize, IggyClient, IggyError, IggyExpiry, IggyMessage, MaxTopicSize, MessageClient,
+    PartitionClient, Partitioning, PollingStrategy, StreamClient, SystemClient, TopicClient,
+    TopicCreateOptions, TopicUpdateOptions, UserClient,
 };
 use sdk::*;
 
@@ -336,4 +337,75 @@ fn the_sdk_manages_topics_and_partitions_with_their_options() {
             .is_empty());
     });
     assert_eq!(daemon.terminate(Duration::from_secs(20)), Some(0));
+}
+
+#[test]
+fn a_node_formatted_with_iggys_default_credentials_serves_the_sdks_getting_started_flow() {
+    let files = ClusterFiles::new(1);
+    // A root user named other than the rules allow stops the format, nothing created.
+    let refused = std::process::Command::new(binary())
+        .arg("--config")
+        .arg(files.config(0))
+        .arg("--replica-id")
+        .arg("0")
+        .env("APPLIANCE_ROOT_USERNAME", "")
+        .output()
+        .expect("run the daemon");
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("APPLIANCE_ROOT_USERNAME"),
+        "{refused:?}"
+    );
+    let mut daemon = Daemon::start_with_env(
+        &files,
+        0,
+        &[
+            ("APPLIANCE_ROOT_USERNAME", "iggy"),
+            ("APPLIANCE_ROOT_PASSWORD", "iggy"),
+        ],
+    );
+    wait_healthy(&files, &mut daemon, Duration::from_secs(60));
+    runtime().block_on(async {
+        let client = sdk_client(&files);
+        client.connect().await.expect("connect");
+        client.login_user("iggy", "iggy").await.expect("iggy/iggy");
+        client.create_stream("sample-stream").await.expect("stream");
+        let stream = Identifier::named("sample-stream").expect("name");
+        let topic = Identifier::named("sample-topic").expect("name");
+        client
+            .create_topic(&stream, "sample-topic", &TopicCreateOptions::default())
+            .await
+            .expect("topic");
+        let mut messages: Vec<IggyMessage> = (0..10)
+            .map(|i| IggyMessage::from(format!("message-{i}")))
+            .collect();
+        client
+            .send_messages(
+                &stream,
+                &topic,
+                &Partitioning::partition_id(0),
+                &mut messages,
+            )
+            .await
+            .expect("send");
+        let polled = client
+            .poll_messages(
+                &stream,
+                &topic,
+                Some(0),
+                &Consumer::new(Identifier::numeric(1).expect("id")),
+                &PollingStrategy::next(),
+                10,
+                true,
+            )
+            .await
+            .expect("poll");
+        let payloads: Vec<String> = polled
+            .messages
+            .iter()
+            .map(|m| m.payload_as_string().expect("text"))
+            .collect();
+        let sent: Vec<String> = (0..10).map(|i| format!("message-{i}")).collect();
+        assert_eq!(payloads, sent);
+    });
 }

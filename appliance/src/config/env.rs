@@ -8,10 +8,14 @@ use super::ConfigError;
 /// Prefix of every override variable.
 pub const ENV_PREFIX: &str = "APPLIANCE_";
 
-/// Variables under the prefix that are not config keys: the root password `format`
-/// reads, and the password appliance-cli reads. A shell that sets them for one tool must
-/// not stop the daemon from starting.
-pub const NOT_CONFIG: [&str; 2] = ["APPLIANCE_ROOT_PASSWORD", "APPLIANCE_PASSWORD"];
+/// Variables under the prefix that are not config keys: the root user's name and
+/// password `format` reads, and the password appliance-cli reads. A shell that sets them
+/// for one tool must not stop the daemon from starting.
+pub const NOT_CONFIG: [&str; 3] = [
+    "APPLIANCE_ROOT_USERNAME",
+    "APPLIANCE_ROOT_PASSWORD",
+    "APPLIANCE_PASSWORD",
+];
 
 fn typed(raw: &str) -> toml::Value {
     let parsed: Result<toml::Table, _> = toml::from_str(&format!("v = {raw}"));

@@ -53,8 +53,11 @@ const BLOCKING_THREADS: usize = 32;
 pub const TICK: Duration = Duration::from_millis(10);
 /// Largest metadata prepare body; larger requests are refused at ingress.
 pub const METADATA_BODY_MAX: u64 = 64 * 1024 - 256;
-/// The root user's name.
+/// The root user's name unless APPLIANCE_ROOT_USERNAME names another at format.
 pub const ROOT_USERNAME: &str = "root";
+/// Environment variable that names the root user at format (`iggy`, with
+/// APPLIANCE_ROOT_PASSWORD=iggy, gives the Iggy server's default credentials).
+pub const ROOT_USERNAME_ENV: &str = "APPLIANCE_ROOT_USERNAME";
 /// Root password of the no-config development mode when APPLIANCE_ROOT_PASSWORD is
 /// unset (documented in README.md; never used with a config file).
 pub const DEV_ROOT_PASSWORD: &str = "appliance-root";
@@ -104,6 +107,21 @@ pub enum RootPassword {
     EnvOrGenerated,
     /// APPLIANCE_ROOT_PASSWORD, else DEV_ROOT_PASSWORD (no-config mode).
     EnvOrDevDefault,
+}
+
+/// APPLIANCE_ROOT_USERNAME if set (1 to 255 bytes, no control characters), else
+/// `ROOT_USERNAME`.
+fn root_username() -> Result<String, DaemonError> {
+    match std::env::var(ROOT_USERNAME_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(ROOT_USERNAME.to_string()),
+        Ok(name) if (1..=255).contains(&name.len()) && !name.chars().any(char::is_control) => {
+            Ok(name)
+        }
+        _ => Err(DaemonError::Config(format!(
+            "{ROOT_USERNAME_ENV}: the root user's name must be 1 to 255 bytes of UTF-8 \
+             without control characters"
+        ))),
+    }
 }
 
 fn root_password(policy: RootPassword) -> String {
@@ -159,9 +177,16 @@ pub fn format(config: &Config, replica_id: u8, policy: RootPassword) -> Result<(
     }
     let layout = journal_layout(config)?;
     let password = root_password(policy);
-    let hash = auth::hash_password(password.as_bytes())
+    if password.len() < auth::PASSWORD_LEN_MIN {
+        eprintln!(
+            "appliance: the root password is shorter than {} bytes: change it before \
+             exposing the node",
+            auth::PASSWORD_LEN_MIN
+        );
+    }
+    let hash = auth::hash_operator_password(password.as_bytes())
         .map_err(|e| DaemonError::Config(format!("root password: {e}")))?;
-    let genesis = MetadataState::formatted(ROOT_USERNAME, hash).snapshot();
+    let genesis = MetadataState::formatted(&root_username()?, hash).snapshot();
     let identity = journal::Superblock {
         cluster: cluster_id(&config.cluster.name),
         replica: replica_id,

@@ -36,6 +36,15 @@ pub fn hash_password(password: &[u8]) -> Result<String, PasswordError> {
             len: password.len(),
         });
     }
+    hash_operator_password(password)
+}
+
+/// Hashes a password an operator chose for the root user at format: any length but
+/// empty (a client's CreateUser and ChangePassword keep `PASSWORD_LEN_MIN`).
+pub fn hash_operator_password(password: &[u8]) -> Result<String, PasswordError> {
+    if password.is_empty() {
+        return Err(PasswordError::TooShort { len: 0 });
+    }
     let salt = SaltString::generate(&mut OsRng);
     Argon2::default()
         .hash_password(password, &salt)
@@ -76,6 +85,16 @@ mod tests {
         assert_eq!(
             hash_password(b"short"),
             Err(PasswordError::TooShort { len: 5 })
+        );
+    }
+
+    #[test]
+    fn an_operators_root_password_may_be_short_but_not_empty() {
+        let hash = hash_operator_password(b"iggy").unwrap();
+        assert!(verify_password(b"iggy", &hash));
+        assert_eq!(
+            hash_operator_password(b""),
+            Err(PasswordError::TooShort { len: 0 })
         );
     }
 }

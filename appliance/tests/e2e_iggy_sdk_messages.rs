@@ -16,9 +16,10 @@ use bytes::Bytes;
 use common::*;
 use futures_lite::StreamExt;
 use iggy::prelude::{
-    AutoCommit, Consumer, ConsumerOffsetClient, HeaderKey, HeaderValue, Identifier, IggyClient,
-    IggyDuration, IggyError, IggyMessage, IggyTimestamp, MessageClient, NonZeroIggyDuration,
-    Partitioning, PolledMessages, PollingStrategy, StreamClient, TopicClient, TopicCreateOptions,
+    AutoCommit, Consumer, ConsumerGroupClient, ConsumerOffsetClient, HeaderKey, HeaderValue,
+    Identifier, IggyClient, IggyDuration, IggyError, IggyMessage, IggyTimestamp, MessageClient,
+    NonZeroIggyDuration, Partitioning, PolledMessages, PollingStrategy, StreamClient, TopicClient,
+    TopicCreateOptions, UserClient,
 };
 use replication::wire::batch::{BatchBuilder, NewMessage};
 use sdk::*;
@@ -579,5 +580,147 @@ fn the_sdks_producer_and_consumer_keep_every_acknowledged_message_across_a_prima
                 read.insert(received.message.payload.to_vec());
             }
         }
+    });
+}
+
+#[test]
+fn the_sdk_manages_consumer_groups_and_their_members_share_the_partitions() {
+    let files = ClusterFiles::new(1);
+    let mut daemon = Daemon::start(&files, 0);
+    wait_healthy(&files, &mut daemon, Duration::from_secs(60));
+    runtime().block_on(async {
+        let first = root_client(&files, 0).await;
+        let second = root_client(&files, 0).await;
+        orders_topic(&first).await;
+        let stream_id = Identifier::named("orders").expect("name");
+        let topic_id = Identifier::named("eu").expect("name");
+        let readers = Identifier::named("readers").expect("name");
+        for partition in 0..PARTITIONS {
+            first
+                .send_messages(
+                    &stream_id,
+                    &topic_id,
+                    &Partitioning::partition_id(partition),
+                    &mut messages(u64::from(partition), 4),
+                )
+                .await
+                .expect("send");
+        }
+        let created = first
+            .create_consumer_group(&stream_id, &topic_id, "readers")
+            .await
+            .expect("create group");
+        assert_eq!(
+            (
+                created.name.as_str(),
+                created.partitions_count,
+                created.members_count
+            ),
+            ("readers", PARTITIONS, 0)
+        );
+        let duplicate = first
+            .create_consumer_group(&stream_id, &topic_id, "readers")
+            .await;
+        assert!(
+            matches!(
+                duplicate,
+                Err(IggyError::ConsumerGroupNameAlreadyExists(..))
+            ),
+            "{duplicate:?}"
+        );
+        let groups = first
+            .get_consumer_groups(&stream_id, &topic_id)
+            .await
+            .expect("groups");
+        assert_eq!(groups.len(), 1);
+        let missing = Identifier::named("nobody").expect("name");
+        let none = first
+            .get_consumer_group(&stream_id, &topic_id, &missing)
+            .await
+            .expect("get missing group");
+        assert!(none.is_none());
+
+        // Two members split the three partitions between them.
+        for client in [&first, &second] {
+            client
+                .join_consumer_group(&stream_id, &topic_id, &readers)
+                .await
+                .expect("join");
+        }
+        let details = first
+            .get_consumer_group(&stream_id, &topic_id, &readers)
+            .await
+            .expect("get group")
+            .expect("the group");
+        assert_eq!(details.members_count, 2);
+        let mut assigned: Vec<u32> = details
+            .members
+            .iter()
+            .flat_map(|m| m.partitions.clone())
+            .collect();
+        assigned.sort_unstable();
+        assert_eq!(assigned, (0..PARTITIONS).collect::<Vec<_>>());
+
+        // Each member polls its own partitions (the SDK asks for its assignment); between
+        // them they read every message once, with auto-commit.
+        let group = Consumer::group(readers.clone());
+        let mut read = Vec::new();
+        for client in [&first, &second] {
+            for _ in 0..4 {
+                let polled = client
+                    .poll_messages(
+                        &stream_id,
+                        &topic_id,
+                        None,
+                        &group,
+                        &PollingStrategy::next(),
+                        10,
+                        true,
+                    )
+                    .await
+                    .expect("group poll");
+                read.extend(polled.messages.iter().map(|m| m.payload.to_vec()));
+            }
+        }
+        read.sort();
+        read.dedup();
+        let mut sent: Vec<Vec<u8>> = (0..PARTITIONS)
+            .flat_map(|p| (0..4).map(move |i| payload(u64::from(p), i)))
+            .collect();
+        sent.sort();
+        assert_eq!(read, sent);
+
+        // Leaving hands the partitions to the remaining member; deleting ends the group.
+        second
+            .leave_consumer_group(&stream_id, &topic_id, &readers)
+            .await
+            .expect("leave");
+        let details = first
+            .get_consumer_group(&stream_id, &topic_id, &readers)
+            .await
+            .expect("get group")
+            .expect("the group");
+        assert_eq!(details.members_count, 1);
+        assert_eq!(
+            details.members[0].partitions,
+            (0..PARTITIONS).collect::<Vec<_>>()
+        );
+        // A member that logs out leaves too.
+        first.logout_user().await.expect("logout");
+        let details = second
+            .get_consumer_group(&stream_id, &topic_id, &readers)
+            .await
+            .expect("get group")
+            .expect("the group");
+        assert_eq!(details.members_count, 0);
+        second
+            .delete_consumer_group(&stream_id, &topic_id, &readers)
+            .await
+            .expect("delete group");
+        let gone = second
+            .get_consumer_group(&stream_id, &topic_id, &readers)
+            .await
+            .expect("get deleted group");
+        assert!(gone.is_none());
     });
 }

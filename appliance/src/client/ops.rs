@@ -10,12 +10,12 @@ use super::engine::{resolve, short, Client};
 use super::error::ClientError;
 use crate::protocol::options::TopicOptions;
 use crate::protocol::reply::{
-    split_poll_body, ClusterMetadataReply, ConsumerOffsetReply, IdReply, ListStreamsReply,
-    ListTopicsReply, SendConfirmations, SendMessagesReply, StreamReply, TopicDetailsReply,
-    PRIMARY_UNKNOWN,
+    split_poll_body, ClusterMetadataReply, ConsumerGroupDetailsReply, ConsumerOffsetReply, IdReply,
+    ListStreamsReply, ListTopicsReply, SendConfirmations, SendMessagesReply, StreamReply,
+    TopicDetailsReply, PRIMARY_UNKNOWN,
 };
 use crate::protocol::request::{
-    Identifier, OffsetTarget, Partitioning, PERMISSIONS_MAX, POLL_COUNT_MAX,
+    GroupRef, Identifier, OffsetTarget, Partitioning, PERMISSIONS_MAX, POLL_COUNT_MAX,
 };
 use crate::protocol::{ClientRequest, Consumer, PollStrategy, Retention, Status, StreamPermission};
 
@@ -238,14 +238,17 @@ impl Client {
         name: &str,
     ) -> Result<u32, ClientError> {
         short("group name", name.as_bytes())?;
-        self.metadata_id(
-            ClientRequest::CreateConsumerGroup {
-                stream_id,
-                topic_id,
-                name: name.into(),
-            },
-            "CreateConsumerGroup",
-        )
+        let request = ClientRequest::CreateConsumerGroup {
+            stream: Identifier::Id(stream_id),
+            topic: Identifier::Id(topic_id),
+            name: name.into(),
+        };
+        let body = self.call(METADATA_GROUP, &request)?;
+        ConsumerGroupDetailsReply::decode(&body)
+            .map(|r| r.group.id)
+            .map_err(|e| {
+                ClientError::body(server_of(self, METADATA_GROUP), "CreateConsumerGroup", e)
+            })
     }
 
     pub fn delete_consumer_group(
@@ -254,24 +257,19 @@ impl Client {
         topic_id: u32,
         group_id: u32,
     ) -> Result<(), ClientError> {
-        self.metadata_empty(ClientRequest::DeleteConsumerGroup {
-            stream_id,
-            topic_id,
-            group_id,
-        })
+        let group = GroupRef::ids(stream_id, topic_id, group_id);
+        self.metadata_empty(ClientRequest::DeleteConsumerGroup { group })
     }
 
+    /// Joins this client to a consumer group.
     pub fn join_consumer_group(
         &mut self,
         stream_id: u32,
         topic_id: u32,
         group_id: u32,
     ) -> Result<(), ClientError> {
-        self.metadata_empty(ClientRequest::JoinConsumerGroup {
-            stream_id,
-            topic_id,
-            group_id,
-        })
+        let group = GroupRef::ids(stream_id, topic_id, group_id);
+        self.metadata_empty(ClientRequest::JoinConsumerGroup { group })
     }
 
     pub fn leave_consumer_group(
@@ -280,11 +278,8 @@ impl Client {
         topic_id: u32,
         group_id: u32,
     ) -> Result<(), ClientError> {
-        self.metadata_empty(ClientRequest::LeaveConsumerGroup {
-            stream_id,
-            topic_id,
-            group_id,
-        })
+        let group = GroupRef::ids(stream_id, topic_id, group_id);
+        self.metadata_empty(ClientRequest::LeaveConsumerGroup { group })
     }
 
     /// Appends a batch (built with wire::batch::BatchBuilder, verified here before it is

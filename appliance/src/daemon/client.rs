@@ -252,6 +252,8 @@ impl Node {
             | ClientRequest::GetStreams
             | ClientRequest::GetTopic { .. }
             | ClientRequest::GetTopics { .. }
+            | ClientRequest::GetConsumerGroup { .. }
+            | ClientRequest::GetConsumerGroups { .. }
             | ClientRequest::ListStreams
             | ClientRequest::ListTopics { .. }
             | ClientRequest::PollMessages { .. }
@@ -262,6 +264,10 @@ impl Node {
             ClientRequest::GetPollRouting { target, .. }
             | ClientRequest::GetConsumerOffsetRouting { target } => {
                 let (status, body) = self.route(user, target, &header);
+                self.answer(connection, &header, status, &body);
+            }
+            ClientRequest::SyncConsumerGroup { group } => {
+                let (status, body) = self.group_assignment(user, group, header.client);
                 self.answer(connection, &header, status, &body);
             }
             ClientRequest::AttachConsumerSession {
@@ -724,7 +730,9 @@ impl Node {
             | ClientRequest::GetStreams
             | ClientRequest::GetStream { .. }
             | ClientRequest::GetTopic { .. }
-            | ClientRequest::GetTopics { .. } => return self.metadata_read(user, request),
+            | ClientRequest::GetTopics { .. }
+            | ClientRequest::GetConsumerGroup { .. }
+            | ClientRequest::GetConsumerGroups { .. } => return self.metadata_read(user, request),
             ClientRequest::ListStreams => {
                 let streams: Vec<_> = self
                     .state

@@ -6,12 +6,13 @@ use replication::wire::PartitionKey;
 
 use super::node::Node;
 use crate::protocol::reply::{
-    ClusterNode, ClusterNodesReply, PartitionReply, StreamDetailsReply, StreamReply, StreamsReply,
-    TopicDetailsReply, TopicReply, TopicsReply, NODE_HEALTHY, NODE_UNREACHABLE, ROLE_FOLLOWER,
-    ROLE_LEADER,
+    ClusterNode, ClusterNodesReply, ConsumerGroupReply, GroupAssignmentReply, PartitionReply,
+    StreamDetailsReply, StreamReply, StreamsReply, TopicDetailsReply, TopicReply, TopicsReply,
+    NODE_HEALTHY, NODE_UNREACHABLE, ROLE_FOLLOWER, ROLE_LEADER,
 };
-use crate::protocol::request::Identifier;
+use crate::protocol::request::{GroupRef, Identifier};
 use crate::protocol::{ClientRequest, Status};
+use crate::state::metadata::Topic;
 use crate::state::Right;
 
 impl Node {
@@ -63,6 +64,41 @@ impl Node {
                 (Status::Ok, TopicsReply { topics }.encode())
             }
             ClientRequest::GetTopic { stream, topic } => self.get_topic(stream, topic, readable),
+            ClientRequest::GetConsumerGroup { group } => {
+                let Some((stream_id, topic_id, group_id)) = self.state.group_id(group) else {
+                    return (Status::Ok, Vec::new());
+                };
+                if !readable(stream_id) {
+                    return (Status::PermissionDenied, Vec::new());
+                }
+                let topic = self.topic(stream_id, topic_id);
+                match topic.and_then(|t| Some((t, t.groups.get(&group_id)?))) {
+                    Some((topic, g)) => (
+                        Status::Ok,
+                        g.details(group_id, topic.partition_count).encode(),
+                    ),
+                    None => (Status::Ok, Vec::new()),
+                }
+            }
+            ClientRequest::GetConsumerGroups { stream, topic } => {
+                let Some((stream_id, topic_id)) = self.state.topic_id(stream, topic) else {
+                    return (Status::NotFound, Vec::new());
+                };
+                if !readable(stream_id) {
+                    return (Status::PermissionDenied, Vec::new());
+                }
+                let groups: Vec<ConsumerGroupReply> = self
+                    .topic(stream_id, topic_id)
+                    .map(|topic| {
+                        topic
+                            .groups
+                            .iter()
+                            .map(|(id, g)| g.details(*id, topic.partition_count).group)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                (Status::Ok, ConsumerGroupReply::encode_all(&groups))
+            }
             _ => (Status::InvalidRequest, Vec::new()),
         }
     }
@@ -195,6 +231,42 @@ impl Node {
         ClusterNodesReply {
             name: self.settings.cluster_name.clone(),
             nodes,
+        }
+    }
+
+    fn topic(&self, stream_id: u32, topic_id: u32) -> Option<&Topic> {
+        self.state.streams.get(&stream_id)?.topics.get(&topic_id)
+    }
+
+    /// Iggy's SyncConsumerGroup for `client`: the group's generation and the client's
+    /// partitions; an empty body when the client is not a member.
+    pub(super) fn group_assignment(
+        &self,
+        user: u32,
+        group: &GroupRef,
+        client: u128,
+    ) -> (Status, Vec<u8>) {
+        let Some((stream_id, topic_id, group_id)) = self.state.group_id(group) else {
+            return (Status::NotFound, Vec::new());
+        };
+        if !self.state.allows(user, stream_id, Right::Read) {
+            return (Status::PermissionDenied, Vec::new());
+        }
+        let found = self
+            .topic(stream_id, topic_id)
+            .and_then(|t| Some((t, t.groups.get(&group_id)?)));
+        let Some((topic, group)) = found else {
+            return (Status::NotFound, Vec::new());
+        };
+        match group.assignment_of(client, topic.partition_count) {
+            Some(partitions) => {
+                let reply = GroupAssignmentReply {
+                    generation: group.generation,
+                    partitions,
+                };
+                (Status::Ok, reply.encode())
+            }
+            None => (Status::Ok, Vec::new()),
         }
     }
 

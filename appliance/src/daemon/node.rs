@@ -1020,7 +1020,12 @@ impl Node {
                 Status::Ok,
                 RegisterReply::of_this_server(header.user_id, op).encode(),
             ),
-            Some(Operation::Logout) => (Status::Ok, Vec::new()),
+            Some(Operation::Logout) => {
+                // A client that logs out leaves its consumer groups: its partitions go to
+                // the members that remain.
+                self.state.leave_groups(header.client);
+                (Status::Ok, Vec::new())
+            }
             Some(operation) => match MetadataOp::decode(operation, body) {
                 Ok(metadata_op) => {
                     let caller = Caller {

@@ -145,6 +145,44 @@ fn samples() -> Vec<(Vec<u8>, fn(&[u8]) -> Result<Vec<u8>, BodyError>)> {
             |b| ConsumerOffsetReply::decode(b).map(|r| r.map_or(Vec::new(), |r| r.encode())),
         ),
         (
+            ConsumerGroupDetailsReply {
+                group: ConsumerGroupReply {
+                    id: 4,
+                    partitions_count: 3,
+                    members_count: 2,
+                    name: "readers".into(),
+                },
+                members: vec![(1, vec![0, 2]), (2, vec![1])],
+            }
+            .encode(),
+            |b| ConsumerGroupDetailsReply::decode(b).map(|r| r.encode()),
+        ),
+        (
+            ConsumerGroupReply::encode_all(&[
+                ConsumerGroupReply {
+                    id: 1,
+                    partitions_count: 3,
+                    members_count: 0,
+                    name: "a".into(),
+                },
+                ConsumerGroupReply {
+                    id: 2,
+                    partitions_count: 3,
+                    members_count: 5,
+                    name: "b".into(),
+                },
+            ]),
+            |b| ConsumerGroupReply::decode_all(b).map(|g| ConsumerGroupReply::encode_all(&g)),
+        ),
+        (
+            GroupAssignmentReply {
+                generation: 9,
+                partitions: vec![0, 3, 6],
+            }
+            .encode(),
+            |b| GroupAssignmentReply::decode(b).map(|r| r.encode()),
+        ),
+        (
             PollRoutingReply {
                 client: u128::MAX - 9,
                 session: 12,

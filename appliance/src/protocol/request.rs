@@ -151,6 +151,39 @@ impl From<Consumer> for ConsumerRef {
     }
 }
 
+/// A consumer group: its stream, topic and group identifiers.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GroupRef {
+    pub stream: Identifier,
+    pub topic: Identifier,
+    pub group: Identifier,
+}
+
+impl GroupRef {
+    fn read(r: &mut Reader<'_>) -> Result<GroupRef, BodyError> {
+        Ok(GroupRef {
+            stream: Identifier::read(r, "stream_id")?,
+            topic: Identifier::read(r, "topic_id")?,
+            group: Identifier::read(r, "group_id")?,
+        })
+    }
+
+    fn write(&self, w: &mut Writer) {
+        self.stream.write(w);
+        self.topic.write(w);
+        self.group.write(w);
+    }
+
+    /// A group named by numeric ids.
+    pub fn ids(stream: u32, topic: u32, group: u32) -> GroupRef {
+        GroupRef {
+            stream: Identifier::Id(stream),
+            topic: Identifier::Id(topic),
+            group: Identifier::Id(group),
+        }
+    }
+}
+
 /// Whose offset in which partition (Iggy's consumer offset requests): the consumer,
 /// the stream and topic, and a partition flag u8 (1: the u32 that follows names it)
 /// with the partition id u32.
@@ -318,6 +351,10 @@ pub enum ReadCommand {
     GetConsumerOffset = 120,
     /// Where a consumer offset write goes: the partition's primary.
     GetConsumerOffsetRouting = 123,
+    GetConsumerGroup = 600,
+    GetConsumerGroups = 601,
+    /// A member's partitions and the group's generation.
+    SyncConsumerGroup = 606,
     /// Iggy's GetClusterMetadata: every node, its address and role.
     ClusterNodes = 12,
     GetStream = 200,
@@ -341,6 +378,9 @@ impl ReadCommand {
             104 => ReadCommand::PollMessagesOnPrimary,
             120 => ReadCommand::GetConsumerOffset,
             123 => ReadCommand::GetConsumerOffsetRouting,
+            600 => ReadCommand::GetConsumerGroup,
+            601 => ReadCommand::GetConsumerGroups,
+            606 => ReadCommand::SyncConsumerGroup,
             12 => ReadCommand::ClusterNodes,
             200 => ReadCommand::GetStream,
             201 => ReadCommand::GetStreams,
@@ -491,24 +531,19 @@ pub enum ClientRequest<'a> {
         permissions: Vec<StreamPermission>,
     },
     CreateConsumerGroup {
-        stream_id: u32,
-        topic_id: u32,
+        stream: Identifier,
+        topic: Identifier,
         name: String,
     },
     DeleteConsumerGroup {
-        stream_id: u32,
-        topic_id: u32,
-        group_id: u32,
+        group: GroupRef,
     },
+    /// The member is the request's client.
     JoinConsumerGroup {
-        stream_id: u32,
-        topic_id: u32,
-        group_id: u32,
+        group: GroupRef,
     },
     LeaveConsumerGroup {
-        stream_id: u32,
-        topic_id: u32,
-        group_id: u32,
+        group: GroupRef,
     },
     /// Iggy's SendMessages: `metadata_length u32`, then stream and topic Identifiers,
     /// the partitioning and `messages_count u32` (`metadata_length` bytes in all), then
@@ -595,6 +630,19 @@ pub enum ClientRequest<'a> {
     /// Iggy's GetConsumerOffsetRouting: whose offset, where.
     GetConsumerOffsetRouting {
         target: OffsetTarget,
+    },
+    /// Iggy's GetConsumerGroup: empty when there is no such group.
+    GetConsumerGroup {
+        group: GroupRef,
+    },
+    /// Iggy's GetConsumerGroups: a topic's groups.
+    GetConsumerGroups {
+        stream: Identifier,
+        topic: Identifier,
+    },
+    /// Iggy's SyncConsumerGroup: the requesting member's partitions.
+    SyncConsumerGroup {
+        group: GroupRef,
     },
     /// Iggy's AttachConsumerSession: the session a routing reply named.
     AttachConsumerSession {
@@ -698,10 +746,6 @@ fn register(body: &[u8]) -> Result<ClientRequest<'_>, BodyError> {
     })
 }
 
-fn ids(r: &mut Reader<'_>, names: [&'static str; 3]) -> Result<(u32, u32, u32), BodyError> {
-    Ok((r.u32(names[0])?, r.u32(names[1])?, r.u32(names[2])?))
-}
-
 impl<'a> ClientRequest<'a> {
     /// Parses a request body for `operation` (and `read_command` for NonReplicated).
     /// Internal operations are never accepted from a client.
@@ -774,29 +818,16 @@ impl<'a> ClientRequest<'a> {
                 permissions: permissions(&mut r)?,
             },
             O::CreateConsumerGroup => ClientRequest::CreateConsumerGroup {
-                stream_id: r.u32("stream_id")?,
-                topic_id: r.u32("topic_id")?,
+                stream: Identifier::read(&mut r, "stream_id")?,
+                topic: Identifier::read(&mut r, "topic_id")?,
                 name: r.name("name")?,
             },
             O::DeleteConsumerGroup | O::JoinConsumerGroup | O::LeaveConsumerGroup => {
-                let (stream_id, topic_id, group_id) =
-                    ids(&mut r, ["stream_id", "topic_id", "group_id"])?;
+                let group = GroupRef::read(&mut r)?;
                 match operation {
-                    O::DeleteConsumerGroup => ClientRequest::DeleteConsumerGroup {
-                        stream_id,
-                        topic_id,
-                        group_id,
-                    },
-                    O::JoinConsumerGroup => ClientRequest::JoinConsumerGroup {
-                        stream_id,
-                        topic_id,
-                        group_id,
-                    },
-                    _ => ClientRequest::LeaveConsumerGroup {
-                        stream_id,
-                        topic_id,
-                        group_id,
-                    },
+                    O::DeleteConsumerGroup => ClientRequest::DeleteConsumerGroup { group },
+                    O::JoinConsumerGroup => ClientRequest::JoinConsumerGroup { group },
+                    _ => ClientRequest::LeaveConsumerGroup { group },
                 }
             }
             O::SendMessages => {
@@ -878,6 +909,16 @@ impl<'a> ClientRequest<'a> {
                         target: OffsetTarget::read(&mut r)?,
                     }
                 }
+                Some(ReadCommand::GetConsumerGroup) => ClientRequest::GetConsumerGroup {
+                    group: GroupRef::read(&mut r)?,
+                },
+                Some(ReadCommand::GetConsumerGroups) => ClientRequest::GetConsumerGroups {
+                    stream: Identifier::read(&mut r, "stream_id")?,
+                    topic: Identifier::read(&mut r, "topic_id")?,
+                },
+                Some(ReadCommand::SyncConsumerGroup) => ClientRequest::SyncConsumerGroup {
+                    group: GroupRef::read(&mut r)?,
+                },
                 Some(ReadCommand::AttachConsumerSession) => {
                     let low = r.u64("client_id")?;
                     let high = r.u64("client_id")?;
@@ -958,6 +999,9 @@ impl<'a> ClientRequest<'a> {
             R::PollMessages { .. } => read(ReadCommand::PollMessages),
             R::GetConsumerOffset { .. } => read(ReadCommand::GetConsumerOffset),
             R::GetPollRouting { .. } => read(ReadCommand::GetPollRouting),
+            R::GetConsumerGroup { .. } => read(ReadCommand::GetConsumerGroup),
+            R::GetConsumerGroups { .. } => read(ReadCommand::GetConsumerGroups),
+            R::SyncConsumerGroup { .. } => read(ReadCommand::SyncConsumerGroup),
             R::GetConsumerOffsetRouting { .. } => read(ReadCommand::GetConsumerOffsetRouting),
             R::AttachConsumerSession { .. } => read(ReadCommand::AttachConsumerSession),
         }
@@ -1067,30 +1111,22 @@ impl<'a> ClientRequest<'a> {
                 write_permissions(&mut w, permissions);
             }
             R::CreateConsumerGroup {
-                stream_id,
-                topic_id,
+                stream,
+                topic,
                 name,
             } => {
-                w.u32(*stream_id)
-                    .u32(*topic_id)
-                    .short_bytes(name.as_bytes());
+                stream.write(&mut w);
+                topic.write(&mut w);
+                w.short_bytes(name.as_bytes());
             }
-            R::DeleteConsumerGroup {
-                stream_id,
-                topic_id,
-                group_id,
-            }
-            | R::JoinConsumerGroup {
-                stream_id,
-                topic_id,
-                group_id,
-            }
-            | R::LeaveConsumerGroup {
-                stream_id,
-                topic_id,
-                group_id,
-            } => {
-                w.u32(*stream_id).u32(*topic_id).u32(*group_id);
+            R::DeleteConsumerGroup { group }
+            | R::JoinConsumerGroup { group }
+            | R::LeaveConsumerGroup { group }
+            | R::GetConsumerGroup { group }
+            | R::SyncConsumerGroup { group } => group.write(&mut w),
+            R::GetConsumerGroups { stream, topic } => {
+                stream.write(&mut w);
+                topic.write(&mut w);
             }
             R::SendMessages {
                 stream,

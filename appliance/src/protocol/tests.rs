@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 use replication::wire::{Operation, PartitionKey};
 
-use super::request::{ConsumerRef, Identifier, OffsetTarget, Partitioning};
+use super::request::{ConsumerRef, GroupRef, Identifier, OffsetTarget, Partitioning};
 use super::*;
 
 fn key() -> PartitionKey {
@@ -116,24 +116,32 @@ fn samples() -> Vec<ClientRequest<'static>> {
             permissions: vec![perm, perm],
         },
         ClientRequest::CreateConsumerGroup {
-            stream_id: 1,
-            topic_id: 2,
+            stream: Identifier::Id(1),
+            topic: Identifier::Name("t".into()),
             name: "g".into(),
         },
         ClientRequest::DeleteConsumerGroup {
-            stream_id: 1,
-            topic_id: 2,
-            group_id: 5,
+            group: GroupRef::ids(1, 2, 5),
         },
         ClientRequest::JoinConsumerGroup {
-            stream_id: 1,
-            topic_id: 2,
-            group_id: 5,
+            group: GroupRef {
+                stream: Identifier::Name("s".into()),
+                topic: Identifier::Id(2),
+                group: Identifier::Name("readers".into()),
+            },
         },
         ClientRequest::LeaveConsumerGroup {
-            stream_id: 1,
-            topic_id: 2,
-            group_id: 5,
+            group: GroupRef::ids(1, 2, 5),
+        },
+        ClientRequest::GetConsumerGroup {
+            group: GroupRef::ids(1, 2, 5),
+        },
+        ClientRequest::GetConsumerGroups {
+            stream: Identifier::Id(1),
+            topic: Identifier::Id(2),
+        },
+        ClientRequest::SyncConsumerGroup {
+            group: GroupRef::ids(1, 2, 5),
         },
         ClientRequest::SendMessages {
             stream: Identifier::Id(1),

@@ -11,8 +11,11 @@ use serde::{Deserialize, Serialize};
 use super::auth;
 use super::ops::MetadataOp;
 use crate::protocol::options::{self, TopicOptions};
-use crate::protocol::reply::{PartitionReply, StreamReply, TopicDetailsReply, TopicReply};
-use crate::protocol::request::Identifier;
+use crate::protocol::reply::{
+    ConsumerGroupDetailsReply, ConsumerGroupReply, PartitionReply, StreamReply, TopicDetailsReply,
+    TopicReply,
+};
+use crate::protocol::request::{GroupRef, Identifier};
 use crate::protocol::{ClientRequest, Status, StreamPermission};
 
 /// Streams a cluster may hold (stream ids are 20 bits; 0 is unused).
@@ -65,7 +68,53 @@ pub struct Topic {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConsumerGroup {
     pub name: String,
+    /// Client ids, in the order partitions are assigned.
     pub members: BTreeSet<u128>,
+    /// Counts membership changes: a member's assignment holds for one generation.
+    #[serde(default)]
+    pub generation: u64,
+}
+
+impl Topic {
+    /// A new partition count moves partitions between members: every group's
+    /// assignments start a new generation.
+    fn reassign_groups(&mut self) {
+        for group in self.groups.values_mut() {
+            group.generation += 1;
+        }
+    }
+}
+
+impl ConsumerGroup {
+    /// The partitions of a topic of `partitions` that member `index` (in member
+    /// order) reads: every partition p with p mod members = index.
+    pub fn assignment(&self, index: usize, partitions: u32) -> Vec<u32> {
+        let members = self.members.len().max(1) as u32;
+        (0..partitions)
+            .filter(|p| p % members == index as u32)
+            .collect()
+    }
+
+    /// The partitions `client` reads, if it is a member.
+    pub fn assignment_of(&self, client: u128, partitions: u32) -> Option<Vec<u32>> {
+        let index = self.members.iter().position(|m| *m == client)?;
+        Some(self.assignment(index, partitions))
+    }
+
+    /// The group as Iggy's GetConsumerGroup answers it: members numbered from 1.
+    pub fn details(&self, id: u32, partitions: u32) -> ConsumerGroupDetailsReply {
+        ConsumerGroupDetailsReply {
+            group: ConsumerGroupReply {
+                id,
+                partitions_count: partitions,
+                members_count: self.members.len() as u32,
+                name: self.name.clone(),
+            },
+            members: (0..self.members.len())
+                .map(|index| (index as u32 + 1, self.assignment(index, partitions)))
+                .collect(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -278,6 +327,32 @@ impl MetadataState {
         Some((stream_id, topic_id))
     }
 
+    /// Removes `client` from every consumer group it is a member of (each such group
+    /// starts a new generation). Applied with its Logout on every replica alike.
+    pub fn leave_groups(&mut self, client: u128) {
+        let groups = self
+            .streams
+            .values_mut()
+            .flat_map(|s| s.topics.values_mut())
+            .flat_map(|t| t.groups.values_mut());
+        for group in groups {
+            if group.members.remove(&client) {
+                group.generation += 1;
+            }
+        }
+    }
+
+    /// The ids of the consumer group `group` names, if its stream, topic and group exist.
+    pub fn group_id(&self, group: &GroupRef) -> Option<(u32, u32, u32)> {
+        let (stream_id, topic_id) = self.topic_id(&group.stream, &group.topic)?;
+        let groups = &self.streams.get(&stream_id)?.topics.get(&topic_id)?.groups;
+        let group_id = match &group.group {
+            Identifier::Id(id) => groups.contains_key(id).then_some(*id)?,
+            Identifier::Name(name) => *groups.iter().find(|(_, g)| g.name == *name)?.0,
+        };
+        Some((stream_id, topic_id, group_id))
+    }
+
     pub fn prepare(
         &self,
         caller: Caller,
@@ -442,51 +517,46 @@ impl MetadataState {
                 }
             }
             R::CreateConsumerGroup {
-                stream_id,
-                topic_id,
+                stream,
+                topic,
                 name,
             } => {
-                need(*stream_id, Right::Manage)?;
+                let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
+                need(stream_id, Right::Manage)?;
                 MetadataOp::CreateConsumerGroup {
-                    stream_id: *stream_id,
-                    topic_id: *topic_id,
+                    stream_id,
+                    topic_id,
                     name: name.clone(),
                 }
             }
-            R::DeleteConsumerGroup {
-                stream_id,
-                topic_id,
-                group_id,
-            } => {
-                need(*stream_id, Right::Manage)?;
+            R::DeleteConsumerGroup { group } => {
+                let (stream_id, topic_id, group_id) =
+                    self.group_id(group).ok_or(Status::NotFound)?;
+                need(stream_id, Right::Manage)?;
                 MetadataOp::DeleteConsumerGroup {
-                    stream_id: *stream_id,
-                    topic_id: *topic_id,
-                    group_id: *group_id,
+                    stream_id,
+                    topic_id,
+                    group_id,
                 }
             }
-            R::JoinConsumerGroup {
-                stream_id,
-                topic_id,
-                group_id,
-            } => {
-                need(*stream_id, Right::Read)?;
+            R::JoinConsumerGroup { group } => {
+                let (stream_id, topic_id, group_id) =
+                    self.group_id(group).ok_or(Status::NotFound)?;
+                need(stream_id, Right::Read)?;
                 MetadataOp::JoinConsumerGroup {
-                    stream_id: *stream_id,
-                    topic_id: *topic_id,
-                    group_id: *group_id,
+                    stream_id,
+                    topic_id,
+                    group_id,
                 }
             }
-            R::LeaveConsumerGroup {
-                stream_id,
-                topic_id,
-                group_id,
-            } => {
-                need(*stream_id, Right::Read)?;
+            R::LeaveConsumerGroup { group } => {
+                let (stream_id, topic_id, group_id) =
+                    self.group_id(group).ok_or(Status::NotFound)?;
+                need(stream_id, Right::Read)?;
                 MetadataOp::LeaveConsumerGroup {
-                    stream_id: *stream_id,
-                    topic_id: *topic_id,
-                    group_id: *group_id,
+                    stream_id,
+                    topic_id,
+                    group_id,
                 }
             }
             // Sessions, partition-plane writes and reads are not metadata ops.
@@ -632,6 +702,7 @@ impl MetadataState {
                 match topic.partition_count.checked_add(*count) {
                     Some(total) if *count > 0 && total <= PARTITIONS_PER_TOPIC_MAX => {
                         topic.partition_count = total;
+                        topic.reassign_groups();
                         Applied::ok(total.to_le_bytes().to_vec())
                     }
                     _ => Applied::fail(Status::InvalidRequest),
@@ -649,6 +720,7 @@ impl MetadataState {
                     return Applied::fail(Status::InvalidRequest);
                 }
                 topic.partition_count -= count;
+                topic.reassign_groups();
                 let remaining = topic.partition_count;
                 topic.retained_from.retain(|p, _| *p < remaining);
                 Applied::ok(remaining.to_le_bytes().to_vec())
@@ -738,14 +810,14 @@ impl MetadataState {
                 }
                 let id = topic.next_group_id;
                 topic.next_group_id += 1;
-                topic.groups.insert(
-                    id,
-                    ConsumerGroup {
-                        name: name.clone(),
-                        members: BTreeSet::new(),
-                    },
-                );
-                Applied::id(id)
+                let group = ConsumerGroup {
+                    name: name.clone(),
+                    members: BTreeSet::new(),
+                    generation: 0,
+                };
+                let reply = group.details(id, topic.partition_count);
+                topic.groups.insert(id, group);
+                Applied::ok(reply.encode())
             }
             M::DeleteConsumerGroup {
                 stream_id,
@@ -773,7 +845,9 @@ impl MetadataState {
                         if group.members.len() < GROUP_MEMBERS_MAX
                             || group.members.contains(&caller.client) =>
                     {
-                        group.members.insert(caller.client);
+                        if group.members.insert(caller.client) {
+                            group.generation += 1;
+                        }
                         Applied::ok(Vec::new())
                     }
                     Some(_) => Applied::fail(Status::LimitReached),
@@ -788,7 +862,11 @@ impl MetadataState {
                 let removed = self
                     .topic_mut(*stream_id, *topic_id)
                     .and_then(|t| t.groups.get_mut(group_id))
-                    .is_some_and(|group| group.members.remove(&caller.client));
+                    .is_some_and(|group| {
+                        let removed = group.members.remove(&caller.client);
+                        group.generation += u64::from(removed);
+                        removed
+                    });
                 if removed {
                     Applied::ok(Vec::new())
                 } else {

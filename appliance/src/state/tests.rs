@@ -3,8 +3,9 @@
 use proptest::prelude::*;
 use replication::wire::PartitionKey;
 
-use super::metadata::ROOT_USER_ID;
+use super::metadata::{ConsumerGroup, ROOT_USER_ID};
 use super::*;
+use crate::protocol::reply::ConsumerGroupDetailsReply;
 use crate::protocol::request::{Identifier, Retention};
 use crate::protocol::{ClientRequest, Status, StreamPermission};
 
@@ -307,7 +308,9 @@ fn consumer_group_membership_follows_the_client() {
             name: "g".into(),
         },
     );
-    assert_eq!(group.body, 1u32.to_le_bytes().to_vec());
+    let created = ConsumerGroupDetailsReply::decode(&group.body).unwrap();
+    assert_eq!((created.group.id, created.group.name.as_str()), (1, "g"));
+    assert_eq!(created.group.members_count, 0);
     let join = MetadataOp::JoinConsumerGroup {
         stream_id: 1,
         topic_id: 1,
@@ -322,14 +325,50 @@ fn consumer_group_membership_follows_the_client() {
         user_id: ROOT_USER_ID,
         client: 77,
     };
+    let generation = |state: &MetadataState| state.topic(1, 1).unwrap().groups[&1].generation;
     assert_eq!(state.apply(alice, &join).status, Status::Ok);
     assert!(state.topic(1, 1).unwrap().groups[&1].members.contains(&77));
+    assert_eq!(generation(&state), 1);
+    // Joining again changes nothing, not even the generation.
+    assert_eq!(state.apply(alice, &join).status, Status::Ok);
+    assert_eq!(generation(&state), 1);
     assert_eq!(
         state.apply(ROOT, &leave).status,
         Status::NotFound,
         "client 1 never joined"
     );
+    assert_eq!(generation(&state), 1);
     assert_eq!(state.apply(alice, &leave).status, Status::Ok);
+    assert_eq!(generation(&state), 2);
+    // A client's logout takes it out of its groups.
+    assert_eq!(state.apply(alice, &join).status, Status::Ok);
+    state.leave_groups(77);
+    assert!(state.topic(1, 1).unwrap().groups[&1].members.is_empty());
+    assert_eq!(generation(&state), 4);
+    state.leave_groups(77);
+    assert_eq!(generation(&state), 4, "nothing to leave");
+}
+
+#[test]
+fn a_groups_members_share_its_partitions_and_resolve_by_name() {
+    let mut group = ConsumerGroup {
+        name: "g".into(),
+        members: [30u128, 10, 20].into_iter().collect(),
+        generation: 0,
+    };
+    // Members in client id order; partition p goes to member p mod 3.
+    assert_eq!(group.assignment_of(10, 7), Some(vec![0, 3, 6]));
+    assert_eq!(group.assignment_of(20, 7), Some(vec![1, 4]));
+    assert_eq!(group.assignment_of(30, 7), Some(vec![2, 5]));
+    assert_eq!(group.assignment_of(40, 7), None);
+    let details = group.details(5, 7);
+    assert_eq!(
+        details.members,
+        vec![(1, vec![0, 3, 6]), (2, vec![1, 4]), (3, vec![2, 5])]
+    );
+    // More members than partitions: the last hold none.
+    group.members.extend([40, 50, 60, 70, 80]);
+    assert_eq!(group.assignment_of(80, 7), Some(vec![]));
 }
 
 proptest! {

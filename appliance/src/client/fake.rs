@@ -744,14 +744,15 @@ fn read(s: &mut FakeState, request: &ClientRequest<'_>) -> Answer {
             let mut batches = Vec::new();
             let mut served = 0;
             for stored in &p.batches {
+                let damaged;
                 let stored = match corrupt {
                     Some(at)
                         if batch::verify(stored)
                             .is_ok_and(|i| at >= i.base_offset && at < i.next_offset()) =>
                     {
                         // Served as the damaged bytes a bad disk would return.
-                        batches.extend_from_slice(&corrupted(stored, at));
-                        continue;
+                        damaged = corrupted(stored, at);
+                        &damaged
                     }
                     _ => stored,
                 };

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::*;
 use iggy::prelude::{
-    Client as _, Identifier, IggyMessage, MessageClient, Partitioning, StreamClient, TopicClient,
+    Client as _, Identifier, MessageClient, Partitioning, StreamClient, TopicClient,
     TopicCreateOptions, UserClient,
 };
 use sdk::*;
@@ -73,14 +73,7 @@ fn sdk_produce(files: &ClusterFiles, measured: Duration) -> Figures {
                     let payload = Bytes::from(vec![b'x'; SIZE]);
                     let (mut sent, mut latencies) = (0u64, Vec::new());
                     while start.elapsed() < WARMUP + measured {
-                        let mut batch: Vec<IggyMessage> = (0..BATCH)
-                            .map(|_| {
-                                IggyMessage::builder()
-                                    .payload(payload.clone())
-                                    .build()
-                                    .expect("message")
-                            })
-                            .collect();
+                        let mut batch = repeated(&payload, BATCH);
                         let at = Instant::now();
                         client
                             .send_messages(&stream, &topic, &partitioning, &mut batch)

@@ -18,8 +18,8 @@ use futures_lite::StreamExt;
 use iggy::prelude::{
     AutoCommit, Consumer, ConsumerGroupClient, ConsumerOffsetClient, HeaderKey, HeaderValue,
     Identifier, IggyClient, IggyDuration, IggyError, IggyMessage, IggyTimestamp, MessageClient,
-    NonZeroIggyDuration, Partitioning, PolledMessages, PollingStrategy, StreamClient, TopicClient,
-    TopicCreateOptions, UserClient,
+    NonZeroIggyDuration, Partitioning, PolledMessages, PollingStrategy, SegmentClient,
+    StreamClient, TopicClient, TopicCreateOptions, UserClient,
 };
 use replication::wire::batch::{BatchBuilder, NewMessage};
 use sdk::*;
@@ -722,5 +722,54 @@ fn the_sdk_manages_consumer_groups_and_their_members_share_the_partitions() {
             .await
             .expect("get deleted group");
         assert!(gone.is_none());
+    });
+}
+
+#[test]
+fn the_sdk_deletes_a_partitions_oldest_segments() {
+    let files = ClusterFiles::new(1);
+    let mut daemon = Daemon::start(&files, 0);
+    wait_healthy(&files, &mut daemon, Duration::from_secs(60));
+    runtime().block_on(async {
+        let client = root_client(&files, 0).await;
+        orders_topic(&client).await;
+        let stream_id = Identifier::named("orders").expect("name");
+        let topic_id = Identifier::named("eu").expect("name");
+        // 3.2 MiB over the test nodes' 1 MiB segments.
+        let payload = Bytes::from(vec![7u8; 1024]);
+        for _ in 0..8 {
+            let mut batch = repeated(&payload, 400);
+            client
+                .send_messages(
+                    &stream_id,
+                    &topic_id,
+                    &Partitioning::partition_id(0),
+                    &mut batch,
+                )
+                .await
+                .expect("send");
+        }
+        let reader = Consumer::new(Identifier::numeric(1).expect("id"));
+        let first = poll(&client, 0, &reader, PollingStrategy::first(), 1, false).await;
+        assert_eq!(first.messages[0].header.offset, 0);
+        client
+            .delete_segments(&stream_id, &topic_id, 0, 1)
+            .await
+            .expect("delete the oldest segment");
+        let first = poll(&client, 0, &reader, PollingStrategy::first(), 1, false).await;
+        let retained = first.messages[0].header.offset;
+        assert!(
+            retained > 0 && retained < 3200,
+            "first retained offset {retained}"
+        );
+        // Polls below it start there; the rest of the partition is intact.
+        let polled = poll(&client, 0, &reader, PollingStrategy::offset(0), 5, false).await;
+        assert_eq!(polled.messages[0].header.offset, retained);
+        let last = poll(&client, 0, &reader, PollingStrategy::last(), 1, false).await;
+        assert_eq!(last.messages[0].header.offset, 3199);
+        let missing = client
+            .delete_segments(&stream_id, &topic_id, PARTITIONS, 1)
+            .await;
+        assert!(missing.is_err(), "{missing:?}");
     });
 }

@@ -177,7 +177,9 @@ impl Client {
     ) -> Result<(), ClientError> {
         group_of(partition)?;
         self.metadata_empty(ClientRequest::DeleteSegments {
-            partition,
+            stream: Identifier::Id(partition.stream),
+            topic: Identifier::Id(partition.topic),
+            partition: partition.partition,
             segments,
         })
     }

@@ -565,9 +565,12 @@ pub enum ClientRequest<'a> {
     DeleteConsumerOffset {
         target: OffsetTarget,
     },
-    /// Delete the oldest `segments` sealed segments of a partition.
+    /// Delete the oldest `segments` sealed segments of a partition (Iggy's
+    /// DeleteSegments: stream and topic identifiers, partition id u32, segments u32).
     DeleteSegments {
-        partition: PartitionKey,
+        stream: Identifier,
+        topic: Identifier,
+        partition: u32,
         segments: u32,
     },
     /// Authenticates the connection (Iggy's LoginUser); the session goes on.
@@ -650,19 +653,6 @@ pub enum ClientRequest<'a> {
         session: u64,
         metadata_watermark: u64,
     },
-}
-
-fn partition(r: &mut Reader<'_>) -> Result<PartitionKey, BodyError> {
-    let key = PartitionKey {
-        stream: r.u32("stream_id")?,
-        topic: r.u32("topic_id")?,
-        partition: r.u32("partition_id")?,
-    };
-    key.pack().map_err(|_| BodyError::Invalid {
-        field: "partition",
-        rule: "stream/topic/partition must fit 20/12/20 bits and not all be 0",
-    })?;
-    Ok(key)
 }
 
 /// Reads a permission list (`count u32`, then `stream_id u32, bits u8` per entry): the
@@ -858,7 +848,9 @@ impl<'a> ClientRequest<'a> {
                 ClientRequest::DeleteConsumerOffset { target }
             }
             O::DeleteSegments => ClientRequest::DeleteSegments {
-                partition: partition(&mut r)?,
+                stream: Identifier::read(&mut r, "stream_id")?,
+                topic: Identifier::read(&mut r, "topic_id")?,
+                partition: r.u32("partition_id")?,
                 segments: r.u32("segments")?,
             },
             O::NonReplicated => match ReadCommand::from_u32(read_command) {
@@ -1011,9 +1003,6 @@ impl<'a> ClientRequest<'a> {
     pub fn encode(&self) -> Vec<u8> {
         use ClientRequest as R;
         let mut w = Writer::default();
-        let part = |w: &mut Writer, p: &PartitionKey| {
-            w.u32(p.stream).u32(p.topic).u32(p.partition);
-        };
         match self {
             R::Logout
             | R::ClusterMetadata
@@ -1153,11 +1142,14 @@ impl<'a> ClientRequest<'a> {
             }
             R::GetConsumerOffset { target } => target.write(&mut w),
             R::DeleteSegments {
+                stream,
+                topic,
                 partition,
                 segments,
             } => {
-                part(&mut w, partition);
-                w.u32(*segments);
+                stream.write(&mut w);
+                topic.write(&mut w);
+                w.u32(*partition).u32(*segments);
             }
             R::Login {
                 username,

@@ -181,7 +181,9 @@ fn samples() -> Vec<ClientRequest<'static>> {
             target: OffsetTarget::of(key(), Consumer::Single(6)),
         },
         ClientRequest::DeleteSegments {
-            partition: key(),
+            stream: Identifier::Name("s".into()),
+            topic: Identifier::Id(2),
+            partition: 3,
             segments: 2,
         },
         ClientRequest::Login {
@@ -307,11 +309,12 @@ fn field_ranges_are_enforced() {
         ClientRequest::decode(Operation::CreateStream, 0, &[2, 0xff, 0xfe]),
         Err(BodyError::NotUtf8 { field: "name" })
     );
-    // A partition key that does not fit 20 bits of stream.
-    let mut body = Vec::new();
-    body.extend_from_slice(&(1u32 << 20).to_le_bytes());
-    body.extend_from_slice(&[0; 8]);
-    body.extend_from_slice(&1u32.to_le_bytes());
+    // An identifier of an unknown kind, and a numeric one of the wrong length.
+    let mut body = vec![3, 4];
+    body.extend_from_slice(&[0; 12]);
+    assert!(ClientRequest::decode(Operation::DeleteSegments, 0, &body).is_err());
+    body[0] = 1;
+    body[1] = 2;
     assert!(ClientRequest::decode(Operation::DeleteSegments, 0, &body).is_err());
     // Too many permissions.
     let mut body = 7u32.to_le_bytes().to_vec();

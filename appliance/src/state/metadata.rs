@@ -437,7 +437,18 @@ impl MetadataState {
                     count: *count,
                 }
             }
-            R::DeleteSegments { partition, .. } => {
+            R::DeleteSegments {
+                stream,
+                topic,
+                partition,
+                ..
+            } => {
+                let (stream, topic) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
+                let partition = &PartitionKey {
+                    stream,
+                    topic,
+                    partition: *partition,
+                };
                 need(partition.stream, Right::Manage)?;
                 // The node resolves the segment count to an offset from its own
                 // segments (daemon/retention.rs) before it prepares this.

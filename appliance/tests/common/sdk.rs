@@ -2,7 +2,7 @@
 
 #![allow(dead_code)]
 
-use iggy::prelude::{Client as _, IggyClient, UserClient};
+use iggy::prelude::{Client as _, IggyClient, IggyMessage, UserClient};
 
 use super::{ClusterFiles, ROOT_PASSWORD};
 
@@ -32,4 +32,16 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .expect("runtime")
+}
+
+/// `count` messages that all carry `payload` (shared, not copied).
+pub fn repeated(payload: &bytes::Bytes, count: u32) -> Vec<IggyMessage> {
+    (0..count)
+        .map(|_| {
+            IggyMessage::builder()
+                .payload(payload.clone())
+                .build()
+                .expect("message")
+        })
+        .collect()
 }

@@ -293,13 +293,7 @@ impl Node {
                 }
                 match self.send_partition(stream, topic, partitioning) {
                     Ok(key) => self.partition_request(connection, &header, user, key, batch),
-                    Err(status) if self.metadata_authoritative() => {
-                        self.answer(connection, &header, status, &[])
-                    }
-                    Err(_) => {
-                        self.reject("metadata_behind");
-                        self.answer(connection, &header, Status::Unavailable, &[])
-                    }
+                    Err(status) => self.answer_unresolved(connection, &header, status),
                 }
             }
             ClientRequest::StoreConsumerOffset { target, .. }
@@ -313,11 +307,7 @@ impl Node {
                         let prepare = Node::offset_prepare_body(consumer, offset);
                         self.partition_request(connection, &header, user, key, &prepare);
                     }
-                    Err(Status::NotFound) if !self.metadata_authoritative() => {
-                        self.reject("metadata_behind");
-                        self.answer(connection, &header, Status::Unavailable, &[]);
-                    }
-                    Err(status) => self.answer(connection, &header, status, &[]),
+                    Err(status) => self.answer_unresolved(connection, &header, status),
                 }
             }
             ClientRequest::Logout => {
@@ -624,16 +614,7 @@ impl Node {
             return self.answer(connection, header, Status::Unavailable, &[]);
         }
         if self.groups.get(group).is_none() {
-            // Unknown here: gone, or created by metadata this node has not applied yet.
-            // A backup cannot tell (the create may not even have reached it: a quorum
-            // acknowledged it without this node), so only the metadata primary, which
-            // committed every acknowledged create, answers NotFound; elsewhere the
-            // client is told to retry, and its next node may be the primary.
-            if !self.metadata_authoritative() {
-                self.reject("metadata_behind");
-                return self.answer(connection, header, Status::Unavailable, &[]);
-            }
-            return self.answer(connection, header, Status::NotFound, &[]);
+            return self.answer_unresolved(connection, header, Status::NotFound);
         }
         let Some(replica) = self.groups.get_mut(group) else {
             return self.answer(connection, header, Status::NotFound, &[]);
@@ -680,6 +661,29 @@ impl Node {
             RequestOutcome::Stale => self.answer(connection, header, Status::StaleRequest, &[]),
             RequestOutcome::Rejected => self.invalid(connection, header, "request_rejected"),
         }
+    }
+
+    /// Whether this node's NotFound is final: only the metadata primary, which
+    /// committed every acknowledged create, knows a stream, topic or partition is gone
+    /// (elsewhere the create may not have arrived yet).
+    fn metadata_authoritative(&self) -> bool {
+        self.metadata().is_some_and(|m| {
+            m.is_primary() && m.status() == replication::vsr::Status::Normal && m.op() == m.commit()
+        })
+    }
+
+    /// Answers a write refused with `status` before it reached a group. A NotFound is
+    /// for a stream, topic, partition or group unknown here: gone, or created by
+    /// metadata this node has not applied yet. A backup cannot tell (the create may not
+    /// even have reached it: a quorum acknowledged it without this node), so only the
+    /// metadata primary, which committed every acknowledged create, answers NotFound;
+    /// elsewhere the client is told to retry, and its next node may be the primary.
+    fn answer_unresolved(&mut self, connection: ClientId, header: &RequestHeader, status: Status) {
+        if status == Status::NotFound && !self.metadata_authoritative() {
+            self.reject("metadata_behind");
+            return self.answer(connection, header, Status::Unavailable, &[]);
+        }
+        self.answer(connection, header, status, &[]);
     }
 
     /// The NotPrimary reply body: the primary's id and client address.

@@ -30,30 +30,24 @@ impl Node {
         let (stream_id, topic_id) = self.state.topic_id(stream, topic).ok_or(Status::NotFound)?;
         let partitions = self
             .state
-            .streams
-            .get(&stream_id)
-            .and_then(|s| s.topics.get(&topic_id))
+            .topic(stream_id, topic_id)
             .map_or(0, |t| t.partition_count);
-        if self.balanced.len() >= BALANCED_TOPICS_MAX {
-            self.balanced.clear();
-        }
-        let next = self.balanced.entry((stream_id, topic_id)).or_insert(0);
+        let balanced = &mut self.balanced;
+        let next_balanced = || {
+            if balanced.len() >= BALANCED_TOPICS_MAX {
+                balanced.clear();
+            }
+            let next = balanced.entry((stream_id, topic_id)).or_insert(0);
+            *next = next.wrapping_add(1);
+            *next - 1
+        };
         let partition = partitioning
-            .pick(partitions, next)
+            .pick(partitions, next_balanced)
             .ok_or(Status::NotFound)?;
         Ok(PartitionKey {
             stream: stream_id,
             topic: topic_id,
             partition,
-        })
-    }
-
-    /// Whether this node's NotFound is final: only the metadata primary, which
-    /// committed every acknowledged create, knows a stream, topic or partition is gone
-    /// (elsewhere the create may not have arrived yet).
-    pub(super) fn metadata_authoritative(&self) -> bool {
-        self.metadata().is_some_and(|m| {
-            m.is_primary() && m.status() == replication::vsr::Status::Normal && m.op() == m.commit()
         })
     }
 
@@ -204,12 +198,7 @@ impl Node {
     /// The offset key of a consumer; a group named by name is looked up in the topic.
     fn consumer_key(&self, consumer: &ConsumerRef, key: PartitionKey) -> Option<Consumer> {
         if let ConsumerRef::Group(Identifier::Name(name)) = consumer {
-            let topic = self
-                .state
-                .streams
-                .get(&key.stream)?
-                .topics
-                .get(&key.topic)?;
+            let topic = self.state.topic(key.stream, key.topic)?;
             return topic
                 .groups
                 .iter()

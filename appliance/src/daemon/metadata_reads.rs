@@ -12,7 +12,6 @@ use crate::protocol::reply::{
 };
 use crate::protocol::request::{GroupRef, Identifier};
 use crate::protocol::{ClientRequest, Status};
-use crate::state::metadata::Topic;
 use crate::state::Right;
 
 impl Node {
@@ -71,7 +70,7 @@ impl Node {
                 if !readable(stream_id) {
                     return (Status::PermissionDenied, Vec::new());
                 }
-                let topic = self.topic(stream_id, topic_id);
+                let topic = self.state.topic(stream_id, topic_id);
                 match topic.and_then(|t| Some((t, t.groups.get(&group_id)?))) {
                     Some((topic, g)) => (
                         Status::Ok,
@@ -88,6 +87,7 @@ impl Node {
                     return (Status::PermissionDenied, Vec::new());
                 }
                 let groups: Vec<ConsumerGroupReply> = self
+                    .state
                     .topic(stream_id, topic_id)
                     .map(|topic| {
                         topic
@@ -153,7 +153,7 @@ impl Node {
 
     /// Iggy's topic header, its sizes as this node stores them.
     fn topic_reply(&self, stream_id: u32, topic_id: u32) -> Option<TopicReply> {
-        let topic = self.state.streams.get(&stream_id)?.topics.get(&topic_id)?;
+        let topic = self.state.topic(stream_id, topic_id)?;
         let (size_bytes, messages_count) = self.topic_sizes(stream_id, topic_id);
         Some(TopicReply {
             id: topic_id,
@@ -234,10 +234,6 @@ impl Node {
         }
     }
 
-    fn topic(&self, stream_id: u32, topic_id: u32) -> Option<&Topic> {
-        self.state.streams.get(&stream_id)?.topics.get(&topic_id)
-    }
-
     /// Iggy's SyncConsumerGroup for `client`: the group's generation and the client's
     /// partitions; an empty body when the client is not a member.
     pub(super) fn group_assignment(
@@ -253,6 +249,7 @@ impl Node {
             return (Status::PermissionDenied, Vec::new());
         }
         let found = self
+            .state
             .topic(stream_id, topic_id)
             .and_then(|t| Some((t, t.groups.get(&group_id)?)));
         let Some((topic, group)) = found else {

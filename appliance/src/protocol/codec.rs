@@ -84,6 +84,13 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(word))
     }
 
+    pub fn u128(&mut self, field: &'static str) -> Result<u128, BodyError> {
+        let b = self.take(16, field)?;
+        let mut word = [0u8; 16];
+        word.copy_from_slice(b);
+        Ok(u128::from_le_bytes(word))
+    }
+
     /// A string: u8 length, then UTF-8 bytes; empty strings are refused.
     pub fn name(&mut self, field: &'static str) -> Result<String, BodyError> {
         let len = usize::from(self.u8(field)?);
@@ -199,6 +206,11 @@ impl Writer {
     }
 
     pub fn u64(&mut self, v: u64) -> &mut Writer {
+        self.bytes.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
+    pub fn u128(&mut self, v: u128) -> &mut Writer {
         self.bytes.extend_from_slice(&v.to_le_bytes());
         self
     }

@@ -413,8 +413,7 @@ pub struct PollRoutingReply {
 impl PollRoutingReply {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
-        w.u64(self.client as u64)
-            .u64((self.client >> 64) as u64)
+        w.u128(self.client)
             .u64(self.session)
             .u64(self.metadata_watermark);
         self.primary.write(&mut w);
@@ -423,10 +422,8 @@ impl PollRoutingReply {
 
     pub fn decode(body: &[u8]) -> Result<PollRoutingReply, BodyError> {
         decode_all(body, |r| {
-            let low = r.u64("client")?;
-            let high = r.u64("client")?;
             Ok(PollRoutingReply {
-                client: u128::from(high) << 64 | u128::from(low),
+                client: r.u128("client")?,
                 session: r.u64("session")?,
                 metadata_watermark: r.u64("metadata_watermark")?,
                 primary: ClusterNode::read(r)?,

@@ -312,18 +312,15 @@ impl<'a> Partitioning<'a> {
         }
     }
 
-    /// The partition of a topic of `partitions` partitions this picks; `next_balanced`
-    /// is the topic's round-robin counter. None for an empty topic.
-    pub fn pick(&self, partitions: u32, next_balanced: &mut u32) -> Option<u32> {
+    /// The partition of a topic of `partitions` partitions this picks; a Balanced pick
+    /// takes the next value of the topic's round-robin counter from `next_balanced`
+    /// (called only for Balanced). None for an empty topic.
+    pub fn pick(&self, partitions: u32, next_balanced: impl FnOnce() -> u32) -> Option<u32> {
         if partitions == 0 {
             return None;
         }
         Some(match self {
-            Partitioning::Balanced => {
-                let picked = *next_balanced % partitions;
-                *next_balanced = next_balanced.wrapping_add(1);
-                picked
-            }
+            Partitioning::Balanced => next_balanced() % partitions,
             Partitioning::PartitionId(id) => *id,
             Partitioning::MessagesKey(key) => xxhash_rust::xxh32::xxh32(key, 0) % partitions,
         })
@@ -911,15 +908,11 @@ impl<'a> ClientRequest<'a> {
                 Some(ReadCommand::SyncConsumerGroup) => ClientRequest::SyncConsumerGroup {
                     group: GroupRef::read(&mut r)?,
                 },
-                Some(ReadCommand::AttachConsumerSession) => {
-                    let low = r.u64("client_id")?;
-                    let high = r.u64("client_id")?;
-                    ClientRequest::AttachConsumerSession {
-                        client: u128::from(high) << 64 | u128::from(low),
-                        session: r.u64("session")?,
-                        metadata_watermark: r.u64("metadata_watermark")?,
-                    }
-                }
+                Some(ReadCommand::AttachConsumerSession) => ClientRequest::AttachConsumerSession {
+                    client: r.u128("client_id")?,
+                    session: r.u64("session")?,
+                    metadata_watermark: r.u64("metadata_watermark")?,
+                },
                 Some(ReadCommand::GetConsumerOffset) => ClientRequest::GetConsumerOffset {
                     target: OffsetTarget::read(&mut r)?,
                 },
@@ -1184,10 +1177,7 @@ impl<'a> ClientRequest<'a> {
                 session,
                 metadata_watermark,
             } => {
-                w.u64(*client as u64)
-                    .u64((*client >> 64) as u64)
-                    .u64(*session)
-                    .u64(*metadata_watermark);
+                w.u128(*client).u64(*session).u64(*metadata_watermark);
             }
         }
         w.finish()

@@ -310,9 +310,13 @@ pub(crate) async fn run_replica_link(
 pub(crate) async fn run_client_link(
     inner: Rc<Inner>,
     stream: SharedStream,
+    remote: Option<std::net::SocketAddr>,
     mut reader: FrameReader,
 ) {
     let client = ClientId(inner.next_client.get());
+    if let Some(remote) = remote {
+        inner.client_remotes.borrow_mut().insert(client, remote);
+    }
     inner.next_client.set(client.0 + 1);
     let link = Rc::new(Link::new(
         inner.next_link_id(),
@@ -395,5 +399,6 @@ pub(crate) async fn run_client_link(
     inner.pool.put(buf);
     link.kill();
     inner.clients.borrow_mut().remove(&client);
+    inner.client_remotes.borrow_mut().remove(&client);
     inner.handler.on_client_closed(client);
 }

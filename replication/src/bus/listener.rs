@@ -158,8 +158,9 @@ pub(crate) async fn client_accept_loop(inner: Rc<Inner>, listener: TcpListener) 
         let inner = inner.clone();
         glommio::spawn_local(async move {
             let _ = tcp.set_nodelay(true);
+            let remote = tcp.peer_addr().ok();
             let stream: SharedStream = Rc::new(RefCell::new(Stream::Plain(Tcp(tcp))));
-            run_client_link(inner, stream, FrameReader::new(CLIENT_STAGE_SIZE)).await;
+            run_client_link(inner, stream, remote, FrameReader::new(CLIENT_STAGE_SIZE)).await;
             drop(slot);
         })
         .detach();

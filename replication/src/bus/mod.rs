@@ -269,6 +269,8 @@ pub(crate) struct Inner {
     /// Established link per replica id (None for self and disconnected peers).
     peers: Vec<RefCell<Option<Rc<Link>>>>,
     clients: RefCell<HashMap<ClientId, Rc<Link>>>,
+    /// The address each open client connection comes from.
+    client_remotes: RefCell<HashMap<ClientId, std::net::SocketAddr>>,
     next_client: Cell<u64>,
     next_link: Cell<u64>,
     handshakes_in_flight: Cell<usize>,
@@ -386,6 +388,7 @@ impl Bus {
             pool: BufPool::default(),
             peers: (0..replica_count).map(|_| RefCell::new(None)).collect(),
             clients: RefCell::new(HashMap::new()),
+            client_remotes: RefCell::new(HashMap::new()),
             next_client: Cell::new(1),
             next_link: Cell::new(1),
             handshakes_in_flight: Cell::new(0),
@@ -444,6 +447,16 @@ impl Bus {
     }
 
     /// Whether an established link to `replica` exists.
+    /// The address an open client connection comes from.
+    pub fn client_address(&self, client: ClientId) -> Option<std::net::SocketAddr> {
+        self.inner.client_remotes.borrow().get(&client).copied()
+    }
+
+    /// Open client connections.
+    pub fn client_count(&self) -> usize {
+        self.inner.clients.borrow().len()
+    }
+
     pub fn is_connected(&self, replica: u8) -> bool {
         self.link(replica).is_some()
     }

@@ -373,18 +373,12 @@ fn send_body_by(stream: u32, topic: u32, partitioning: NodePartitioning<'_>) -> 
 }
 
 /// Every node of `files` started and healthy, the metadata group with a primary.
-fn cluster(files: &ClusterFiles) -> Vec<Daemon> {
-    let mut daemons: Vec<Daemon> = (0..files.ports.len())
-        .map(|r| Daemon::start(files, r))
-        .collect();
-    for daemon in &mut daemons {
-        wait_healthy(files, daemon, Duration::from_secs(60));
-    }
-    daemons
-}
-
-/// The nodes and each group's primary, as the client library reads them.
-fn cluster_metadata(files: &ClusterFiles) -> appliance::protocol::reply::ClusterMetadataReply {
+/// The nodes and each group's primary, as the client library reads them, once the answering node lists `partitions` partition groups
+/// (a node may not have applied a topic just created).
+fn cluster_metadata(
+    files: &ClusterFiles,
+    partitions: usize,
+) -> appliance::protocol::reply::ClusterMetadataReply {
     let addrs: Vec<_> = (0..files.ports.len())
         .map(|r| files.client_addr(r))
         .collect();
@@ -394,7 +388,19 @@ fn cluster_metadata(files: &ClusterFiles) -> appliance::protocol::reply::Cluster
     library
         .login("root", ROOT_PASSWORD.as_bytes())
         .expect("login");
-    library.cluster_metadata().expect("cluster metadata")
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let metadata = library.cluster_metadata().expect("cluster metadata");
+        let listed = metadata
+            .groups
+            .iter()
+            .filter(|g| g.group != replication::wire::METADATA_GROUP)
+            .count();
+        if listed >= partitions || std::time::Instant::now() > deadline {
+            return metadata;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]
@@ -409,7 +415,7 @@ fn on_three_nodes_the_sdk_routes_auto_commit_polls_and_offsets_to_each_primary()
         let topic_id = Identifier::named("eu").expect("name");
         // The partitions' primaries are spread over the nodes: sends, routed polls and
         // offset writes reach each of them.
-        let metadata = cluster_metadata(&files);
+        let metadata = cluster_metadata(&files, PARTITIONS as usize);
         let mut primaries: Vec<u8> = metadata
             .groups
             .iter()
@@ -502,7 +508,6 @@ fn the_sdks_producer_and_consumer_keep_every_acknowledged_message_across_a_prima
         let client = root_client(&files, 0).await;
         orders_topic(&client).await;
         // The node that leads partition 0 is killed mid-produce.
-        let metadata = cluster_metadata(&files);
         let partition_group = replication::wire::PartitionKey {
             stream: 1,
             topic: 1,
@@ -510,7 +515,7 @@ fn the_sdks_producer_and_consumer_keep_every_acknowledged_message_across_a_prima
         }
         .pack()
         .expect("group");
-        let victim = metadata
+        let victim = cluster_metadata(&files, PARTITIONS as usize)
             .groups
             .iter()
             .find(|g| g.group == partition_group)

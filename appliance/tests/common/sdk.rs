@@ -4,7 +4,7 @@
 
 use iggy::prelude::{Client as _, IggyClient, IggyMessage, UserClient};
 
-use super::{ClusterFiles, ROOT_PASSWORD};
+use super::{wait_healthy, ClusterFiles, Daemon, ROOT_PASSWORD};
 
 /// A client of the SDK for a node's client port (no automatic sign-in).
 pub fn node_client(files: &ClusterFiles, replica: usize) -> IggyClient {
@@ -24,6 +24,17 @@ pub async fn root_client(files: &ClusterFiles, replica: usize) -> IggyClient {
         .await
         .expect("login");
     client
+}
+
+/// Every node of `files` started, each healthy.
+pub fn cluster(files: &ClusterFiles) -> Vec<Daemon> {
+    let mut daemons: Vec<Daemon> = (0..files.ports.len())
+        .map(|r| Daemon::start(files, r))
+        .collect();
+    for daemon in &mut daemons {
+        wait_healthy(files, daemon, std::time::Duration::from_secs(60));
+    }
+    daemons
 }
 
 pub fn runtime() -> tokio::runtime::Runtime {

@@ -51,7 +51,12 @@ fn the_sdk_connects_pings_logs_in_and_out() {
 
         // A command the appliance does not serve gets an answer, not a dropped
         // connection: FeatureUnavailable.
-        let unsupported = client.get_me().await;
+        let unsupported = client
+            .snapshot(
+                iggy::prelude::SnapshotCompression::Stored,
+                vec![iggy::prelude::SystemSnapshotType::Test],
+            )
+            .await;
         assert!(
             matches!(unsupported, Err(IggyError::FeatureUnavailable)),
             "{unsupported:?}"
@@ -65,6 +70,13 @@ fn the_sdk_connects_pings_logs_in_and_out() {
             .expect("a second login on the same client");
         client.logout_user().await.expect("second logout");
     });
+    // Every command code the appliance does not serve gets FeatureUnavailable (the
+    // SDK's "feature unavailable"), body and all: snapshot, describe options, flush.
+    let mut raw = logged_in(&files, 0x5e);
+    for code in [11, 13, 102] {
+        let reply = raw.read(code, &[1, 2, 3]).expect("read");
+        assert_eq!(reply.status(), Status::FeatureUnavailable, "code {code}");
+    }
     // The refusals are counted.
     assert_eq!(rejected(&files, 0, "login_failed", 1), 1);
     assert!(rejected(&files, 0, "command_unsupported", 1) >= 1);
@@ -75,10 +87,7 @@ fn the_sdk_connects_pings_logs_in_and_out() {
 fn the_sdk_finds_the_leader_of_a_three_node_cluster_and_moves_to_it() {
     const NODES: usize = 3;
     let files = ClusterFiles::new(NODES);
-    let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
-    for daemon in &mut daemons {
-        wait_healthy(&files, daemon, Duration::from_secs(60));
-    }
+    let mut daemons = cluster(&files);
     runtime().block_on(async {
         // Every node answers with the same roster: each node's client address, one
         // leader, every node reachable (once the links are up).
@@ -153,17 +162,28 @@ fn the_sdk_creates_lists_gets_and_deletes_streams() {
             matches!(duplicate, Err(IggyError::StreamNameAlreadyExists(_))),
             "{duplicate:?}"
         );
-        let unsupported = client
+        client
             .update_stream(
                 &Identifier::numeric(created.id).expect("id"),
                 "renamed",
                 &Default::default(),
             )
-            .await;
-        assert!(
-            matches!(unsupported, Err(IggyError::FeatureUnavailable)),
-            "{unsupported:?}"
-        );
+            .await
+            .expect("rename");
+        let renamed = client
+            .get_stream(&Identifier::named("renamed").expect("name"))
+            .await
+            .expect("get stream")
+            .expect("found by its new name");
+        assert_eq!(renamed.id, created.id);
+        client
+            .update_stream(
+                &Identifier::named("renamed").expect("name"),
+                "orders",
+                &Default::default(),
+            )
+            .await
+            .expect("rename back");
         created.id
     });
     let topic = library

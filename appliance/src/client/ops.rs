@@ -17,6 +17,7 @@ use crate::protocol::reply::{
 use crate::protocol::request::{
     GroupRef, Identifier, OffsetTarget, Partitioning, PERMISSIONS_MAX, POLL_COUNT_MAX,
 };
+use crate::protocol::users::{UserDetailsReply, USER_ACTIVE};
 use crate::protocol::{ClientRequest, Consumer, PollStrategy, Retention, Status, StreamPermission};
 
 fn group_of(partition: PartitionKey) -> Result<u64, ClientError> {
@@ -184,7 +185,7 @@ impl Client {
         })
     }
 
-    /// Creates a user; returns its id.
+    /// Creates an active user; returns its id.
     pub fn create_user(
         &mut self,
         username: &str,
@@ -194,28 +195,37 @@ impl Client {
         short("username", username.as_bytes())?;
         short("password", password)?;
         permissions(permissions_list)?;
-        self.metadata_id(
-            ClientRequest::CreateUser {
-                username: username.into(),
-                password: password.to_vec(),
-                permissions: permissions_list.to_vec(),
-            },
-            "CreateUser",
-        )
+        let request = ClientRequest::CreateUser {
+            username: username.into(),
+            password: password.to_vec(),
+            status: USER_ACTIVE,
+            permissions: permissions_list.to_vec(),
+            options: Vec::new(),
+        };
+        let body = self.call(METADATA_GROUP, &request)?;
+        UserDetailsReply::decode(&body)
+            .map(|r| r.user.id)
+            .map_err(|e| ClientError::body(server_of(self, METADATA_GROUP), "CreateUser", e))
     }
 
     pub fn delete_user(&mut self, user_id: u32) -> Result<(), ClientError> {
-        self.metadata_empty(ClientRequest::DeleteUser { user_id })
+        self.metadata_empty(ClientRequest::DeleteUser {
+            user: Identifier::Id(user_id),
+        })
     }
 
+    /// Changes a user's password; `current_password` must be its password now.
     pub fn change_password(
         &mut self,
         user_id: u32,
+        current_password: &[u8],
         new_password: &[u8],
     ) -> Result<(), ClientError> {
+        short("current password", current_password)?;
         short("new password", new_password)?;
         self.metadata_empty(ClientRequest::ChangePassword {
-            user_id,
+            user: Identifier::Id(user_id),
+            current_password: current_password.to_vec(),
             new_password: new_password.to_vec(),
         })
     }
@@ -227,7 +237,7 @@ impl Client {
     ) -> Result<(), ClientError> {
         permissions(permissions_list)?;
         self.metadata_empty(ClientRequest::UpdatePermissions {
-            user_id,
+            user: Identifier::Id(user_id),
             permissions: permissions_list.to_vec(),
         })
     }

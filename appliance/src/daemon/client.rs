@@ -59,6 +59,34 @@ pub fn client_request_number(numbered: u64) -> u64 {
     numbered & u64::from(u32::MAX)
 }
 
+/// Tokens prepared here whose ops have not committed yet, oldest dropped past a bound
+/// (an op lost to a view change never commits).
+#[derive(Default)]
+pub(super) struct PendingTokens {
+    tokens: std::collections::HashMap<String, String>,
+    order: std::collections::VecDeque<String>,
+}
+
+impl PendingTokens {
+    const MAX: usize = 1024;
+
+    pub(super) fn insert(&mut self, hash: String, token: String) {
+        if self.order.len() >= Self::MAX {
+            if let Some(oldest) = self.order.pop_front() {
+                self.tokens.remove(&oldest);
+            }
+        }
+        self.order.push_back(hash.clone());
+        self.tokens.insert(hash, token);
+    }
+
+    pub(super) fn take(&mut self, hash: &str) -> Option<String> {
+        let token = self.tokens.remove(hash)?;
+        self.order.retain(|h| h != hash);
+        Some(token)
+    }
+}
+
 pub(super) fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -187,7 +215,7 @@ impl Node {
         };
         match &request {
             ClientRequest::Ping => return self.answer(connection, &header, Status::Ok, &[]),
-            ClientRequest::Unsupported { .. } | ClientRequest::UnsupportedWrite { .. } => {
+            ClientRequest::Unsupported { .. } => {
                 self.reject("command_unsupported");
                 return self.answer(connection, &header, Status::FeatureUnavailable, &[]);
             }
@@ -200,7 +228,7 @@ impl Node {
             } => {
                 entry.user = None;
                 if self.admit_in_flight(connection, &header, true) {
-                    self.start_login(connection, &header, username, password);
+                    self.start_login(connection, &header, username, password, true);
                 }
                 return;
             }
@@ -214,12 +242,23 @@ impl Node {
                     self.reject("protocol_incompatible");
                     return self.answer(connection, &header, Status::IncompatibleProtocol, &[]);
                 }
-                let Credentials::Password { username, password } = credentials else {
-                    self.reject("access_token_unsupported");
-                    return self.answer(connection, &header, Status::FeatureUnavailable, &[]);
-                };
+                if !self.admit_in_flight(connection, &header, true) {
+                    return;
+                }
+                match credentials {
+                    Credentials::Password { username, password } => {
+                        self.start_login(connection, &header, username, password, true);
+                    }
+                    Credentials::Token(token) => {
+                        self.token_login(connection, &header, token, true);
+                    }
+                }
+                return;
+            }
+            ClientRequest::LoginWithToken { token } => {
+                entry.user = None;
                 if self.admit_in_flight(connection, &header, true) {
-                    self.start_login(connection, &header, username, password);
+                    self.token_login(connection, &header, token, true);
                 }
                 return;
             }
@@ -229,8 +268,9 @@ impl Node {
             self.reject("unauthenticated");
             return self.answer(connection, &header, Status::Unauthenticated, &[]);
         };
-        if !self.state.users.contains_key(&user) {
-            // The user was deleted after this connection logged in: its session ends.
+        if !self.state.is_active(user) {
+            // The user was deleted or deactivated after this connection logged in: its
+            // session ends.
             entry.user = None;
             self.reject("user_deleted");
             return self.answer(
@@ -260,6 +300,30 @@ impl Node {
             | ClientRequest::GetConsumerOffset { .. } => {
                 let (status, body) = self.read(user, &request);
                 self.answer(connection, &header, status, &body);
+            }
+            ClientRequest::GetUser { .. }
+            | ClientRequest::GetUsers
+            | ClientRequest::GetTokens
+            | ClientRequest::GetMe
+            | ClientRequest::GetClient { .. }
+            | ClientRequest::GetClients
+            | ClientRequest::GetStats => {
+                let (status, body) = self.user_read(user, connection, &request);
+                self.answer(connection, &header, status, &body);
+            }
+            ClientRequest::CreateToken { name, expiry } => {
+                let (token, hash) = auth::new_token();
+                match self
+                    .state
+                    .prepare_token(caller, name, hash.clone(), *expiry, now_us())
+                {
+                    Ok(op) => {
+                        self.pending_tokens.insert(hash, token);
+                        let body = op.encode();
+                        self.metadata_request(connection, &header, user, op.operation(), &body);
+                    }
+                    Err(status) => self.answer(connection, &header, status, &[]),
+                }
             }
             ClientRequest::GetPollRouting { target, .. }
             | ClientRequest::GetConsumerOffsetRouting { target } => {
@@ -339,6 +403,15 @@ impl Node {
                     },
                     (prepared, _) => prepared,
                 };
+                if let Ok(MetadataOp::Purge { partitions }) = &mut prepared {
+                    // Everything this node has committed goes.
+                    for (key, offset) in partitions.iter_mut() {
+                        let group = key.pack().ok();
+                        *offset = group
+                            .and_then(|g| self.partitions.by_group.get(&g))
+                            .map_or(0, |p| p.committed_end);
+                    }
+                }
                 if let Ok(MetadataOp::CreateTopic { first_primary, .. }) = &mut prepared {
                     // With spreading off, node 0 first leads every partition.
                     if !self.settings.spread_primaries {
@@ -405,13 +478,15 @@ impl Node {
     }
 
     /// Argon2 costs tens of milliseconds: the check runs on the blocking pool so the
-    /// replica executor keeps its heartbeats; the result comes back as an event.
+    /// replica executor keeps its heartbeats; the result comes back as an event. A
+    /// first check (`may_retry`) keeps the credentials for one retry on a backup.
     fn start_login(
         &mut self,
         connection: ClientId,
         header: &RequestHeader,
         username: &str,
         password: &[u8],
+        may_retry: bool,
     ) {
         if self.logins_in_flight >= LOGINS_IN_FLIGHT_MAX {
             self.reject("login_busy");
@@ -421,8 +496,14 @@ impl Node {
             .state
             .users
             .iter()
-            .find(|(_, u)| u.username == username)
+            .find(|(_, u)| u.username == username && u.is_active())
             .map(|(id, u)| (*id, u.password_hash.clone()));
+        let retry = may_retry.then(|| {
+            Box::new(Credentials::Password {
+                username: username.to_owned(),
+                password: password.to_vec(),
+            })
+        });
         let password = password.to_vec();
         let check = glommio::executor().spawn_blocking(move || match account {
             Some((id, hash)) => auth::verify_password(&password, &hash).then_some(id),
@@ -444,9 +525,46 @@ impl Node {
                 connection,
                 request,
                 user,
+                retry: if user.is_none() { retry } else { None },
             });
         })
         .detach();
+    }
+
+    /// A login with a personal access token: its hash is a lookup, not a slow check.
+    fn token_login(
+        &mut self,
+        connection: ClientId,
+        header: &RequestHeader,
+        token: &[u8],
+        may_retry: bool,
+    ) {
+        let user = self.state.token_user(&auth::token_hash(token), now_us());
+        self.logins_in_flight += 1;
+        if let Some(entry) = self.connections.get_mut(&connection) {
+            entry.logins += 1;
+        }
+        let retry =
+            (may_retry && user.is_none()).then(|| Box::new(Credentials::Token(token.to_vec())));
+        self.on_login_checked(connection, header, user, retry);
+    }
+
+    /// The second check of a login a backup failed.
+    pub(super) fn on_login_retry(
+        &mut self,
+        connection: ClientId,
+        header: &RequestHeader,
+        credentials: Credentials,
+    ) {
+        if !self.connections.contains_key(&connection) {
+            return; // closed meanwhile
+        }
+        match credentials {
+            Credentials::Password { username, password } => {
+                self.start_login(connection, header, &username, &password, false);
+            }
+            Credentials::Token(token) => self.token_login(connection, header, &token, false),
+        }
     }
 
     pub(super) fn on_login_checked(
@@ -454,13 +572,14 @@ impl Node {
         connection: ClientId,
         header: &RequestHeader,
         user: Option<u32>,
+        retry: Option<Box<Credentials>>,
     ) {
         self.logins_in_flight = self.logins_in_flight.saturating_sub(1);
         if let Some(entry) = self.connections.get_mut(&connection) {
             entry.logins = entry.logins.saturating_sub(1);
         }
-        // The user may have been deleted while the check ran.
-        let user = user.filter(|id| self.state.users.contains_key(id));
+        // The user may have been deleted or deactivated while the check ran.
+        let user = user.filter(|id| self.state.is_active(*id));
         let Some(entry) = self.connections.get_mut(&connection) else {
             return; // closed meanwhile
         };
@@ -475,6 +594,23 @@ impl Node {
             }
             None => {
                 entry.user = None;
+                let primary = self.metadata().is_some_and(|r| r.is_primary());
+                if let Some(credentials) = retry.filter(|_| !primary) {
+                    // A backup may not have applied the op that created the user or
+                    // set its password: checked once more after the failure delay.
+                    let events = self.events.clone();
+                    let request = Box::new(*header);
+                    glommio::spawn_local(async move {
+                        glommio::timer::sleep(LOGIN_FAILURE_DELAY).await;
+                        let _ = events.try_send(Event::LoginRetry {
+                            connection,
+                            request,
+                            credentials,
+                        });
+                    })
+                    .detach();
+                    return;
+                }
                 self.reject("login_failed");
                 let frame = self.reply(header, Status::InvalidCredentials, &[]);
                 let bus = self.bus.clone();

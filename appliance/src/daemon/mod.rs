@@ -27,6 +27,7 @@ mod repair_windows;
 mod retention;
 mod storage;
 mod superblocks;
+mod user_reads;
 mod xfer_node;
 
 use std::collections::BTreeMap;

@@ -33,7 +33,8 @@ use crate::protocol::codec::Reader;
 use crate::protocol::reply::{
     with_result_section, RegisterReply, SendConfirmation, SendConfirmations,
 };
-use crate::protocol::Status;
+use crate::protocol::users::RawTokenReply;
+use crate::protocol::{Credentials, Status};
 use crate::state::{Caller, MetadataOp, MetadataState};
 use journal::segment::offsets::CONSUMERS_MAX;
 
@@ -137,6 +138,15 @@ pub enum Event {
         connection: ClientId,
         request: Box<RequestHeader>,
         user: Option<u32>,
+        /// The credentials of a first check, for one more on a backup that fails it.
+        retry: Option<Box<Credentials>>,
+    },
+    /// A login a backup failed, checked once more after the failure delay (the user
+    /// may have been created or changed in an op this node had not applied yet).
+    LoginRetry {
+        connection: ClientId,
+        request: Box<RequestHeader>,
+        credentials: Box<Credentials>,
     },
 }
 
@@ -254,6 +264,9 @@ pub struct Node {
     pub(super) connections: HashMap<ClientId, Connection>,
     /// The connection each client id last spoke on (replies go there).
     pub(super) client_connections: HashMap<u128, ClientId>,
+    /// Personal access tokens this node prepared, by hash, until their op commits: the
+    /// reply carries the token, the replicated op only its hash.
+    pub(super) pending_tokens: super::client::PendingTokens,
     pub(super) replies: HashMap<(u64, u128), CachedReply>,
     /// When a request was received, by (group, client), for the request latency.
     pub(super) request_started: HashMap<(u64, u128), Instant>,
@@ -440,6 +453,7 @@ impl Node {
             partitions: Partitions::default(),
             connections: HashMap::new(),
             client_connections: HashMap::new(),
+            pending_tokens: Default::default(),
             replies: HashMap::new(),
             request_started: HashMap::new(),
             prepared_at: HashMap::new(),
@@ -662,7 +676,13 @@ impl Node {
                 connection,
                 request,
                 user,
-            } => self.on_login_checked(connection, &request, user),
+                retry,
+            } => self.on_login_checked(connection, &request, user, retry),
+            Event::LoginRetry {
+                connection,
+                request,
+                credentials,
+            } => self.on_login_retry(connection, &request, *credentials),
             Event::Xfer(message) => self.on_xfer(message),
             Event::PeerConnected(peer, up) => self.groups.set_connected(peer, up),
             Event::PartitionOpened { key, group, opened } => {
@@ -1032,9 +1052,23 @@ impl Node {
                         user_id: header.user_id,
                         client: header.client,
                     };
-                    let applied = self.state.apply(caller, &metadata_op);
-                    if let MetadataOp::TruncatePartition { partition, .. } = &metadata_op {
-                        self.on_retention_commit(*partition);
+                    let mut applied = self.state.apply(caller, &metadata_op);
+                    if let MetadataOp::CreateToken { hash, .. } = &metadata_op {
+                        if let Some(token) = self.pending_tokens.take(hash) {
+                            if applied.status == Status::Ok {
+                                applied.body = RawTokenReply { token }.encode();
+                            }
+                        }
+                    }
+                    let truncated: Vec<PartitionKey> = match &metadata_op {
+                        MetadataOp::TruncatePartition { partition, .. } => vec![*partition],
+                        MetadataOp::Purge { partitions } => {
+                            partitions.iter().map(|(key, _)| *key).collect()
+                        }
+                        _ => Vec::new(),
+                    };
+                    for partition in truncated {
+                        self.on_retention_commit(partition);
                         if let Ok(group) = partition.pack() {
                             self.delete_retained(group)?;
                         }

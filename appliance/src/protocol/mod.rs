@@ -8,6 +8,8 @@ pub mod options;
 pub mod reply;
 pub mod request;
 pub mod status;
+pub mod system;
+pub mod users;
 
 pub use codec::BodyError;
 pub use request::{

@@ -4,6 +4,7 @@
 use replication::wire::{Operation, PartitionKey};
 
 use super::codec::{BodyError, Reader, Writer};
+use super::users;
 
 /// Permission entries a user may hold.
 pub const PERMISSIONS_MAX: usize = 1024;
@@ -360,6 +361,15 @@ pub enum ReadCommand {
     GetTopics = 301,
     /// Iggy's LoginUser: authenticates the connection without a new session.
     Login = 38,
+    GetStats = 10,
+    GetMe = 20,
+    GetClient = 21,
+    GetClients = 22,
+    GetUser = 31,
+    GetUsers = 32,
+    GetTokens = 41,
+    /// Iggy's LoginWithPersonalAccessToken: as Login, with a token.
+    LoginWithToken = 44,
 }
 
 impl ReadCommand {
@@ -384,6 +394,14 @@ impl ReadCommand {
             300 => ReadCommand::GetTopic,
             301 => ReadCommand::GetTopics,
             38 => ReadCommand::Login,
+            10 => ReadCommand::GetStats,
+            20 => ReadCommand::GetMe,
+            21 => ReadCommand::GetClient,
+            22 => ReadCommand::GetClients,
+            31 => ReadCommand::GetUser,
+            32 => ReadCommand::GetUsers,
+            41 => ReadCommand::GetTokens,
+            44 => ReadCommand::LoginWithToken,
             _ => return None,
         })
     }
@@ -511,21 +529,55 @@ pub enum ClientRequest<'a> {
         topic: Identifier,
         count: u32,
     },
+    /// Iggy's CreateUser: username, password, status (1 active, 2 inactive), the
+    /// permission tree (`users::read_permissions`), then the user's options block.
     CreateUser {
         username: String,
         password: Vec<u8>,
+        status: u8,
         permissions: Vec<StreamPermission>,
+        options: Vec<u8>,
     },
     DeleteUser {
-        user_id: u32,
+        user: Identifier,
     },
+    /// Iggy's UpdateUser: a new name and status where given, and the options block.
+    UpdateUser {
+        user: Identifier,
+        username: Option<String>,
+        status: Option<u8>,
+        options: Vec<u8>,
+    },
+    /// Iggy's ChangePassword: the current password must match.
     ChangePassword {
-        user_id: u32,
+        user: Identifier,
+        current_password: Vec<u8>,
         new_password: Vec<u8>,
     },
     UpdatePermissions {
-        user_id: u32,
+        user: Identifier,
         permissions: Vec<StreamPermission>,
+    },
+    /// A personal access token for the caller; `expiry` in microseconds (0: the
+    /// server's default, never; u64::MAX: never).
+    CreateToken {
+        name: String,
+        expiry: u64,
+    },
+    DeleteToken {
+        name: String,
+    },
+    /// Iggy's UpdateStream: a new name (and its options block, which must be empty).
+    UpdateStream {
+        stream: Identifier,
+        name: String,
+    },
+    PurgeStream {
+        stream: Identifier,
+    },
+    PurgeTopic {
+        stream: Identifier,
+        topic: Identifier,
     },
     CreateConsumerGroup {
         stream: Identifier,
@@ -570,6 +622,10 @@ pub enum ClientRequest<'a> {
         partition: u32,
         segments: u32,
     },
+    /// Iggy's LoginWithPersonalAccessToken: as Login, with a token.
+    LoginWithToken {
+        token: Vec<u8>,
+    },
     /// Authenticates the connection (Iggy's LoginUser); the session goes on.
     Login {
         username: String,
@@ -582,10 +638,6 @@ pub enum ClientRequest<'a> {
     /// FeatureUnavailable).
     Unsupported {
         code: u32,
-    },
-    /// An Iggy write the appliance does not serve (answered FeatureUnavailable).
-    UnsupportedWrite {
-        operation: Operation,
     },
     ClusterMetadata,
     /// Iggy's GetClusterMetadata.
@@ -650,6 +702,20 @@ pub enum ClientRequest<'a> {
         session: u64,
         metadata_watermark: u64,
     },
+    GetUser {
+        user: Identifier,
+    },
+    GetUsers,
+    /// The caller's personal access tokens.
+    GetTokens,
+    /// Iggy's GetMe: this connection as GetClient describes it.
+    GetMe,
+    GetClient {
+        client_id: u32,
+    },
+    GetClients,
+    /// Iggy's GetStats: this node's figures.
+    GetStats,
 }
 
 /// Reads a permission list (`count u32`, then `stream_id u32, bits u8` per entry): the
@@ -689,6 +755,30 @@ pub(crate) fn write_permissions(w: &mut Writer, permissions: &[StreamPermission]
     for p in permissions {
         w.u32(p.stream_id).u8(p.bits());
     }
+}
+
+/// Iggy's user status: 1 active, 2 inactive.
+fn user_status(status: u8) -> Result<u8, BodyError> {
+    match status {
+        users::USER_ACTIVE | users::USER_INACTIVE => Ok(status),
+        _ => Err(BodyError::Invalid {
+            field: "status",
+            rule: "must be 1 (active) or 2 (inactive)",
+        }),
+    }
+}
+
+/// The rest of the body as an options block that must be empty (as the Iggy server,
+/// which takes no updatable key there either).
+fn no_options(r: &mut Reader<'_>, rule: &'static str) -> Result<Vec<u8>, BodyError> {
+    let block = options_block(r)?;
+    if !block.is_empty() {
+        return Err(BodyError::Invalid {
+            field: "options",
+            rule,
+        });
+    }
+    Ok(block)
 }
 
 /// The rest of the body as an options block, checked for structure.
@@ -791,18 +881,53 @@ impl<'a> ClientRequest<'a> {
             O::CreateUser => ClientRequest::CreateUser {
                 username: r.name("username")?,
                 password: r.secret("password")?,
-                permissions: permissions(&mut r)?,
+                status: user_status(r.u8("status")?)?,
+                permissions: users::read_permissions(&mut r)?,
+                options: no_options(&mut r, "users take no options")?,
             },
             O::DeleteUser => ClientRequest::DeleteUser {
-                user_id: r.u32("user_id")?,
+                user: Identifier::read(&mut r, "user_id")?,
+            },
+            O::UpdateUser => ClientRequest::UpdateUser {
+                user: Identifier::read(&mut r, "user_id")?,
+                username: match r.u8("has_username")? {
+                    0 => None,
+                    _ => Some(r.name("username")?),
+                },
+                status: match r.u8("has_status")? {
+                    0 => None,
+                    _ => Some(user_status(r.u8("status")?)?),
+                },
+                options: no_options(&mut r, "users take no options")?,
             },
             O::ChangePassword => ClientRequest::ChangePassword {
-                user_id: r.u32("user_id")?,
+                user: Identifier::read(&mut r, "user_id")?,
+                current_password: r.secret("current_password")?,
                 new_password: r.secret("new_password")?,
             },
             O::UpdatePermissions => ClientRequest::UpdatePermissions {
-                user_id: r.u32("user_id")?,
-                permissions: permissions(&mut r)?,
+                user: Identifier::read(&mut r, "user_id")?,
+                permissions: users::read_permissions(&mut r)?,
+            },
+            O::CreatePersonalAccessToken => ClientRequest::CreateToken {
+                name: r.name("name")?,
+                expiry: r.u64("expiry")?,
+            },
+            O::DeletePersonalAccessToken => ClientRequest::DeleteToken {
+                name: r.name("name")?,
+            },
+            O::UpdateStream => {
+                let stream = Identifier::read(&mut r, "stream_id")?;
+                let name = r.name("name")?;
+                no_options(&mut r, "a stream takes no options")?;
+                ClientRequest::UpdateStream { stream, name }
+            }
+            O::PurgeStream => ClientRequest::PurgeStream {
+                stream: Identifier::read(&mut r, "stream_id")?,
+            },
+            O::PurgeTopic => ClientRequest::PurgeTopic {
+                stream: Identifier::read(&mut r, "stream_id")?,
+                topic: Identifier::read(&mut r, "topic_id")?,
             },
             O::CreateConsumerGroup => ClientRequest::CreateConsumerGroup {
                 stream: Identifier::read(&mut r, "stream_id")?,
@@ -916,22 +1041,26 @@ impl<'a> ClientRequest<'a> {
                 Some(ReadCommand::GetConsumerOffset) => ClientRequest::GetConsumerOffset {
                     target: OffsetTarget::read(&mut r)?,
                 },
+                Some(ReadCommand::GetUser) => ClientRequest::GetUser {
+                    user: Identifier::read(&mut r, "user_id")?,
+                },
+                Some(ReadCommand::GetUsers) => ClientRequest::GetUsers,
+                Some(ReadCommand::GetTokens) => ClientRequest::GetTokens,
+                Some(ReadCommand::LoginWithToken) => ClientRequest::LoginWithToken {
+                    token: r.secret("token")?,
+                },
+                Some(ReadCommand::GetMe) => ClientRequest::GetMe,
+                Some(ReadCommand::GetClient) => ClientRequest::GetClient {
+                    client_id: r.u32("client_id")?,
+                },
+                Some(ReadCommand::GetClients) => ClientRequest::GetClients,
+                Some(ReadCommand::GetStats) => ClientRequest::GetStats,
                 None => {
                     // Answered whatever the body holds.
                     r.rest();
                     ClientRequest::Unsupported { code: read_command }
                 }
             },
-            O::UpdateStream
-            | O::PurgeStream
-            | O::PurgeTopic
-            | O::UpdateUser
-            | O::CreatePersonalAccessToken
-            | O::DeletePersonalAccessToken => {
-                // Answered whatever the body holds.
-                r.rest();
-                ClientRequest::UnsupportedWrite { operation }
-            }
             _ => {
                 return Err(BodyError::Invalid {
                     field: "operation",
@@ -961,6 +1090,20 @@ impl<'a> ClientRequest<'a> {
             R::DeleteUser { .. } => (Operation::DeleteUser, 0),
             R::ChangePassword { .. } => (Operation::ChangePassword, 0),
             R::UpdatePermissions { .. } => (Operation::UpdatePermissions, 0),
+            R::UpdateUser { .. } => (Operation::UpdateUser, 0),
+            R::CreateToken { .. } => (Operation::CreatePersonalAccessToken, 0),
+            R::DeleteToken { .. } => (Operation::DeletePersonalAccessToken, 0),
+            R::UpdateStream { .. } => (Operation::UpdateStream, 0),
+            R::PurgeStream { .. } => (Operation::PurgeStream, 0),
+            R::PurgeTopic { .. } => (Operation::PurgeTopic, 0),
+            R::GetUser { .. } => read(ReadCommand::GetUser),
+            R::GetUsers => read(ReadCommand::GetUsers),
+            R::GetTokens => read(ReadCommand::GetTokens),
+            R::LoginWithToken { .. } => read(ReadCommand::LoginWithToken),
+            R::GetMe => read(ReadCommand::GetMe),
+            R::GetClient { .. } => read(ReadCommand::GetClient),
+            R::GetClients => read(ReadCommand::GetClients),
+            R::GetStats => read(ReadCommand::GetStats),
             R::CreateConsumerGroup { .. } => (Operation::CreateConsumerGroup, 0),
             R::DeleteConsumerGroup { .. } => (Operation::DeleteConsumerGroup, 0),
             R::JoinConsumerGroup { .. } => (Operation::JoinConsumerGroup, 0),
@@ -972,7 +1115,6 @@ impl<'a> ClientRequest<'a> {
             R::Login { .. } => read(ReadCommand::Login),
             R::Ping => read(ReadCommand::Ping),
             R::Unsupported { code } => (Operation::NonReplicated, *code),
-            R::UnsupportedWrite { operation } => (*operation, 0),
             R::ClusterMetadata => read(ReadCommand::ClusterMetadata),
             R::ClusterNodes => read(ReadCommand::ClusterNodes),
             R::GetStream { .. } => read(ReadCommand::GetStream),
@@ -1003,8 +1145,12 @@ impl<'a> ClientRequest<'a> {
             | R::GetStreams
             | R::ListStreams
             | R::Ping
-            | R::Unsupported { .. }
-            | R::UnsupportedWrite { .. } => {}
+            | R::GetUsers
+            | R::GetTokens
+            | R::GetMe
+            | R::GetClients
+            | R::GetStats
+            | R::Unsupported { .. } => {}
             R::Register {
                 version,
                 credentials,
@@ -1071,26 +1217,66 @@ impl<'a> ClientRequest<'a> {
             R::CreateUser {
                 username,
                 password,
+                status,
                 permissions,
+                options,
             } => {
-                w.short_bytes(username.as_bytes()).short_bytes(password);
-                write_permissions(&mut w, permissions);
+                w.short_bytes(username.as_bytes())
+                    .short_bytes(password)
+                    .u8(*status);
+                users::write_permissions(&mut w, permissions);
+                w.raw(options);
             }
-            R::DeleteUser { user_id } => {
-                w.u32(*user_id);
+            R::DeleteUser { user } | R::GetUser { user } => user.write(&mut w),
+            R::UpdateUser {
+                user,
+                username,
+                status,
+                options,
+            } => {
+                user.write(&mut w);
+                match username {
+                    Some(name) => w.u8(1).short_bytes(name.as_bytes()),
+                    None => w.u8(0),
+                };
+                match status {
+                    Some(status) => w.u8(1).u8(*status),
+                    None => w.u8(0),
+                };
+                w.raw(options);
             }
             R::ChangePassword {
-                user_id,
+                user,
+                current_password,
                 new_password,
             } => {
-                w.u32(*user_id).short_bytes(new_password);
+                user.write(&mut w);
+                w.short_bytes(current_password).short_bytes(new_password);
             }
-            R::UpdatePermissions {
-                user_id,
-                permissions,
-            } => {
-                w.u32(*user_id);
-                write_permissions(&mut w, permissions);
+            R::UpdatePermissions { user, permissions } => {
+                user.write(&mut w);
+                users::write_permissions(&mut w, permissions);
+            }
+            R::CreateToken { name, expiry } => {
+                w.short_bytes(name.as_bytes()).u64(*expiry);
+            }
+            R::DeleteToken { name } => {
+                w.short_bytes(name.as_bytes());
+            }
+            R::UpdateStream { stream, name } => {
+                stream.write(&mut w);
+                w.short_bytes(name.as_bytes());
+            }
+            R::PurgeStream { stream } => stream.write(&mut w),
+            R::PurgeTopic { stream, topic } => {
+                stream.write(&mut w);
+                topic.write(&mut w);
+            }
+            R::GetClient { client_id } => {
+                w.u32(*client_id);
+            }
+            R::LoginWithToken { token } => {
+                w.short_bytes(token);
             }
             R::CreateConsumerGroup {
                 stream,

@@ -21,6 +21,12 @@ fn samples() -> Vec<ClientRequest<'static>> {
         write: false,
         manage: true,
     };
+    let global = StreamPermission {
+        stream_id: 0,
+        read: false,
+        write: true,
+        manage: false,
+    };
     let version = ClientVersion {
         protocol_version: request::PROTOCOL_VERSION,
         sdk_name: "rust-sdk".into(),
@@ -104,16 +110,55 @@ fn samples() -> Vec<ClientRequest<'static>> {
         ClientRequest::CreateUser {
             username: "ana".into(),
             password: b"pw-123".to_vec(),
+            status: 2,
             permissions: vec![perm],
+            options: Vec::new(),
         },
-        ClientRequest::DeleteUser { user_id: 7 },
+        ClientRequest::DeleteUser {
+            user: Identifier::Id(7),
+        },
+        ClientRequest::UpdateUser {
+            user: Identifier::Name("ana".into()),
+            username: Some("bea".into()),
+            status: None,
+            options: Vec::new(),
+        },
         ClientRequest::ChangePassword {
-            user_id: 7,
+            user: Identifier::Id(7),
+            current_password: b"old".to_vec(),
             new_password: b"new".to_vec(),
         },
         ClientRequest::UpdatePermissions {
-            user_id: 7,
-            permissions: vec![perm, perm],
+            user: Identifier::Id(7),
+            permissions: vec![global, perm],
+        },
+        ClientRequest::CreateToken {
+            name: "ci".into(),
+            expiry: 60_000_000,
+        },
+        ClientRequest::DeleteToken { name: "ci".into() },
+        ClientRequest::UpdateStream {
+            stream: Identifier::Id(3),
+            name: "renamed".into(),
+        },
+        ClientRequest::PurgeStream {
+            stream: Identifier::Name("orders".into()),
+        },
+        ClientRequest::PurgeTopic {
+            stream: Identifier::Id(1),
+            topic: Identifier::Id(2),
+        },
+        ClientRequest::GetUser {
+            user: Identifier::Name("ana".into()),
+        },
+        ClientRequest::GetUsers,
+        ClientRequest::GetTokens,
+        ClientRequest::GetMe,
+        ClientRequest::GetClient { client_id: 4 },
+        ClientRequest::GetClients,
+        ClientRequest::GetStats,
+        ClientRequest::LoginWithToken {
+            token: b"0123abcd".to_vec(),
         },
         ClientRequest::CreateConsumerGroup {
             stream: Identifier::Id(1),
@@ -317,10 +362,13 @@ fn field_ranges_are_enforced() {
     body[1] = 2;
     assert!(ClientRequest::decode(Operation::DeleteSegments, 0, &body).is_err());
     // Too many permissions.
-    let mut body = 7u32.to_le_bytes().to_vec();
-    body.extend_from_slice(&5000u32.to_le_bytes());
+    let streams: Vec<(u32, [u8; 6])> = (1..=1025).map(|id| (id, READER)).collect();
     assert!(matches!(
-        ClientRequest::decode(Operation::UpdatePermissions, 0, &body),
+        ClientRequest::decode(
+            Operation::UpdatePermissions,
+            0,
+            &permissions_body(&streams, false)
+        ),
         Err(BodyError::TooMany { .. })
     ));
     // A poll of zero messages.
@@ -454,18 +502,19 @@ fn iggy_login_bodies_decode() {
     assert!(ClientRequest::decode(Operation::Register, 0, &body[..body.len() - 2]).is_err());
     // Iggy's read codes the appliance does not serve are told apart, body and all.
     assert_eq!(
-        ClientRequest::decode(Operation::NonReplicated, 22, &[1, 2, 3]),
-        Ok(ClientRequest::Unsupported { code: 22 })
+        ClientRequest::decode(Operation::NonReplicated, 11, &[1, 2, 3]),
+        Ok(ClientRequest::Unsupported { code: 11 })
     );
     assert_eq!(
         ClientRequest::decode(Operation::NonReplicated, 1, &[]),
         Ok(ClientRequest::Ping)
     );
-    // So are the Iggy writes it does not serve.
+    // UpdateStream takes a name and no options.
     assert_eq!(
-        ClientRequest::decode(Operation::UpdateStream, 0, &[2, 1, b'x']),
-        Ok(ClientRequest::UnsupportedWrite {
-            operation: Operation::UpdateStream
+        ClientRequest::decode(Operation::UpdateStream, 0, &[1, 4, 7, 0, 0, 0, 1, b'x']),
+        Ok(ClientRequest::UpdateStream {
+            stream: request::Identifier::Id(7),
+            name: "x".into()
         })
     );
 }
@@ -528,4 +577,126 @@ fn a_poll_sent_to_the_primary_reads_as_a_poll() {
         &body,
     );
     assert_eq!(decoded, Ok(poll));
+}
+
+/// A stream's read flags in Iggy's order (manage_stream, read_stream, manage_topics,
+/// read_topics, poll_messages, send_messages).
+const READER: [u8; 6] = [0, 1, 0, 1, 1, 0];
+
+/// An UpdatePermissions body for user 7: no global rights, these streams, and one
+/// topic entry on the first stream if `topic_level`.
+fn permissions_body(streams: &[(u32, [u8; 6])], topic_level: bool) -> Vec<u8> {
+    let mut tree = vec![0u8; 10];
+    tree.push(u8::from(!streams.is_empty()));
+    for (i, (id, flags)) in streams.iter().enumerate() {
+        tree.extend_from_slice(&id.to_le_bytes());
+        tree.extend_from_slice(flags);
+        if topic_level && i == 0 {
+            tree.push(1);
+            tree.extend_from_slice(&1u32.to_le_bytes());
+            tree.extend_from_slice(&[1, 1, 1, 1, 0]);
+        } else {
+            tree.push(0);
+        }
+        tree.push(u8::from(i + 1 < streams.len()));
+    }
+    let mut body = vec![1, 4, 7, 0, 0, 0, 1];
+    body.extend_from_slice(&(tree.len() as u32).to_le_bytes());
+    body.extend_from_slice(&tree);
+    body
+}
+
+#[test]
+fn iggy_permission_trees_map_to_stream_rights_or_are_refused() {
+    use request::Identifier;
+    fn decode(body: &[u8]) -> Result<ClientRequest<'_>, BodyError> {
+        ClientRequest::decode(Operation::UpdatePermissions, 0, body)
+    }
+    // Whole groups map to rights: read on 3, read + write + manage on 9.
+    let body = permissions_body(&[(3, READER), (9, [1, 1, 1, 1, 1, 1])], false);
+    let expected = vec![
+        StreamPermission {
+            stream_id: 3,
+            read: true,
+            write: false,
+            manage: false,
+        },
+        StreamPermission {
+            stream_id: 9,
+            read: true,
+            write: true,
+            manage: true,
+        },
+    ];
+    assert_eq!(
+        decode(&body),
+        Ok(ClientRequest::UpdatePermissions {
+            user: Identifier::Id(7),
+            permissions: expected,
+        })
+    );
+    // Half a right (poll without read_stream) would widen or narrow: refused.
+    let half = permissions_body(&[(3, [0, 0, 0, 1, 1, 0])], false);
+    assert!(matches!(decode(&half), Err(BodyError::Invalid { .. })));
+    // A topic-level grant: refused, not widened to the stream.
+    let topic = permissions_body(&[(3, READER)], true);
+    assert!(matches!(
+        decode(&topic),
+        Err(BodyError::Invalid {
+            field: "permissions.topics",
+            ..
+        })
+    ));
+    // Stream 0 is the appliance's "every stream" and never a stream entry; a stream
+    // appears once.
+    assert!(decode(&permissions_body(&[(0, READER)], false)).is_err());
+    assert!(decode(&permissions_body(&[(3, READER), (3, READER)], false)).is_err());
+    // No permissions at all.
+    assert_eq!(
+        decode(&[1, 4, 7, 0, 0, 0, 0]),
+        Ok(ClientRequest::UpdatePermissions {
+            user: Identifier::Id(7),
+            permissions: vec![],
+        })
+    );
+}
+
+#[test]
+fn user_details_encode_roots_rights_and_an_empty_list_as_iggy_does() {
+    use super::users::{UserDetailsReply, UserReply};
+    let user = UserReply {
+        id: 2,
+        created_at: 5,
+        status: 1,
+        username: "ana".into(),
+        options: Vec::new(),
+    };
+    // No permissions: a u32 0 after the user.
+    let none = UserDetailsReply {
+        user: user.clone(),
+        root: false,
+        permissions: vec![],
+    }
+    .encode();
+    assert_eq!(&none[none.len() - 4..], &[0, 0, 0, 0]);
+    assert_eq!(UserDetailsReply::decode(&none).unwrap().permissions, vec![]);
+    // Root: every global flag set, no stream entries.
+    let root = UserDetailsReply {
+        user,
+        root: true,
+        permissions: vec![],
+    }
+    .encode();
+    let tree = &root[root.len() - 11..];
+    assert_eq!(tree, &[1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0]);
+    let read_back = UserDetailsReply::decode(&root).unwrap().permissions;
+    assert_eq!(
+        read_back,
+        vec![StreamPermission {
+            stream_id: 0,
+            read: true,
+            write: true,
+            manage: true,
+        }]
+    );
 }

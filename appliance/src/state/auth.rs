@@ -53,6 +53,22 @@ pub fn hash_operator_password(password: &[u8]) -> Result<String, PasswordError> 
 }
 
 /// Checks a password against a stored hash; a malformed hash never verifies.
+/// A new personal access token: 32 random bytes as 64 hex digits, and its hash.
+pub fn new_token() -> (String, String) {
+    use argon2::password_hash::rand_core::RngCore;
+    let mut bytes = [0u8; 32];
+    OsRng.fill_bytes(&mut bytes);
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let hash = token_hash(token.as_bytes());
+    (token, hash)
+}
+
+/// The hash a token is kept and looked up by: BLAKE3, hex. A token is 256 random bits,
+/// so a fast hash is enough (a password needs a slow, salted one).
+pub fn token_hash(token: &[u8]) -> String {
+    blake3::hash(token).to_hex().to_string()
+}
+
 pub fn verify_password(password: &[u8], hash: &str) -> bool {
     PasswordHash::new(hash)
         .map(|parsed| Argon2::default().verify_password(password, &parsed).is_ok())

@@ -9,13 +9,16 @@ use replication::wire::PartitionKey;
 use serde::{Deserialize, Serialize};
 
 use super::auth;
-use super::ops::MetadataOp;
+use super::ops::{MetadataOp, PURGE_PARTITIONS_MAX};
 use crate::protocol::options::{self, TopicOptions};
 use crate::protocol::reply::{
     ConsumerGroupDetailsReply, ConsumerGroupReply, PartitionReply, StreamReply, TopicDetailsReply,
     TopicReply,
 };
 use crate::protocol::request::{GroupRef, Identifier};
+use crate::protocol::users::{
+    UserDetailsReply, UserReply, TOKENS_PER_USER_MAX, USER_ACTIVE, USER_INACTIVE,
+};
 use crate::protocol::{ClientRequest, Status, StreamPermission};
 
 /// Streams a cluster may hold (stream ids are 20 bits; 0 is unused).
@@ -123,6 +126,67 @@ pub struct User {
     pub password_hash: String,
     pub permissions: Vec<(u32, u8)>,
     pub root: bool,
+    /// Microseconds since the Unix epoch (0: created before users kept it).
+    #[serde(default)]
+    pub created_at: u64,
+    /// Iggy's status: 1 active, 2 inactive (an inactive user cannot log in).
+    #[serde(default = "active")]
+    pub status: u8,
+    /// The user's options block, as given.
+    #[serde(default)]
+    pub options: Vec<u8>,
+    /// Personal access tokens by name.
+    #[serde(default)]
+    pub tokens: BTreeMap<String, Token>,
+}
+
+fn active() -> u8 {
+    USER_ACTIVE
+}
+
+/// A personal access token: only its hash is kept.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Token {
+    pub hash: String,
+    /// Microseconds since the Unix epoch; 0: never expires.
+    pub expiry_at: u64,
+}
+
+impl User {
+    pub fn is_active(&self) -> bool {
+        self.status == USER_ACTIVE
+    }
+
+    fn permission_list(&self) -> Vec<StreamPermission> {
+        self.permissions
+            .iter()
+            .map(|(stream_id, b)| StreamPermission {
+                stream_id: *stream_id,
+                read: b & 1 != 0,
+                write: b & 2 != 0,
+                manage: b & 4 != 0,
+            })
+            .collect()
+    }
+
+    /// The user as Iggy's GetUser answers it.
+    pub fn details(&self, id: u32) -> UserDetailsReply {
+        UserDetailsReply {
+            user: self.reply(id),
+            root: self.root,
+            permissions: self.permission_list(),
+        }
+    }
+
+    pub fn reply(&self, id: u32) -> UserReply {
+        UserReply {
+            id,
+            created_at: self.created_at,
+            status: self.status,
+            username: self.username.clone(),
+            options: self.options.clone(),
+        }
+    }
 }
 
 /// Who is asking: the session's user and client (from the prepare header).
@@ -145,10 +209,6 @@ impl Applied {
             status: Status::Ok,
             body,
         }
-    }
-
-    fn id(id: u32) -> Applied {
-        Applied::ok(id.to_le_bytes().to_vec())
     }
 
     fn fail(status: Status) -> Applied {
@@ -205,15 +265,92 @@ impl MetadataState {
                 password_hash: root_password_hash,
                 permissions: Vec::new(),
                 root: true,
+                created_at: 0,
+                status: USER_ACTIVE,
+                options: Vec::new(),
+                tokens: BTreeMap::new(),
             },
         );
         state
     }
 
-    /// The user a login names, if the password matches. Unknown names verify against a
-    /// decoy hash so timing does not reveal whether a user exists.
+    /// A Purge of the partitions `chosen` picks, their offsets to be filled in by the
+    /// primary (its committed ends); LimitReached past `PURGE_PARTITIONS_MAX`.
+    fn purge(&self, chosen: impl Fn(PartitionKey) -> bool) -> Result<MetadataOp, Status> {
+        let partitions: Vec<(PartitionKey, u64)> = self
+            .partitions()
+            .into_iter()
+            .filter(|key| chosen(*key))
+            .map(|key| (key, 0))
+            .collect();
+        if partitions.len() > PURGE_PARTITIONS_MAX {
+            return Err(Status::LimitReached);
+        }
+        Ok(MetadataOp::Purge { partitions })
+    }
+
+    /// The user an Identifier names: by id, or by username.
+    pub fn user_id(&self, user: &Identifier) -> Option<u32> {
+        match user {
+            Identifier::Id(id) => self.users.contains_key(id).then_some(*id),
+            Identifier::Name(name) => self
+                .users
+                .iter()
+                .find(|(_, u)| u.username == *name)
+                .map(|(id, _)| *id),
+        }
+    }
+
+    /// Whether `user_id` exists and may use the cluster.
+    pub fn is_active(&self, user_id: u32) -> bool {
+        self.users.get(&user_id).is_some_and(User::is_active)
+    }
+
+    /// The active user holding a personal access token of this hash, unexpired at
+    /// `now`.
+    pub fn token_user(&self, hash: &str, now: u64) -> Option<u32> {
+        self.users.iter().find_map(|(id, user)| {
+            let valid = user.is_active()
+                && user
+                    .tokens
+                    .values()
+                    .any(|t| t.hash == hash && (t.expiry_at == 0 || t.expiry_at > now));
+            valid.then_some(*id)
+        })
+    }
+
+    /// A CreateToken op for `caller`: the token's hash, expiring `expiry`
+    /// microseconds after `now` (0 and u64::MAX: never).
+    pub fn prepare_token(
+        &self,
+        caller: Caller,
+        name: &str,
+        hash: String,
+        expiry: u64,
+        now: u64,
+    ) -> Result<MetadataOp, Status> {
+        let user = self.users.get(&caller.user_id).ok_or(Status::NotFound)?;
+        if user.tokens.contains_key(name) {
+            return Err(Status::AlreadyExists);
+        }
+        Ok(MetadataOp::CreateToken {
+            name: name.to_string(),
+            hash,
+            expiry_at: match expiry {
+                0 | u64::MAX => 0,
+                expiry => now.saturating_add(expiry),
+            },
+        })
+    }
+
+    /// The active user a login names, if the password matches. Unknown names (and
+    /// inactive users) verify against a decoy hash so timing does not reveal whether a user exists.
     pub fn login(&self, username: &str, password: &[u8]) -> Option<u32> {
-        match self.users.iter().find(|(_, u)| u.username == username) {
+        let found = self
+            .users
+            .iter()
+            .find(|(_, u)| u.username == username && u.is_active());
+        match found {
             Some((id, user)) => auth::verify_password(password, &user.password_hash).then_some(*id),
             None => {
                 auth::verify_password(password, auth::decoy_hash());
@@ -492,39 +629,86 @@ impl MetadataState {
             R::CreateUser {
                 username,
                 password,
+                status,
                 permissions,
+                options,
             } => {
                 need(0, Right::Manage)?;
+                if self.users.values().any(|u| u.username == *username) {
+                    return Err(Status::AlreadyExists);
+                }
                 MetadataOp::CreateUser {
                     username: username.clone(),
                     password_hash: hash(password)?,
                     permissions: permissions.clone(),
+                    created_at: now,
+                    status: *status,
+                    options: options.clone(),
                 }
             }
-            R::DeleteUser { user_id } => {
+            R::DeleteUser { user } => {
                 need(0, Right::Manage)?;
-                MetadataOp::DeleteUser { user_id: *user_id }
+                let user_id = self.user_id(user).ok_or(Status::NotFound)?;
+                MetadataOp::DeleteUser { user_id }
+            }
+            R::UpdateUser {
+                user,
+                username,
+                status,
+                options,
+            } => {
+                need(0, Right::Manage)?;
+                let user_id = self.user_id(user).ok_or(Status::NotFound)?;
+                MetadataOp::UpdateUser {
+                    user_id,
+                    username: username.clone(),
+                    status: *status,
+                    options: options.clone(),
+                }
             }
             R::ChangePassword {
-                user_id,
+                user,
+                current_password,
                 new_password,
             } => {
-                if *user_id != caller.user_id {
+                let user_id = self.user_id(user).ok_or(Status::NotFound)?;
+                if user_id != caller.user_id {
                     need(0, Right::Manage)?;
                 }
+                let current = &self.users[&user_id].password_hash;
+                if !auth::verify_password(current_password, current) {
+                    return Err(Status::InvalidCredentials);
+                }
                 MetadataOp::ChangePassword {
-                    user_id: *user_id,
+                    user_id,
                     password_hash: hash(new_password)?,
                 }
             }
-            R::UpdatePermissions {
-                user_id,
-                permissions,
-            } => {
+            R::UpdatePermissions { user, permissions } => {
                 need(0, Right::Manage)?;
+                let user_id = self.user_id(user).ok_or(Status::NotFound)?;
                 MetadataOp::UpdatePermissions {
-                    user_id: *user_id,
+                    user_id,
                     permissions: permissions.clone(),
+                }
+            }
+            R::DeleteToken { name } => MetadataOp::DeleteToken { name: name.clone() },
+            R::PurgeStream { stream } => {
+                let stream_id = self.stream_id(stream).ok_or(Status::NotFound)?;
+                need(stream_id, Right::Manage)?;
+                self.purge(|key| key.stream == stream_id)?
+            }
+            R::PurgeTopic { stream, topic } => {
+                let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
+                need(stream_id, Right::Manage)?;
+                self.purge(|key| key.stream == stream_id && key.topic == topic_id)?
+            }
+            R::UpdateStream { stream, name } => {
+                let stream_id = self.stream_id(stream).ok_or(Status::NotFound)?;
+                need(stream_id, Right::Manage)?;
+                MetadataOp::UpdateStream {
+                    stream_id,
+                    name: name.clone(),
                 }
             }
             R::CreateConsumerGroup {
@@ -755,6 +939,9 @@ impl MetadataState {
                 username,
                 password_hash,
                 permissions,
+                created_at,
+                status,
+                options,
             } => {
                 if self.users.values().any(|u| u.username == *username) {
                     return Applied::fail(Status::AlreadyExists);
@@ -771,9 +958,103 @@ impl MetadataState {
                         password_hash: password_hash.clone(),
                         permissions: permissions.iter().map(|p| (p.stream_id, bits(p))).collect(),
                         root: false,
+                        created_at: *created_at,
+                        status: *status,
+                        options: options.clone(),
+                        tokens: BTreeMap::new(),
                     },
                 );
-                Applied::id(id)
+                Applied::ok(self.users[&id].details(id).encode())
+            }
+            M::UpdateUser {
+                user_id,
+                username,
+                status,
+                options,
+            } => {
+                let taken = username.as_ref().is_some_and(|name| {
+                    self.users
+                        .iter()
+                        .any(|(id, u)| id != user_id && u.username == *name)
+                });
+                if taken {
+                    return Applied::fail(Status::AlreadyExists);
+                }
+                let Some(user) = self.users.get_mut(user_id) else {
+                    return Applied::fail(Status::NotFound);
+                };
+                if user.root && *status == Some(USER_INACTIVE) {
+                    return Applied::fail(Status::PermissionDenied);
+                }
+                if let Some(name) = username {
+                    user.username = name.clone();
+                }
+                if let Some(status) = status {
+                    user.status = *status;
+                }
+                if !options.is_empty() {
+                    user.options = options.clone();
+                }
+                Applied::ok(Vec::new())
+            }
+            M::CreateToken {
+                name,
+                hash,
+                expiry_at,
+            } => {
+                let Some(user) = self.users.get_mut(&caller.user_id) else {
+                    return Applied::fail(Status::NotFound);
+                };
+                if user.tokens.contains_key(name) {
+                    return Applied::fail(Status::AlreadyExists);
+                }
+                if user.tokens.len() >= TOKENS_PER_USER_MAX {
+                    return Applied::fail(Status::LimitReached);
+                }
+                let token = Token {
+                    hash: hash.clone(),
+                    expiry_at: *expiry_at,
+                };
+                user.tokens.insert(name.clone(), token);
+                Applied::ok(Vec::new())
+            }
+            M::DeleteToken { name } => {
+                let removed = self
+                    .users
+                    .get_mut(&caller.user_id)
+                    .and_then(|user| user.tokens.remove(name));
+                match removed {
+                    Some(_) => Applied::ok(Vec::new()),
+                    None => Applied::fail(Status::NotFound),
+                }
+            }
+            M::Purge { partitions } => {
+                for (key, offset) in partitions {
+                    let Some(topic) = self.topic_mut(key.stream, key.topic) else {
+                        continue;
+                    };
+                    if key.partition < topic.partition_count {
+                        let from = topic.retained_from.entry(key.partition).or_default();
+                        *from = (*from).max(*offset);
+                    }
+                }
+                Applied::ok(Vec::new())
+            }
+            M::UpdateStream { stream_id, name } => {
+                let taken = self
+                    .streams
+                    .iter()
+                    .any(|(id, s)| id != stream_id && s.name == *name);
+                if taken {
+                    return Applied::fail(Status::AlreadyExists);
+                }
+                match self.streams.get_mut(stream_id) {
+                    Some(stream) => {
+                        stream.name = name.clone();
+                        Applied::ok(Vec::new())
+                    }
+                    None => Applied::fail(Status::NotFound),
+                }
             }
             M::DeleteUser { user_id } => {
                 if *user_id == ROOT_USER_ID {

@@ -7,7 +7,11 @@ use replication::wire::{Operation, PartitionKey};
 
 use crate::protocol::codec::{BodyError, Reader, Writer};
 use crate::protocol::request::{permissions, write_permissions};
+use crate::protocol::users::USER_ACTIVE;
 use crate::protocol::StreamPermission;
+
+/// Partitions one Purge op may name (its body stays within a metadata prepare).
+pub const PURGE_PARTITIONS_MAX: usize = 3_000;
 
 /// A metadata-plane operation as prepared and applied on every replica.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,10 +63,42 @@ pub enum MetadataOp {
         partition: PartitionKey,
         first_offset: u64,
     },
+    /// A body without the trailing `created_at`, `status` and options (written
+    /// before users took them) reads as created at 0, active, no options.
     CreateUser {
         username: String,
         password_hash: String,
         permissions: Vec<StreamPermission>,
+        created_at: u64,
+        status: u8,
+        options: Vec<u8>,
+    },
+    /// A new name and status where given; options replaced unless empty.
+    UpdateUser {
+        user_id: u32,
+        username: Option<String>,
+        status: Option<u8>,
+        options: Vec<u8>,
+    },
+    /// A personal access token of the prepare's user: only the token's hash travels.
+    CreateToken {
+        name: String,
+        hash: String,
+        expiry_at: u64,
+    },
+    /// Deletes the prepare's user's token of this name.
+    DeleteToken {
+        name: String,
+    },
+    UpdateStream {
+        stream_id: u32,
+        name: String,
+    },
+    /// PurgeStream and PurgeTopic: each partition's first retained offset moves to
+    /// the end the primary had committed (reads start there; whole segments below it
+    /// are deleted as retention deletes them).
+    Purge {
+        partitions: Vec<(PartitionKey, u64)>,
     },
     DeleteUser {
         user_id: u32,
@@ -130,6 +166,11 @@ impl MetadataOp {
             M::DeleteUser { .. } => Operation::DeleteUser,
             M::ChangePassword { .. } => Operation::ChangePassword,
             M::UpdatePermissions { .. } => Operation::UpdatePermissions,
+            M::UpdateUser { .. } => Operation::UpdateUser,
+            M::CreateToken { .. } => Operation::CreatePersonalAccessToken,
+            M::DeleteToken { .. } => Operation::DeletePersonalAccessToken,
+            M::UpdateStream { .. } => Operation::UpdateStream,
+            M::Purge { .. } => Operation::PurgeTopic,
             M::CreateConsumerGroup { .. } => Operation::CreateConsumerGroup,
             M::DeleteConsumerGroup { .. } => Operation::DeleteConsumerGroup,
             M::JoinConsumerGroup { .. } => Operation::JoinConsumerGroup,
@@ -209,11 +250,57 @@ impl MetadataOp {
                 username,
                 password_hash,
                 permissions,
+                created_at,
+                status,
+                options,
             } => {
                 w.short_bytes(username.as_bytes())
                     .u32(password_hash.len() as u32)
                     .raw(password_hash.as_bytes());
                 write_permissions(&mut w, permissions);
+                w.u64(*created_at)
+                    .u8(*status)
+                    .u32(options.len() as u32)
+                    .raw(options);
+            }
+            M::UpdateUser {
+                user_id,
+                username,
+                status,
+                options,
+            } => {
+                w.u32(*user_id);
+                match username {
+                    Some(name) => w.u8(1).short_bytes(name.as_bytes()),
+                    None => w.u8(0),
+                };
+                w.u8(status.unwrap_or(0))
+                    .u32(options.len() as u32)
+                    .raw(options);
+            }
+            M::CreateToken {
+                name,
+                hash,
+                expiry_at,
+            } => {
+                w.short_bytes(name.as_bytes())
+                    .short_bytes(hash.as_bytes())
+                    .u64(*expiry_at);
+            }
+            M::DeleteToken { name } => {
+                w.short_bytes(name.as_bytes());
+            }
+            M::UpdateStream { stream_id, name } => {
+                w.u32(*stream_id).short_bytes(name.as_bytes());
+            }
+            M::Purge { partitions } => {
+                w.u32(partitions.len() as u32);
+                for (key, offset) in partitions {
+                    w.u32(key.stream)
+                        .u32(key.topic)
+                        .u32(key.partition)
+                        .u64(*offset);
+                }
             }
             M::DeleteUser { user_id } => {
                 w.u32(*user_id);
@@ -324,10 +411,74 @@ impl MetadataOp {
                 },
                 first_offset: r.u64("first_offset")?,
             },
-            O::CreateUser => MetadataOp::CreateUser {
-                username: r.name("username")?,
-                password_hash: long_string(&mut r, "password_hash")?,
-                permissions: permissions(&mut r)?,
+            O::CreateUser => {
+                let username = r.name("username")?;
+                let password_hash = long_string(&mut r, "password_hash")?;
+                let permissions = permissions(&mut r)?;
+                let (created_at, status, options) = if r.remaining() == 0 {
+                    (0, USER_ACTIVE, Vec::new())
+                } else {
+                    let created_at = r.u64("created_at")?;
+                    let status = r.u8("status")?;
+                    let length = r.u32("options_length")? as usize;
+                    (created_at, status, r.bytes(length, "options")?.to_vec())
+                };
+                MetadataOp::CreateUser {
+                    username,
+                    password_hash,
+                    permissions,
+                    created_at,
+                    status,
+                    options,
+                }
+            }
+            O::UpdateUser => {
+                let user_id = r.u32("user_id")?;
+                let username = match r.u8("has_username")? {
+                    0 => None,
+                    _ => Some(r.name("username")?),
+                };
+                let status = Some(r.u8("status")?).filter(|s| *s != 0);
+                let length = r.u32("options_length")? as usize;
+                MetadataOp::UpdateUser {
+                    user_id,
+                    username,
+                    status,
+                    options: r.bytes(length, "options")?.to_vec(),
+                }
+            }
+            O::CreatePersonalAccessToken => MetadataOp::CreateToken {
+                name: r.name("name")?,
+                hash: r.name("hash")?,
+                expiry_at: r.u64("expiry_at")?,
+            },
+            O::DeletePersonalAccessToken => MetadataOp::DeleteToken {
+                name: r.name("name")?,
+            },
+            O::PurgeStream | O::PurgeTopic => {
+                let count = r.u32("partitions_count")? as usize;
+                if count > PURGE_PARTITIONS_MAX {
+                    return Err(BodyError::TooMany {
+                        field: "partitions",
+                        count: count as u64,
+                        max: PURGE_PARTITIONS_MAX as u64,
+                    });
+                }
+                let partitions = (0..count)
+                    .map(|_| {
+                        let key = PartitionKey {
+                            stream: r.u32("stream_id")?,
+                            topic: r.u32("topic_id")?,
+                            partition: r.u32("partition_id")?,
+                        };
+                        Ok((key, r.u64("offset")?))
+                    })
+                    .collect::<Result<_, BodyError>>()?;
+                MetadataOp::Purge { partitions }
+            }
+            O::UpdateStream => MetadataOp::UpdateStream {
+                stream_id: r.u32("stream_id")?,
+                name: r.name("name")?,
             },
             O::DeleteUser => MetadataOp::DeleteUser {
                 user_id: r.u32("user_id")?,

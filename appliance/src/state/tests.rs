@@ -106,7 +106,9 @@ fn passwords_are_replicated_only_as_salted_hashes() {
     let request = ClientRequest::CreateUser {
         username: "ana".into(),
         password: b"s3cret-pass".to_vec(),
+        status: 1,
         permissions: vec![],
+        options: Vec::new(),
     };
     let op = state.prepare(ROOT, &request, 0).unwrap();
     let body = op.encode();
@@ -149,6 +151,9 @@ fn permissions_are_checked_per_stream_and_right() {
         username: "r".into(),
         password_hash: auth::hash_password(b"reader-pass").unwrap(),
         permissions: vec![reader],
+        created_at: 0,
+        status: 1,
+        options: Vec::new(),
     };
     let id = u32::from_le_bytes(state.apply(ROOT, &op).body[..4].try_into().unwrap());
     assert!(state.allows(id, 1, Right::Read));
@@ -174,12 +179,24 @@ fn permissions_are_checked_per_stream_and_right() {
     );
     // A user may change their own password, not another's.
     let own = ClientRequest::ChangePassword {
-        user_id: id,
+        user: Identifier::Id(id),
+        current_password: b"reader-pass".to_vec(),
         new_password: b"new-password".to_vec(),
     };
     assert!(state.prepare(caller, &own, 0).is_ok());
+    // The current password must match.
+    let guessed = ClientRequest::ChangePassword {
+        user: Identifier::Name("r".into()),
+        current_password: b"guessed-pass".to_vec(),
+        new_password: b"new-password".to_vec(),
+    };
+    assert_eq!(
+        state.prepare(caller, &guessed, 0),
+        Err(Status::InvalidCredentials)
+    );
     let other = ClientRequest::ChangePassword {
-        user_id: ROOT_USER_ID,
+        user: Identifier::Id(ROOT_USER_ID),
+        current_password: b"reader-pass".to_vec(),
         new_password: b"new-password".to_vec(),
     };
     assert_eq!(
@@ -702,4 +719,183 @@ fn topics_are_named_by_id_or_name_and_updates_patch_the_options_they_name() {
     );
     assert_eq!(deleted.status, Status::Ok);
     assert!(state.streams[&1].topics.is_empty());
+}
+
+#[test]
+fn users_tokens_renames_and_purges_apply_alike_on_every_replica() {
+    use crate::protocol::users::{UserDetailsReply, USER_ACTIVE, USER_INACTIVE};
+    let primary = formatted();
+    let mut a = primary.clone();
+    let mut b = primary.clone();
+    let created = run(
+        &primary,
+        &mut [&mut a, &mut b],
+        ROOT,
+        ClientRequest::CreateUser {
+            username: "ana".into(),
+            password: b"ana-password".to_vec(),
+            status: USER_ACTIVE,
+            permissions: vec![],
+            options: Vec::new(),
+        },
+    );
+    let details = UserDetailsReply::decode(&created.body).expect("the created user");
+    assert_eq!(details.user.username, "ana");
+    assert_eq!(details.user.created_at, 1_000);
+    let ana = details.user.id;
+    let ana_caller = Caller {
+        user_id: ana,
+        client: 11,
+    };
+    assert_eq!(a.user_id(&Identifier::Name("ana".into())), Some(ana));
+
+    // Deactivated: no login, no rights as a session; renamed; reactivated.
+    let primary = a.clone();
+    let update = ClientRequest::UpdateUser {
+        user: Identifier::Id(ana),
+        username: Some("bea".into()),
+        status: Some(USER_INACTIVE),
+        options: Vec::new(),
+    };
+    assert_eq!(
+        run(&primary, &mut [&mut a, &mut b], ROOT, update).status,
+        Status::Ok
+    );
+    assert!(!a.is_active(ana));
+    assert_eq!(a.login("bea", b"ana-password"), None);
+    assert_eq!(a.users[&ana].username, "bea");
+    // Root is never deactivated.
+    let root_off = MetadataOp::UpdateUser {
+        user_id: ROOT_USER_ID,
+        username: None,
+        status: Some(USER_INACTIVE),
+        options: Vec::new(),
+    };
+    assert_eq!(a.apply(ROOT, &root_off).status, Status::PermissionDenied);
+    assert_eq!(b.apply(ROOT, &root_off).status, Status::PermissionDenied);
+
+    // A token: only its hash is replicated, it logs in until it expires.
+    let (token, hash) = auth::new_token();
+    let op = a
+        .prepare_token(ana_caller, "ci", hash.clone(), 5_000, 1_000)
+        .expect("token op");
+    let body = op.encode();
+    assert!(!body.windows(token.len()).any(|w| w == token.as_bytes()));
+    let decoded = MetadataOp::decode(op.operation(), &body).unwrap();
+    assert_eq!(decoded, op);
+    assert_eq!(a.apply(ana_caller, &decoded).status, Status::Ok);
+    assert_eq!(b.apply(ana_caller, &decoded).status, Status::Ok);
+    let reactivate = MetadataOp::UpdateUser {
+        user_id: ana,
+        username: None,
+        status: Some(USER_ACTIVE),
+        options: Vec::new(),
+    };
+    a.apply(ROOT, &reactivate);
+    b.apply(ROOT, &reactivate);
+    assert_eq!(a.login("bea", b"ana-password"), Some(ana));
+    assert_eq!(
+        a.token_user(&auth::token_hash(token.as_bytes()), 5_999),
+        Some(ana)
+    );
+    assert_eq!(
+        a.token_user(&auth::token_hash(token.as_bytes()), 6_000),
+        None
+    );
+    assert_eq!(a.token_user(&auth::token_hash(b"guess"), 0), None);
+    assert_eq!(
+        a.prepare_token(ana_caller, "ci", hash, 0, 0),
+        Err(Status::AlreadyExists)
+    );
+    let delete = ClientRequest::DeleteToken { name: "ci".into() };
+    assert_eq!(
+        run(
+            &a.clone(),
+            &mut [&mut a, &mut b],
+            ana_caller,
+            delete.clone()
+        )
+        .status,
+        Status::Ok
+    );
+    assert_eq!(
+        run(&a.clone(), &mut [&mut a, &mut b], ana_caller, delete).status,
+        Status::NotFound
+    );
+
+    // A stream renamed, then purged at the primary's committed ends.
+    let stream = ClientRequest::CreateStream { name: "s".into() };
+    run(&a.clone(), &mut [&mut a, &mut b], ROOT, stream);
+    let topic = ClientRequest::CreateTopic {
+        stream: Identifier::Id(1),
+        name: "t".into(),
+        partitions: 2,
+        options: Vec::new(),
+    };
+    run(&a.clone(), &mut [&mut a, &mut b], ROOT, topic);
+    let rename = ClientRequest::UpdateStream {
+        stream: Identifier::Id(1),
+        name: "s2".into(),
+    };
+    run(&a.clone(), &mut [&mut a, &mut b], ROOT, rename);
+    assert_eq!(a.stream_id(&Identifier::Name("s2".into())), Some(1));
+    let purge = ClientRequest::PurgeStream {
+        stream: Identifier::Name("s2".into()),
+    };
+    let MetadataOp::Purge { mut partitions } = a.prepare(ROOT, &purge, 0).unwrap() else {
+        panic!("a purge op");
+    };
+    assert_eq!(partitions.len(), 2);
+    partitions[0].1 = 40;
+    partitions[1].1 = 7;
+    let op = MetadataOp::Purge { partitions };
+    let decoded = MetadataOp::decode(op.operation(), &op.encode()).unwrap();
+    assert_eq!(decoded, op);
+    a.apply(ROOT, &decoded);
+    b.apply(ROOT, &decoded);
+    let key = |partition| PartitionKey {
+        stream: 1,
+        topic: 1,
+        partition,
+    };
+    assert_eq!(a.retained_from(key(0)), 40);
+    assert_eq!(a.retained_from(key(1)), 7);
+    assert_eq!(a, b);
+    // A reader may not purge.
+    assert_eq!(
+        a.prepare(
+            ana_caller,
+            &ClientRequest::PurgeStream {
+                stream: Identifier::Id(1)
+            },
+            0
+        ),
+        Err(Status::PermissionDenied)
+    );
+}
+
+#[test]
+fn a_create_user_body_without_its_later_fields_still_decodes() {
+    let op = MetadataOp::CreateUser {
+        username: "ana".into(),
+        password_hash: "hash".into(),
+        permissions: vec![],
+        created_at: 9,
+        status: 2,
+        options: Vec::new(),
+    };
+    let body = op.encode();
+    // The body as written before users kept created_at, status and options.
+    let old = &body[..body.len() - (8 + 1 + 4)];
+    assert_eq!(
+        MetadataOp::decode(op.operation(), old),
+        Ok(MetadataOp::CreateUser {
+            username: "ana".into(),
+            password_hash: "hash".into(),
+            permissions: vec![],
+            created_at: 0,
+            status: 1,
+            options: Vec::new(),
+        })
+    );
 }

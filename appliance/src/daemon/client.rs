@@ -18,7 +18,7 @@ use crate::protocol::reply::{
     PartitionRange, TopicInfo, PRIMARY_UNKNOWN,
 };
 use crate::protocol::{ClientRequest, Credentials, Status};
-use crate::state::{auth, Caller, MetadataOp, Right};
+use crate::state::{auth, Caller, MetadataOp, PasswordWork, Right};
 
 /// A failed login is answered after this delay (slows password guessing).
 pub const LOGIN_FAILURE_DELAY: Duration = Duration::from_millis(500);
@@ -383,6 +383,15 @@ impl Node {
                     let key = refusal.key.into_bytes();
                     return self.answer(connection, &header, refusal.status, &key);
                 }
+                // A new password's hash (and a current one's check) is Argon2 work:
+                // done on the blocking pool, never on the node loop.
+                match self.state.password_work(caller, &request, now_us()) {
+                    Ok(Some(work)) => {
+                        return self.start_password_work(connection, &header, user, work)
+                    }
+                    Ok(None) => {}
+                    Err(status) => return self.answer(connection, &header, status, &[]),
+                }
                 let prepared = self.state.prepare(caller, &request, now_us());
                 // DeleteSegments names a count; the prepare carries the offset it reaches
                 // in this node's segments.
@@ -531,6 +540,57 @@ impl Node {
         .detach();
     }
 
+    /// Runs a CreateUser's or ChangePassword's Argon2 work on the blocking pool (within
+    /// the password checks' bound); the op it yields comes back as an event.
+    fn start_password_work(
+        &mut self,
+        connection: ClientId,
+        header: &RequestHeader,
+        user: u32,
+        work: PasswordWork,
+    ) {
+        if self.logins_in_flight >= LOGINS_IN_FLIGHT_MAX {
+            self.reject("login_busy");
+            return self.answer(connection, header, Status::Unavailable, &[]);
+        }
+        self.logins_in_flight += 1;
+        let done = glommio::executor().spawn_blocking(move || work.run());
+        let events = self.events.clone();
+        let request = Box::new(*header);
+        glommio::spawn_local(async move {
+            let op = Box::new(done.await);
+            let _ = events.try_send(Event::PasswordWorkDone {
+                connection,
+                request,
+                user,
+                op,
+            });
+        })
+        .detach();
+    }
+
+    pub(super) fn on_password_work_done(
+        &mut self,
+        connection: ClientId,
+        header: &RequestHeader,
+        user: u32,
+        op: Result<MetadataOp, Status>,
+    ) {
+        self.logins_in_flight = self.logins_in_flight.saturating_sub(1);
+        if !self.connections.contains_key(&connection) {
+            return; // closed meanwhile
+        }
+        match op {
+            Ok(op) => {
+                let body = op.encode();
+                self.metadata_request(connection, header, user, op.operation(), &body);
+            }
+            // A wrong current password is answered as a failed login is.
+            Err(Status::InvalidCredentials) => self.refuse_credentials(connection, header),
+            Err(status) => self.answer(connection, header, status, &[]),
+        }
+    }
+
     /// A login with a personal access token: its hash is a lookup, not a slow check.
     fn token_login(
         &mut self,
@@ -611,16 +671,21 @@ impl Node {
                     .detach();
                     return;
                 }
-                self.reject("login_failed");
-                let frame = self.reply(header, Status::InvalidCredentials, &[]);
-                let bus = self.bus.clone();
-                glommio::spawn_local(async move {
-                    glommio::timer::sleep(LOGIN_FAILURE_DELAY).await;
-                    let _ = bus.send_to_client(connection, frame);
-                })
-                .detach();
+                self.refuse_credentials(connection, header);
             }
         }
+    }
+
+    /// InvalidCredentials, counted `login_failed`, after `LOGIN_FAILURE_DELAY`.
+    fn refuse_credentials(&mut self, connection: ClientId, header: &RequestHeader) {
+        self.reject("login_failed");
+        let frame = self.reply(header, Status::InvalidCredentials, &[]);
+        let bus = self.bus.clone();
+        glommio::spawn_local(async move {
+            glommio::timer::sleep(LOGIN_FAILURE_DELAY).await;
+            let _ = bus.send_to_client(connection, frame);
+        })
+        .detach();
     }
 
     /// The request frame the core sees: the verified user id stamped in, `body` as given.

@@ -141,6 +141,13 @@ pub enum Event {
         /// The credentials of a first check, for one more on a backup that fails it.
         retry: Option<Box<Credentials>>,
     },
+    /// A CreateUser's or ChangePassword's Argon2 work finished on the blocking pool.
+    PasswordWorkDone {
+        connection: ClientId,
+        request: Box<RequestHeader>,
+        user: u32,
+        op: Box<Result<MetadataOp, Status>>,
+    },
     /// A login a backup failed, checked once more after the failure delay (the user
     /// may have been created or changed in an op this node had not applied yet).
     LoginRetry {
@@ -683,6 +690,12 @@ impl Node {
                 request,
                 credentials,
             } => self.on_login_retry(connection, &request, *credentials),
+            Event::PasswordWorkDone {
+                connection,
+                request,
+                user,
+                op,
+            } => self.on_password_work_done(connection, &request, user, *op),
             Event::Xfer(message) => self.on_xfer(message),
             Event::PeerConnected(peer, up) => self.groups.set_connected(peer, up),
             Event::PartitionOpened { key, group, opened } => {

@@ -189,6 +189,37 @@ impl User {
     }
 }
 
+/// A CreateUser or ChangePassword waiting for its Argon2 work: the current password's
+/// check (ChangePassword) and the new password's salted hash.
+#[derive(Debug)]
+pub struct PasswordWork {
+    op: MetadataOp,
+    /// The password given as current, and the user's hash it must match.
+    verify: Option<(Vec<u8>, String)>,
+    password: Vec<u8>,
+}
+
+impl PasswordWork {
+    /// Checks and hashes (tens of milliseconds), then the op to prepare: the hash in
+    /// place of the password. InvalidCredentials when the current password is wrong,
+    /// InvalidRequest for a password too short.
+    pub fn run(self) -> Result<MetadataOp, Status> {
+        if let Some((given, hash)) = &self.verify {
+            if !auth::verify_password(given, hash) {
+                return Err(Status::InvalidCredentials);
+            }
+        }
+        let hashed = auth::hash_password(&self.password).map_err(|_| Status::InvalidRequest)?;
+        let mut op = self.op;
+        if let MetadataOp::CreateUser { password_hash, .. }
+        | MetadataOp::ChangePassword { password_hash, .. } = &mut op
+        {
+            *password_hash = hashed;
+        }
+        Ok(op)
+    }
+}
+
 /// Who is asking: the session's user and client (from the prepare header).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Caller {
@@ -287,6 +318,65 @@ impl MetadataState {
             return Err(Status::LimitReached);
         }
         Ok(MetadataOp::Purge { partitions })
+    }
+
+    /// The Argon2 work a CreateUser or ChangePassword needs before it can be prepared
+    /// (None for any other request), once the caller's rights and the user are checked.
+    /// `PasswordWork::run` does it: slow, so the daemon runs it off its node loop.
+    pub fn password_work(
+        &self,
+        caller: Caller,
+        request: &ClientRequest<'_>,
+        now: u64,
+    ) -> Result<Option<PasswordWork>, Status> {
+        let manager = self.allows(caller.user_id, 0, Right::Manage);
+        Ok(Some(match request {
+            ClientRequest::CreateUser {
+                username,
+                password,
+                status,
+                permissions,
+                options,
+            } => {
+                if !manager {
+                    return Err(Status::PermissionDenied);
+                }
+                PasswordWork {
+                    op: MetadataOp::CreateUser {
+                        username: username.clone(),
+                        password_hash: String::new(),
+                        permissions: permissions.clone(),
+                        created_at: now,
+                        status: *status,
+                        options: options.clone(),
+                    },
+                    verify: None,
+                    password: password.clone(),
+                }
+            }
+            ClientRequest::ChangePassword {
+                user,
+                current_password,
+                new_password,
+            } => {
+                let user_id = self.user_id(user).ok_or(Status::NotFound)?;
+                if user_id != caller.user_id && !manager {
+                    return Err(Status::PermissionDenied);
+                }
+                PasswordWork {
+                    op: MetadataOp::ChangePassword {
+                        user_id,
+                        password_hash: String::new(),
+                    },
+                    verify: Some((
+                        current_password.clone(),
+                        self.users[&user_id].password_hash.clone(),
+                    )),
+                    password: new_password.clone(),
+                }
+            }
+            _ => return Ok(None),
+        }))
     }
 
     /// The user an Identifier names: by id, or by username.
@@ -504,8 +594,6 @@ impl MetadataState {
                 Err(Status::PermissionDenied)
             }
         };
-        let hash =
-            |password: &[u8]| auth::hash_password(password).map_err(|_| Status::InvalidRequest);
         Ok(match request {
             R::CreateStream { name } => {
                 need(0, Right::Manage)?;
@@ -626,25 +714,9 @@ impl MetadataState {
                     },
                 }
             }
-            R::CreateUser {
-                username,
-                password,
-                status,
-                permissions,
-                options,
-            } => {
-                need(0, Right::Manage)?;
-                if self.users.values().any(|u| u.username == *username) {
-                    return Err(Status::AlreadyExists);
-                }
-                MetadataOp::CreateUser {
-                    username: username.clone(),
-                    password_hash: hash(password)?,
-                    permissions: permissions.clone(),
-                    created_at: now,
-                    status: *status,
-                    options: options.clone(),
-                }
+            R::CreateUser { .. } | R::ChangePassword { .. } => {
+                let work = self.password_work(caller, request, now)?;
+                return work.map_or(Err(Status::InvalidRequest), PasswordWork::run);
             }
             R::DeleteUser { user } => {
                 need(0, Right::Manage)?;
@@ -664,24 +736,6 @@ impl MetadataState {
                     username: username.clone(),
                     status: *status,
                     options: options.clone(),
-                }
-            }
-            R::ChangePassword {
-                user,
-                current_password,
-                new_password,
-            } => {
-                let user_id = self.user_id(user).ok_or(Status::NotFound)?;
-                if user_id != caller.user_id {
-                    need(0, Right::Manage)?;
-                }
-                let current = &self.users[&user_id].password_hash;
-                if !auth::verify_password(current_password, current) {
-                    return Err(Status::InvalidCredentials);
-                }
-                MetadataOp::ChangePassword {
-                    user_id,
-                    password_hash: hash(new_password)?,
                 }
             }
             R::UpdatePermissions { user, permissions } => {

@@ -5,7 +5,7 @@ pub mod auth;
 pub mod metadata;
 pub mod ops;
 
-pub use metadata::{Applied, Caller, MetadataState, Right};
+pub use metadata::{Applied, Caller, MetadataState, PasswordWork, Right};
 pub use ops::MetadataOp;
 
 #[cfg(test)]

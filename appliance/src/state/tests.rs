@@ -875,6 +875,77 @@ fn users_tokens_renames_and_purges_apply_alike_on_every_replica() {
 }
 
 #[test]
+fn password_work_is_checked_before_any_hashing_and_done_apart() {
+    let mut state = formatted();
+    let ana = u32::from_le_bytes(
+        state
+            .apply(
+                ROOT,
+                &MetadataOp::CreateUser {
+                    username: "ana".into(),
+                    password_hash: auth::hash_password(b"ana-password").unwrap(),
+                    permissions: vec![],
+                    created_at: 0,
+                    status: 1,
+                    options: Vec::new(),
+                },
+            )
+            .body[..4]
+            .try_into()
+            .unwrap(),
+    );
+    let as_ana = Caller {
+        user_id: ana,
+        client: 5,
+    };
+    let create = ClientRequest::CreateUser {
+        username: "bo".into(),
+        password: b"bo-password".to_vec(),
+        status: 1,
+        permissions: vec![],
+        options: Vec::new(),
+    };
+    // Rights and the user are checked first: refused work costs no Argon2.
+    assert_eq!(
+        state.password_work(as_ana, &create, 0).err(),
+        Some(Status::PermissionDenied)
+    );
+    let missing = ClientRequest::ChangePassword {
+        user: Identifier::Name("nobody".into()),
+        current_password: b"whatever-pass".to_vec(),
+        new_password: b"new-password".to_vec(),
+    };
+    assert_eq!(
+        state.password_work(ROOT, &missing, 0).err(),
+        Some(Status::NotFound)
+    );
+    assert!(matches!(
+        state.password_work(ROOT, &ClientRequest::GetUsers, 0),
+        Ok(None)
+    ));
+    // The work yields the op with the new password's salted hash.
+    let work = state.password_work(ROOT, &create, 7).unwrap().unwrap();
+    let MetadataOp::CreateUser {
+        password_hash,
+        created_at,
+        ..
+    } = work.run().unwrap()
+    else {
+        panic!("a CreateUser op");
+    };
+    assert!(auth::verify_password(b"bo-password", &password_hash));
+    assert_eq!(created_at, 7);
+    // A new password too short is refused by the work itself.
+    let short = ClientRequest::ChangePassword {
+        user: Identifier::Id(ana),
+        current_password: b"ana-password".to_vec(),
+        new_password: b"short".to_vec(),
+    };
+    let work = state.password_work(as_ana, &short, 0).unwrap().unwrap();
+    assert_eq!(work.run().err(), Some(Status::InvalidRequest));
+}
+
+#[test]
 fn a_create_user_body_without_its_later_fields_still_decodes() {
     let op = MetadataOp::CreateUser {
         username: "ana".into(),

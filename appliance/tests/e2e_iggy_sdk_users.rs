@@ -142,6 +142,11 @@ fn the_sdk_manages_users_permissions_and_tokens() {
         // Her own record she may read; the others' not.
         assert!(as_alice.get_user(&alice_ref).await.unwrap().is_some());
         assert!(as_alice.get_users().await.is_err());
+        // Whether another user exists is not told either.
+        for other in ["root", "nobody"] {
+            let denied = as_alice.get_user(&Identifier::named(other).unwrap()).await;
+            assert!(matches!(denied, Err(IggyError::Unauthorized)), "{denied:?}");
+        }
 
         // Update: rename and deactivate; an inactive user cannot log in and its open
         // sessions end.

@@ -27,13 +27,16 @@ impl Node {
         let denied = (Status::PermissionDenied, Vec::new());
         match request {
             ClientRequest::GetUser { user: target } => {
-                let Some(id) = self.state.user_id(target) else {
-                    return (Status::Ok, Vec::new());
-                };
-                if id != user && !cluster_reader {
+                let id = self.state.user_id(target);
+                // Without the right, only one's own record: whether another user
+                // exists is not told either.
+                if id != Some(user) && !cluster_reader {
                     return denied;
                 }
-                (Status::Ok, self.state.users[&id].details(id).encode())
+                match id {
+                    Some(id) => (Status::Ok, self.state.users[&id].details(id).encode()),
+                    None => (Status::Ok, Vec::new()),
+                }
             }
             ClientRequest::GetUsers if cluster_reader => {
                 let users: Vec<UserReply> = self

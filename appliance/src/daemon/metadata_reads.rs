@@ -168,7 +168,7 @@ impl Node {
     }
 
     /// Bytes and messages this node stores of a topic's partitions.
-    fn topic_sizes(&self, stream: u32, topic: u32) -> (u64, u64) {
+    pub(super) fn topic_sizes(&self, stream: u32, topic: u32) -> (u64, u64) {
         let count = self
             .state
             .streams

@@ -143,6 +143,9 @@ impl Node {
                 reply.topics_count += 1;
                 reply.partitions_count += topic.partition_count;
                 reply.consumer_groups_count += topic.groups.len() as u32;
+                let (bytes, messages) = self.topic_sizes(*stream_id, *topic_id);
+                reply.messages_size_bytes += bytes;
+                reply.messages_count += messages;
                 for partition in 0..topic.partition_count {
                     let key = PartitionKey {
                         stream: *stream_id,
@@ -155,11 +158,6 @@ impl Node {
                         .and_then(|group| self.partitions.by_group.get(&group))
                     {
                         reply.segments_count += log.log.segment_count() as u32;
-                    }
-                    if let Some(stored) = self.stored(key) {
-                        reply.messages_size_bytes += stored.bytes;
-                        reply.messages_count +=
-                            stored.committed_end.saturating_sub(stored.first_offset);
                     }
                 }
             }

@@ -452,11 +452,6 @@ impl Bus {
         self.inner.client_remotes.borrow().get(&client).copied()
     }
 
-    /// Open client connections.
-    pub fn client_count(&self) -> usize {
-        self.inner.clients.borrow().len()
-    }
-
     pub fn is_connected(&self, replica: u8) -> bool {
         self.link(replica).is_some()
     }

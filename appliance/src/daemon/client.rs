@@ -503,10 +503,8 @@ impl Node {
         }
         let account = self
             .state
-            .users
-            .iter()
-            .find(|(_, u)| u.username == username && u.is_active())
-            .map(|(id, u)| (*id, u.password_hash.clone()));
+            .account(username)
+            .map(|(id, hash)| (id, hash.to_owned()));
         let retry = may_retry.then(|| {
             Box::new(Credentials::Password {
                 username: username.to_owned(),

@@ -379,6 +379,14 @@ impl MetadataState {
         }))
     }
 
+    /// The active user a login names, with its password hash.
+    pub fn account(&self, username: &str) -> Option<(u32, &str)> {
+        self.users
+            .iter()
+            .find(|(_, u)| u.username == username && u.is_active())
+            .map(|(id, u)| (*id, u.password_hash.as_str()))
+    }
+
     /// The user an Identifier names: by id, or by username.
     pub fn user_id(&self, user: &Identifier) -> Option<u32> {
         match user {
@@ -436,12 +444,8 @@ impl MetadataState {
     /// The active user a login names, if the password matches. Unknown names (and
     /// inactive users) verify against a decoy hash so timing does not reveal whether a user exists.
     pub fn login(&self, username: &str, password: &[u8]) -> Option<u32> {
-        let found = self
-            .users
-            .iter()
-            .find(|(_, u)| u.username == username && u.is_active());
-        match found {
-            Some((id, user)) => auth::verify_password(password, &user.password_hash).then_some(*id),
+        match self.account(username) {
+            Some((id, hash)) => auth::verify_password(password, hash).then_some(id),
             None => {
                 auth::verify_password(password, auth::decoy_hash());
                 None

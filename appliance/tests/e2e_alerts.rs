@@ -281,10 +281,7 @@ impl Prometheus {
         );
         let config_path = dir.path().join("prometheus.yml");
         std::fs::write(&config_path, config).expect("write prometheus.yml");
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = common::Ports::pick(1)[0].http;
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let log = dir.path().join("prometheus.log");
         let child = Command::new(PROMETHEUS)

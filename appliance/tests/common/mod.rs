@@ -4,10 +4,12 @@
 
 #![allow(dead_code)]
 
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use appliance::protocol::reply::strip_result_section;
@@ -28,16 +30,45 @@ pub struct Ports {
 }
 
 impl Ports {
-    /// Ports for `nodes` nodes, all distinct: every listener is held until all are
-    /// chosen, so the kernel never hands out one port twice.
+    /// Ports for `nodes` nodes, all distinct, none handed out before by this process,
+    /// and all below the kernel's ephemeral range: a port from that range can be taken
+    /// as the local end of any outgoing connection between the moment it is chosen and
+    /// the moment the node listens on it. Every listener is held until all are chosen.
     pub fn pick(nodes: usize) -> Vec<Ports> {
-        let listeners: Vec<TcpListener> = (0..nodes * 5)
-            .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free port on 127.0.0.1"))
-            .collect();
-        let ports: Vec<u16> = listeners
-            .iter()
-            .map(|l| l.local_addr().expect("bound").port())
-            .collect();
+        static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+        let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+            .unwrap_or(32768);
+        let floor: u16 = if low > 12_000 { 10_000 } else { 1024 };
+        let span = u64::from(low.saturating_sub(floor).max(1));
+        let mut seed = u64::from(std::process::id())
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+        let mut listeners = Vec::with_capacity(nodes * 5);
+        let mut ports = Vec::with_capacity(nodes * 5);
+        let mut tries = 0u32;
+        while ports.len() < nodes * 5 {
+            tries += 1;
+            assert!(tries < 100_000, "no free port below {low} on 127.0.0.1");
+            // xorshift64*
+            seed ^= seed >> 12;
+            seed ^= seed << 25;
+            seed ^= seed >> 27;
+            let port =
+                floor + (seed.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32).rem_euclid(span) as u16;
+            if handed_out.contains(&port) {
+                continue;
+            }
+            if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+                handed_out.insert(port);
+                listeners.push(listener);
+                ports.push(port);
+            }
+        }
         drop(listeners);
         ports
             .chunks_exact(5)

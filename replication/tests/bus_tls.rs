@@ -1,9 +1,12 @@
 //! TLS on the replica plane: TLS 1.3 with mutual certificates from ca_file, and the
-//! exporter folded into the handshake MACs so a relaying man-in-the-middle fails.
+//! exporter folded into the handshake MACs so a relaying man-in-the-middle fails. And TLS
+//! on the client listener: plaintext, idle and untrusted clients refused, a swap of the
+//! certificate for new connections.
 
 mod common;
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -304,5 +307,139 @@ fn tls_client_without_the_replica_alpn_is_refused() {
         );
         assert_eq!(bus_1.stats().snapshot().rejected("tls_alpn_mismatch"), 1);
         bus_1.shutdown();
+    });
+}
+
+/// The client port's TLS config for a leaf of `pki`, and a client config trusting `pki`.
+fn client_port_tls(pki: &Pki) -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let (cert, key) = pki.leaf_pem();
+    let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .expect("chain");
+    let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
+    let server = replication::bus::tls::client_port_config_from(chain, key).expect("server");
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(pki.ca_pem().as_bytes()) {
+        roots.add(ca.expect("ca")).expect("root");
+    }
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    (server, Arc::new(client))
+}
+
+fn client_request(client: u128) -> replication::wire::Frame {
+    let mut header = replication::wire::RequestHeader::new();
+    header.client = client;
+    header.operation = replication::wire::Operation::Register as u8;
+    replication::wire::Frame::build(&header, &[])
+}
+
+/// Reads until the peer closes (true) or `limit` passes (false).
+async fn closed_within<S: futures_lite::AsyncRead + Unpin>(
+    stream: &mut S,
+    limit: Duration,
+) -> bool {
+    let read = async {
+        let mut sink = [0u8; 4096];
+        loop {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => return Ok(()),
+                Ok(_) => {}
+            }
+        }
+    };
+    glommio::timer::timeout(limit, read).await.is_ok()
+}
+
+#[test]
+fn the_client_port_with_tls_serves_tls_and_refuses_plaintext_idle_and_untrusted_clients() {
+    let pki = Pki::new("client port ca");
+    let (server, trusting) = client_port_tls(&pki);
+    let (rotated, trusting_rotated) = client_port_tls(&Pki::new("rotated ca"));
+    run(move || async move {
+        let mut config = config(0, &[loopback(0)]);
+        config.client_listen = Some(loopback(0));
+        config.handshake_grace = Duration::from_millis(300);
+        config.client_tls = Some(server);
+        let seen = recorder();
+        let bus = Bus::start(config, seen.clone()).expect("starts");
+        assert!(bus.client_tls_enabled());
+        let addr = bus.client_addr().expect("client listener");
+        let name = ServerName::try_from("localhost").expect("name");
+
+        // TLS: the Request reaches the handler, the reply comes back encrypted.
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        let mut tls = TlsConnector::from(trusting.clone())
+            .connect(name.clone(), tcp)
+            .await
+            .expect("TLS handshake");
+        tls.write_all(client_request(42).as_bytes())
+            .await
+            .expect("send");
+        tls.flush().await.expect("flush");
+        assert!(wait_until(LINK_WAIT, || seen.seen.borrow().client_frames.len() == 1).await);
+        let client = seen.seen.borrow().client_frames[0].0;
+        let mut reply = replication::wire::ReplyHeader::new();
+        reply.client = 42;
+        let reply = replication::wire::Frame::build(&reply, &[]);
+        bus.send_to_client(client, reply.clone()).expect("queued");
+        let mut answer = vec![0u8; 256];
+        tls.read_exact(&mut answer).await.expect("reply");
+        assert_eq!(answer, reply.as_bytes());
+
+        // Plaintext: a Request header is never read as a frame; closed and counted.
+        let mut plain = TcpStream::connect(addr).await.expect("connect");
+        plain
+            .write_all(client_request(43).as_bytes())
+            .await
+            .expect("send");
+        assert!(closed_within(&mut plain, LINK_WAIT).await);
+        // Idle: closed after handshake_grace.
+        let mut idle = TcpStream::connect(addr).await.expect("connect");
+        let started = std::time::Instant::now();
+        assert!(closed_within(&mut idle, LINK_WAIT).await);
+        assert!(started.elapsed() >= Duration::from_millis(250));
+        // A client trusting another CA fails its handshake.
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        assert!(TlsConnector::from(trusting_rotated.clone())
+            .connect(name.clone(), tcp)
+            .await
+            .is_err());
+        assert!(
+            wait_until(LINK_WAIT, || {
+                let stats = bus.stats().snapshot();
+                stats.rejected("client_plaintext") == 1
+                    && stats.rejected("client_tls_handshake_timeout") == 1
+                    && stats.rejected("client_tls_handshake_failed") == 1
+            })
+            .await
+        );
+        assert_eq!(seen.seen.borrow().client_frames.len(), 1);
+
+        // A swap: new connections get the new certificate, the open one goes on.
+        bus.set_client_tls(Some(rotated));
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        assert!(TlsConnector::from(trusting_rotated)
+            .connect(name.clone(), tcp)
+            .await
+            .is_ok());
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        assert!(TlsConnector::from(trusting)
+            .connect(name, tcp)
+            .await
+            .is_err());
+        tls.write_all(client_request(42).as_bytes())
+            .await
+            .expect("send");
+        tls.flush().await.expect("flush");
+        assert!(wait_until(LINK_WAIT, || seen.seen.borrow().client_frames.len() == 2).await);
+        bus.shutdown();
     });
 }

@@ -118,6 +118,9 @@ pub struct BusConfig {
     pub auth: AuthConfig,
     /// cluster.tls.
     pub tls: TlsConfig,
+    /// tcp.tls: the client listener's acceptor config (`tls::client_port_config`); None
+    /// serves plaintext. `Bus::set_client_tls` swaps it while running.
+    pub client_tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
 impl BusConfig {
@@ -146,6 +149,7 @@ impl BusConfig {
             client_body_timeout: CLIENT_BODY_TIMEOUT_DEFAULT,
             auth: AuthConfig::default(),
             tls: TlsConfig::default(),
+            client_tls: None,
         }
     }
 

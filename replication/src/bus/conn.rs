@@ -100,19 +100,98 @@ impl AsyncWrite for Tcp {
     }
 }
 
+/// Bytes a TLS transport reads from its socket at once. rustls asks for at most 4 KiB
+/// per read; serving those from one larger read makes a 1 MiB frame about 32 receives
+/// instead of 256. Allocated at the first read, so connections that never pass the
+/// handshake hold none of it.
+pub(crate) const TLS_READ_AHEAD: usize = 32 * 1024;
+
+/// glommio TCP under TLS: reads ahead `TLS_READ_AHEAD` bytes; writes go straight through.
+pub(crate) struct TlsTcp {
+    tcp: Tcp,
+    ahead: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl TlsTcp {
+    pub(crate) fn new(tcp: TcpStream) -> TlsTcp {
+        TlsTcp {
+            tcp: Tcp(tcp),
+            ahead: Vec::new(),
+            start: 0,
+            end: 0,
+        }
+    }
+}
+
+impl AsyncRead for TlsTcp {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.start == this.end {
+            if out.len() >= TLS_READ_AHEAD {
+                return Pin::new(&mut this.tcp).poll_read(cx, out);
+            }
+            if this.ahead.is_empty() {
+                this.ahead = vec![0; TLS_READ_AHEAD];
+            }
+            let n = match Pin::new(&mut this.tcp).poll_read(cx, &mut this.ahead) {
+                Poll::Ready(Ok(n)) => n,
+                other => return other,
+            };
+            this.start = 0;
+            this.end = n;
+        }
+        let n = (this.end - this.start).min(out.len());
+        out[..n].copy_from_slice(&this.ahead[this.start..this.start + n]);
+        this.start += n;
+        Poll::Ready(Ok(n))
+    }
+}
+
+impl AsyncWrite for TlsTcp {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().tcp).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tcp).poll_close(cx)
+    }
+}
+
 /// A connection's transport.
 pub(crate) enum Stream {
     Plain(Tcp),
-    TlsClient(Box<futures_rustls::client::TlsStream<Tcp>>),
-    TlsServer(Box<futures_rustls::server::TlsStream<Tcp>>),
+    TlsClient(Box<futures_rustls::client::TlsStream<TlsTcp>>),
+    TlsServer(Box<futures_rustls::server::TlsStream<TlsTcp>>),
 }
 
 impl Stream {
     fn tcp(&self) -> &Tcp {
         match self {
             Stream::Plain(tcp) => tcp,
-            Stream::TlsClient(tls) => tls.get_ref().0,
-            Stream::TlsServer(tls) => tls.get_ref().0,
+            Stream::TlsClient(tls) => &tls.get_ref().0.tcp,
+            Stream::TlsServer(tls) => &tls.get_ref().0.tcp,
         }
     }
 

@@ -11,7 +11,7 @@ use glommio::net::{TcpListener, TcpStream};
 
 use super::auth::ChannelBinding;
 use super::conn::{
-    write_all_vectored, FrameReader, SharedStream, Stream, Tcp, CLIENT_STAGE_SIZE,
+    write_all_vectored, FrameReader, SharedStream, Stream, Tcp, TlsTcp, CLIENT_STAGE_SIZE,
     HANDSHAKE_STAGE_SIZE, STAGE_SIZE,
 };
 use super::handshake::{Acceptor, AcceptorStep};
@@ -81,7 +81,7 @@ async fn accept_handshake(
         None => (Stream::Plain(Tcp(tcp)), ChannelBinding::Plaintext),
         Some(context) => {
             let tls = TlsAcceptor::from(context.server.clone())
-                .accept(Tcp(tcp))
+                .accept(TlsTcp::new(tcp))
                 .await
                 .map_err(|_| reasons::TLS_HANDSHAKE)?;
             let connection = tls.get_ref().1;
@@ -153,16 +153,114 @@ pub(crate) async fn client_accept_loop(inner: Rc<Inner>, listener: TcpListener) 
             drop(tcp);
             continue;
         }
+        let tls = inner.client_tls.borrow().clone();
+        let handshake = match tls {
+            None => None,
+            Some(config) => {
+                let in_flight = inner.client_handshakes.get();
+                if in_flight >= inner.config.handshakes_max {
+                    refuse_client(&inner, reasons::CLIENT_TLS_LIMIT, tcp.peer_addr().ok());
+                    drop(tcp);
+                    continue;
+                }
+                inner.client_handshakes.set(in_flight + 1);
+                Some((config, ClientHandshake(inner.clone())))
+            }
+        };
         open.set(open.get() + 1);
         let slot = ClientSlot(open.clone());
         let inner = inner.clone();
         glommio::spawn_local(async move {
             let _ = tcp.set_nodelay(true);
             let remote = tcp.peer_addr().ok();
-            let stream: SharedStream = Rc::new(RefCell::new(Stream::Plain(Tcp(tcp))));
+            let stream = match handshake {
+                None => Stream::Plain(Tcp(tcp)),
+                Some((config, in_flight)) => {
+                    let result = accept_client_tls(&inner, config, tcp).await;
+                    drop(in_flight);
+                    match result {
+                        Ok(stream) => stream,
+                        Err(reason) => {
+                            refuse_client(&inner, reason, remote);
+                            return;
+                        }
+                    }
+                }
+            };
+            let stream: SharedStream = Rc::new(RefCell::new(stream));
             run_client_link(inner, stream, remote, FrameReader::new(CLIENT_STAGE_SIZE)).await;
             drop(slot);
         })
         .detach();
+    }
+}
+
+/// Releases a client TLS handshake slot however the handshake ends.
+struct ClientHandshake(Rc<Inner>);
+
+impl Drop for ClientHandshake {
+    fn drop(&mut self) {
+        let count = self.0.client_handshakes.get();
+        self.0.client_handshakes.set(count.saturating_sub(1));
+    }
+}
+
+/// The first bytes of every TLS connection: a handshake record (content type 22) of
+/// record-layer major version 3 (the ClientHello).
+const TLS_RECORD_START: [u8; 2] = [0x16, 0x03];
+/// Pause between peeks while a connection's first bytes trickle in.
+const PEEK_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// The client side of TLS on the client port, within handshake_grace. A connection that
+/// opens with anything but a TLS handshake record is a plaintext client: refused before
+/// any of its bytes is read as a frame. Err carries the counter label.
+async fn accept_client_tls(
+    inner: &Rc<Inner>,
+    config: std::sync::Arc<rustls::ServerConfig>,
+    tcp: TcpStream,
+) -> Result<Stream, &'static str> {
+    let handshake = async {
+        let mut first = [0u8; TLS_RECORD_START.len()];
+        loop {
+            match tcp.peek(&mut first).await {
+                Ok(n) if n == first.len() => break,
+                Ok(n) if n > 0 && first[..n] == TLS_RECORD_START[..n] => {
+                    glommio::timer::sleep(PEEK_PAUSE).await;
+                }
+                Ok(0) | Err(_) => return Ok(Err(reasons::CLIENT_TLS_HANDSHAKE)),
+                Ok(_) => return Ok(Err(reasons::CLIENT_PLAINTEXT)),
+            }
+        }
+        if first != TLS_RECORD_START {
+            return Ok(Err(reasons::CLIENT_PLAINTEXT));
+        }
+        let result = TlsAcceptor::from(config)
+            .accept(TlsTcp::new(tcp))
+            .await
+            .map(|tls| Stream::TlsServer(Box::new(tls)))
+            .map_err(|_| reasons::CLIENT_TLS_HANDSHAKE);
+        Ok(result)
+    };
+    match glommio::timer::timeout(inner.config.handshake_grace, handshake).await {
+        Ok(result) => result,
+        Err(_) => Err(reasons::CLIENT_TLS_TIMEOUT),
+    }
+}
+
+/// Counts a refused client connection; a plaintext client or a failed handshake is logged
+/// (rate-limited), since it usually means a client configured without TLS or without
+/// the CA.
+fn refuse_client(inner: &Inner, reason: &'static str, remote: Option<std::net::SocketAddr>) {
+    inner.stats.reject(reason);
+    if inner.log_limiter.allow() {
+        if reason == reasons::CLIENT_PLAINTEXT {
+            tracing::warn!(
+                reason,
+                ?remote,
+                "client port refused a plaintext connection: tcp.tls is enabled"
+            );
+        } else {
+            tracing::info!(reason, ?remote, "client port refused a TLS connection");
+        }
     }
 }

@@ -274,6 +274,11 @@ pub(crate) struct Inner {
     next_client: Cell<u64>,
     next_link: Cell<u64>,
     handshakes_in_flight: Cell<usize>,
+    /// The client listener's TLS acceptor config (None: plaintext); swapped by
+    /// `Bus::set_client_tls`, read once per accepted connection.
+    client_tls: RefCell<Option<Arc<rustls::ServerConfig>>>,
+    /// Client TLS handshakes in flight (at most config.handshakes_max).
+    client_handshakes: Cell<usize>,
     /// Bytes of client frames held (limits.frame_memory_max).
     frame_memory: Arc<conn::FrameMemory>,
     closed: Cell<bool>,
@@ -392,6 +397,8 @@ impl Bus {
             next_client: Cell::new(1),
             next_link: Cell::new(1),
             handshakes_in_flight: Cell::new(0),
+            client_tls: RefCell::new(config.client_tls.clone()),
+            client_handshakes: Cell::new(0),
             frame_memory: Arc::new(conn::FrameMemory::new(config.client_frame_memory_max)),
             closed: Cell::new(false),
             log_limiter: stats::LogLimiter::new(),
@@ -446,12 +453,24 @@ impl Bus {
         self.inner.stats.clone()
     }
 
-    /// Whether an established link to `replica` exists.
     /// The address an open client connection comes from.
     pub fn client_address(&self, client: ClientId) -> Option<std::net::SocketAddr> {
         self.inner.client_remotes.borrow().get(&client).copied()
     }
 
+    /// Replaces the client listener's TLS config for connections accepted from now on
+    /// (a certificate rotation); connections already open keep their sessions. None
+    /// serves plaintext.
+    pub fn set_client_tls(&self, config: Option<Arc<rustls::ServerConfig>>) {
+        *self.inner.client_tls.borrow_mut() = config;
+    }
+
+    /// Whether the client listener requires TLS.
+    pub fn client_tls_enabled(&self) -> bool {
+        self.inner.client_tls.borrow().is_some()
+    }
+
+    /// Whether an established link to `replica` exists.
     pub fn is_connected(&self, replica: u8) -> bool {
         self.link(replica).is_some()
     }

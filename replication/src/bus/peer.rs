@@ -11,7 +11,8 @@ use glommio::net::TcpStream;
 use super::auth::ChannelBinding;
 use super::config::{NodeAddress, RECONNECT_BACKOFF_FACTOR_MAX};
 use super::conn::{
-    write_all_vectored, FrameReader, SharedStream, Stream, Tcp, HANDSHAKE_STAGE_SIZE, STAGE_SIZE,
+    write_all_vectored, FrameReader, SharedStream, Stream, Tcp, TlsTcp, HANDSHAKE_STAGE_SIZE,
+    STAGE_SIZE,
 };
 use super::handshake::Dialer;
 use super::link::run_replica_link;
@@ -106,7 +107,7 @@ async fn dial(
             let name = tls::server_name(node.tls_server_name.as_deref(), node.addr.ip())
                 .ok_or(reasons::TLS_HANDSHAKE)?;
             let tls = TlsConnector::from(context.client.clone())
-                .connect(name, Tcp(tcp))
+                .connect(name, TlsTcp::new(tcp))
                 .await
                 .map_err(|_| reasons::TLS_HANDSHAKE)?;
             let connection = tls.get_ref().1;

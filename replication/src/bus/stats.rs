@@ -195,6 +195,17 @@ pub mod reasons {
     pub const TLS_EXPORTER: &str = "tls_exporter_failed";
     /// A client-listener connection arrived while the client connection limit was reached.
     pub const CLIENT_LIMIT: &str = "client_connection_limit";
+    /// With client TLS on, a client connection opened with something other than a TLS
+    /// handshake record (a plaintext client): closed unserved.
+    pub const CLIENT_PLAINTEXT: &str = "client_plaintext";
+    /// With client TLS on, a client's TLS handshake failed (the client did not trust the
+    /// certificate, offered no TLS 1.3, closed early, ...).
+    pub const CLIENT_TLS_HANDSHAKE: &str = "client_tls_handshake_failed";
+    /// With client TLS on, a client's TLS handshake did not finish within handshake_grace.
+    pub const CLIENT_TLS_TIMEOUT: &str = "client_tls_handshake_timeout";
+    /// With client TLS on, a client connection arrived while handshakes_max client TLS
+    /// handshakes were in flight.
+    pub const CLIENT_TLS_LIMIT: &str = "client_tls_handshake_limit";
     /// A client frame arrived while limits.frame_memory_max bytes of client frames were
     /// held: it was skipped unread and refused.
     pub const FRAME_MEMORY_LIMIT: &str = "frame_memory_limit";
@@ -271,6 +282,7 @@ pub(crate) fn is_notable(reason: &str) -> bool {
             | "handshake_wrong_peer"
             | "tls_handshake_failed"
             | "tls_alpn_mismatch"
+            | "client_plaintext"
     )
 }
 

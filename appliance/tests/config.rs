@@ -305,6 +305,42 @@ fn tls_needs_its_files() {
 }
 
 #[test]
+fn client_tls_needs_its_files() {
+    let e = error_of(
+        &format!("{THREE_NODES}\n[tcp.tls]\nenabled = true\n"),
+        no_env(),
+    );
+    assert_eq!(e.key, "tcp.tls.cert_file");
+    assert!(
+        e.to_string().contains("must be set when tcp.tls.enabled"),
+        "{e}"
+    );
+    let e = error_of(
+        &format!(
+            "{THREE_NODES}\n[tcp.tls]\nenabled = true\ncert_file = \"/nonexistent/c.pem\"\nkey_file = \"/nonexistent/k.pem\"\n"
+        ),
+        no_env(),
+    );
+    assert_eq!(
+        (e.key.as_str(), e.value.as_str()),
+        ("tcp.tls.cert_file", "/nonexistent/c.pem")
+    );
+    // Unknown keys in the section are refused like everywhere else.
+    let e = error_of(
+        &format!("{THREE_NODES}\n[tcp.tls]\nenabled = false\nca_file = \"x\"\n"),
+        no_env(),
+    );
+    assert!(e.to_string().contains("ca_file"), "{e}");
+    // Off, it needs nothing.
+    let config = load(
+        &format!("{THREE_NODES}\n[tcp.tls]\nenabled = false\n"),
+        no_env(),
+    )
+    .expect("tcp.tls off");
+    assert!(!config.tcp.tls.enabled);
+}
+
+#[test]
 fn sizes_and_limits_are_bounded() {
     let e = error_of(
         &THREE_NODES.replace("segment_size = \"64 MiB\"", "segment_size = \"1 MiB\""),

@@ -721,44 +721,6 @@ fn a_reply_goes_only_where_its_request_waits() {
     assert!(!log.contains("panicked"), "primary log: {log}");
 }
 
-/// A TCP proxy on 127.0.0.1 in front of `target` that appends every byte it carries, in
-/// both directions, to `capture`. Returns its port.
-fn capturing_proxy(target: u16, capture: std::sync::Arc<std::sync::Mutex<Vec<u8>>>) -> u16 {
-    use std::io::{Read, Write};
-    use std::net::{TcpListener, TcpStream};
-    let listener = TcpListener::bind("127.0.0.1:0").expect("proxy port");
-    let port = listener.local_addr().expect("bound").port();
-    std::thread::spawn(move || {
-        for inbound in listener.incoming().flatten() {
-            let Ok(outbound) = TcpStream::connect(("127.0.0.1", target)) else {
-                continue;
-            };
-            for (mut from, mut to) in [
-                (inbound.try_clone(), outbound.try_clone()),
-                (outbound.try_clone(), inbound.try_clone()),
-            ]
-            .into_iter()
-            .filter_map(|(a, b)| Some((a.ok()?, b.ok()?)))
-            {
-                let capture = capture.clone();
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 64 * 1024];
-                    while let Ok(n) = from.read(&mut buf) {
-                        if n == 0 || to.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                        if let Ok(mut capture) = capture.lock() {
-                            capture.extend_from_slice(&buf[..n]);
-                        }
-                    }
-                    let _ = to.shutdown(std::net::Shutdown::Both);
-                });
-            }
-        }
-    });
-    port
-}
-
 /// Routes every replica-plane connection of the cluster through capturing proxies;
 /// returns the capture.
 fn capture_replica_plane(files: &ClusterFiles) -> std::sync::Arc<std::sync::Mutex<Vec<u8>>> {
@@ -817,47 +779,16 @@ fn login_through_a_backup_never_sends_the_password_over_the_replica_plane() {
     }
 }
 
-/// A CA and leaves for 127.0.0.1 (server and client auth), written as PEM files.
-struct TestPki {
-    ca: rcgen::Certificate,
-    key: rcgen::KeyPair,
-}
-
-impl TestPki {
-    fn new(name: &str) -> TestPki {
-        let key = rcgen::KeyPair::generate().expect("key");
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        let ca = params.self_signed(&key).expect("ca");
-        TestPki { ca, key }
-    }
-
-    /// Writes ca.pem, NAME.pem and NAME.key into `dir`; returns the [cluster.tls] table.
-    fn tls_table(&self, dir: &std::path::Path, name: &str) -> String {
-        let key = rcgen::KeyPair::generate().expect("key");
-        let mut params =
-            rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("params");
-        params.extended_key_usages = vec![
-            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
-            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let cert = params.signed_by(&key, &self.ca, &self.key).expect("leaf");
-        let ca = dir.join(format!("{name}-ca.pem"));
-        let cert_file = dir.join(format!("{name}.pem"));
-        let key_file = dir.join(format!("{name}.key"));
-        std::fs::write(&ca, self.ca.pem()).expect("write ca");
-        std::fs::write(&cert_file, cert.pem()).expect("write cert");
-        std::fs::write(&key_file, key.serialize_pem()).expect("write key");
-        format!(
-            "\n[cluster.tls]\nenabled = true\ncert_file = \"{}\"\nkey_file = \"{}\"\nca_file = \"{}\"\n",
-            cert_file.display(),
-            key_file.display(),
-            ca.display()
-        )
-    }
+/// Writes ca.pem, NAME.pem and NAME.key for 127.0.0.1 into `dir`; returns the
+/// [cluster.tls] table.
+fn tls_table(pki: &TestPki, dir: &std::path::Path, name: &str) -> String {
+    let leaf = pki.leaf(dir, name, &["127.0.0.1"]);
+    format!(
+        "\n[cluster.tls]\nenabled = true\ncert_file = \"{}\"\nkey_file = \"{}\"\nca_file = \"{}\"\n",
+        leaf.cert.display(),
+        leaf.key.display(),
+        leaf.ca.display()
+    )
 }
 
 #[test]
@@ -872,7 +803,7 @@ fn replica_plane_tls_encrypts_replication_and_keeps_out_a_foreign_certificate() 
         .map(|replica| std::fs::read_to_string(files.config(replica)).expect("config"))
         .collect();
     let with_tls = |replica: usize, pki: &TestPki| {
-        let table = pki.tls_table(files.dir.path(), &format!("node{replica}"));
+        let table = tls_table(pki, files.dir.path(), &format!("node{replica}"));
         std::fs::write(
             files.config(replica),
             format!("{}{table}", configs[replica]),

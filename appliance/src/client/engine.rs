@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use replication::wire::registry::EvictionReason;
 use replication::wire::{Frame, Header, Limits, Operation, RequestHeader, METADATA_GROUP};
 
-use super::conn::{Connection, ExchangeError, Incoming};
+use super::conn::{ClientTls, Connection, ExchangeError, Incoming};
 use super::error::ClientError;
 use super::retry::{proves_not_applied, step_for, Budget, RetryPolicy, Step};
 use crate::protocol::reply::{
@@ -23,8 +23,8 @@ pub const SDK_NAME: &str = "appliance-client";
 /// Nodes a client remembers (the configured ones plus those replies name).
 pub const NODES_MAX: usize = 256;
 
-/// Timeouts and retry bounds of a client.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Timeouts, retry bounds and transport of a client.
+#[derive(Clone, Debug)]
 pub struct ClientOptions {
     /// TCP connect, per node.
     pub connect_timeout: Duration,
@@ -36,6 +36,8 @@ pub struct ClientOptions {
     pub retry: RetryPolicy,
     /// Largest reply frame accepted (message_bus.max_message_size).
     pub max_message_size: u32,
+    /// TLS to every node (the cluster's `tcp.tls`); None connects in plaintext.
+    pub tls: Option<ClientTls>,
 }
 
 impl Default for ClientOptions {
@@ -46,6 +48,7 @@ impl Default for ClientOptions {
             login_timeout: Duration::from_secs(10),
             retry: RetryPolicy::default(),
             max_message_size: replication::wire::decode::MAX_MESSAGE_SIZE_DEFAULT,
+            tls: None,
         }
     }
 }
@@ -157,11 +160,12 @@ impl Client {
         if servers.is_empty() {
             return Err(ClientError::NoServers);
         }
+        let limits = Limits {
+            max_message_size: options.max_message_size,
+        };
         let mut client = Client {
             options,
-            limits: Limits {
-                max_message_size: options.max_message_size,
-            },
+            limits,
             client_id: random_client_id(),
             nodes: Vec::new(),
             cursor: 0,
@@ -179,7 +183,11 @@ impl Client {
         }
         let mut last = ClientError::NoServers;
         for (index, addr) in client.nodes.clone().into_iter().enumerate() {
-            match Connection::open(addr, options.connect_timeout) {
+            match Connection::open(
+                addr,
+                client.options.connect_timeout,
+                client.options.tls.as_ref(),
+            ) {
                 Ok(conn) => {
                     client.conns.insert(addr, conn);
                     client.cursor = index;
@@ -363,8 +371,12 @@ impl Client {
             delivered: false,
         };
         if !self.conns.contains_key(&addr) {
-            let conn =
-                Connection::open(addr, self.options.connect_timeout).map_err(not_delivered)?;
+            let conn = Connection::open(
+                addr,
+                self.options.connect_timeout,
+                self.options.tls.as_ref(),
+            )
+            .map_err(not_delivered)?;
             self.conns.insert(addr, conn);
         }
         let needs_login = self.conns.get(&addr).is_some_and(|c| !c.logged_in);

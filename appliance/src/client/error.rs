@@ -44,6 +44,10 @@ pub enum ClientError {
         maybe_applied: bool,
         last: Box<ClientError>,
     },
+    /// TLS to a node failed: its certificate is not trusted or does not carry the
+    /// expected name, or it does not speak TLS 1.3. Not retried: the configuration, not
+    /// the moment, is wrong.
+    Tls { server: SocketAddr, message: String },
     /// No server address was given or resolved.
     NoServers,
 }
@@ -139,6 +143,7 @@ impl core::fmt::Display for ClientError {
                     ""
                 }
             ),
+            ClientError::Tls { server, message } => write!(f, "{server}: TLS: {message}"),
             ClientError::NoServers => write!(f, "no server address to connect to"),
         }
     }

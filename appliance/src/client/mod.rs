@@ -30,6 +30,7 @@ pub mod fake;
 #[cfg(test)]
 mod tests;
 
+pub use conn::ClientTls;
 pub use engine::{resolve, Client, ClientOptions, NODES_MAX};
 pub use error::ClientError;
 pub use retry::{RetryPolicy, ATTEMPTS_LIMIT};

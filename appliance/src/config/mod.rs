@@ -61,6 +61,7 @@ pub struct Config {
     /// left out when the cluster has one node.
     pub replica_id: Option<u8>,
     pub cluster: ClusterConfig,
+    pub tcp: TcpConfig,
     pub message_bus: MessageBusConfig,
     pub storage: StorageConfig,
     pub retention: RetentionConfig,
@@ -124,6 +125,25 @@ pub struct TlsConfig {
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
     pub ca_file: Option<PathBuf>,
+}
+
+/// `[tcp]`: the client port (each node's `ports.tcp`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TcpConfig {
+    pub tls: ClientTlsConfig,
+}
+
+/// `[tcp.tls]`: TLS 1.3 on the client port. When enabled, every client connection must
+/// open with TLS; plaintext ones are refused. SIGHUP reloads cert_file and key_file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientTlsConfig {
+    pub enabled: bool,
+    /// PEM certificate chain the client port presents.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of cert_file.
+    pub key_file: Option<PathBuf>,
 }
 
 /// `[[cluster.nodes]]`.

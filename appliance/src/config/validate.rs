@@ -137,19 +137,41 @@ fn validate_cluster(config: &Config) -> Result<(), ConfigError> {
     }
     let tls = &cluster.tls;
     if tls.enabled {
-        for (field, path) in [
-            ("cert_file", &tls.cert_file),
-            ("key_file", &tls.key_file),
-            ("ca_file", &tls.ca_file),
-        ] {
-            let key = format!("cluster.tls.{field}");
-            match path {
-                None => return err(key, "", "must be set when cluster.tls.enabled"),
-                Some(path) if !path.is_file() => {
-                    return err(key, path.display(), "must name a readable file")
-                }
-                Some(_) => {}
+        tls_files(
+            "cluster.tls",
+            &[
+                ("cert_file", &tls.cert_file),
+                ("key_file", &tls.key_file),
+                ("ca_file", &tls.ca_file),
+            ],
+        )?;
+    }
+    let client_tls = &config.tcp.tls;
+    if client_tls.enabled {
+        tls_files(
+            "tcp.tls",
+            &[
+                ("cert_file", &client_tls.cert_file),
+                ("key_file", &client_tls.key_file),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// Each of a TLS section's files is set and names a file.
+fn tls_files(
+    section: &str,
+    files: &[(&str, &Option<std::path::PathBuf>)],
+) -> Result<(), ConfigError> {
+    for (field, path) in files {
+        let key = format!("{section}.{field}");
+        match path {
+            None => return err(key, "", format!("must be set when {section}.enabled")),
+            Some(path) if !path.is_file() => {
+                return err(key, path.display(), "must name a readable file")
             }
+            Some(_) => {}
         }
     }
     Ok(())

@@ -8,6 +8,7 @@
 //! - `files`: the genesis state and VSR superblock side files.
 //! - `stats`: the stats executor and snapshot publishing.
 //! - `system`: logging, signals, sd_notify, locked memory.
+//! - `client_tls`: TLS on the client port, reloaded on SIGHUP.
 
 pub mod files;
 pub mod node;
@@ -19,6 +20,7 @@ pub mod xfer;
 
 mod checkpoints;
 mod client;
+mod client_tls;
 mod forward;
 mod group_commit;
 mod messages;
@@ -366,6 +368,8 @@ fn bus_config(config: &Config, replica_id: u8) -> Result<BusConfig, DaemonError>
         key_file: tls.key_file.clone().unwrap_or_default(),
         ca_file: tls.ca_file.clone().unwrap_or_default(),
     };
+    bus.client_tls =
+        client_tls::load_at_start(client_tls::ClientTlsFiles::of(&config.tcp.tls).as_ref())?;
     bus.handshakes_max = config.message_bus.handshakes_max as usize;
     bus.client_frame_max = u32::try_from(config.limits.request_body_max.0 + 256)
         .unwrap_or(u32::MAX)
@@ -423,6 +427,8 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
     );
     let settings = settings(&config, replica_id)?;
     let bus_config = bus_config(&config, replica_id)?;
+    let client_tls_config = config.tcp.tls.clone();
+    let replica_tls = config.cluster.tls.enabled;
     let node_config = config.node(replica_id).ok_or_else(|| {
         DaemonError::Config(format!("replica id {replica_id} is not in cluster.nodes"))
     })?;
@@ -518,19 +524,42 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
         let bus = Bus::start(bus_config, Rc::new(handler))
             .map_err(|e| DaemonError::Runtime(format!("message bus: {e}")))?;
         let node = Node::open(settings, bus.clone(), data, events_tx, Some(to_xfer)).await?;
+        let tls_files = client_tls::ClientTlsFiles::of(&client_tls_config);
+        let tls_status = client_tls::initial_status(tls_files.as_ref());
+        let reload = glommio::spawn_local(client_tls::reload_on_sighup(
+            bus.clone(),
+            tls_files,
+            tls_status.clone(),
+        ))
+        .detach();
         let transitions = stats::Transitions::default();
-        stats::publish(&shared, &node, &transitions, &xfer_stats);
+        stats::publish(
+            &shared,
+            &node,
+            &transitions,
+            &xfer_stats,
+            &tls_status.borrow(),
+        );
         tracing::info!(
             replica = bus.replica_addr().to_string(),
+            replica_tls = replica_tls,
             client = bus.client_addr().map(|a| a.to_string()),
+            client_tls = bus.client_tls_enabled(),
             "appliance ready"
         );
         system::sd_notify("READY=1");
         let result = node
             .run(events_rx, |node| {
-                stats::publish(&shared, node, &transitions, &xfer_stats)
+                stats::publish(
+                    &shared,
+                    node,
+                    &transitions,
+                    &xfer_stats,
+                    &tls_status.borrow(),
+                )
             })
             .await;
+        reload.cancel();
         system::sd_notify("STOPPING=1");
         bus.shutdown();
         let node = result?;

@@ -383,8 +383,10 @@ pub fn publish(
     node: &Node,
     transitions: &Transitions,
     state_transfer: &Mutex<StateTransferStats>,
+    client_tls: &crate::stats::ClientTlsStats,
 ) {
     let mut next = node_figures(node);
+    next.client_tls = client_tls.clone();
     next.state_transfer = match state_transfer.lock() {
         Ok(guard) => guard.clone(),
         Err(poisoned) => poisoned.into_inner().clone(),

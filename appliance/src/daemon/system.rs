@@ -10,17 +10,37 @@ extern "C" fn on_signal(_: libc::c_int) {
     SHUTDOWN.store(true, Ordering::SeqCst);
 }
 
-/// Installs SIGTERM and SIGINT handlers that only raise the shutdown flag.
+static RELOAD: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_reload_signal(_: libc::c_int) {
+    // Async-signal-safe: one atomic store.
+    RELOAD.store(true, Ordering::SeqCst);
+}
+
+/// Installs SIGTERM and SIGINT handlers that only raise the shutdown flag, and a SIGHUP
+/// handler that only raises the reload flag (the client port's certificate).
 pub fn install_signal_handlers() {
-    for signal in [libc::SIGTERM, libc::SIGINT] {
-        // SAFETY: the handler only stores to an atomic; the sigaction struct is ours.
+    // SIGHUP restarts interrupted system calls: the daemon goes on after it.
+    let handlers: [(libc::c_int, extern "C" fn(libc::c_int), libc::c_int); 3] = [
+        (libc::SIGTERM, on_signal, 0),
+        (libc::SIGINT, on_signal, 0),
+        (libc::SIGHUP, on_reload_signal, libc::SA_RESTART),
+    ];
+    for (signal, handler, flags) in handlers {
+        // SAFETY: the handlers only store to an atomic; the sigaction struct is ours.
         unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_signal as *const () as usize;
+            action.sa_sigaction = handler as *const () as usize;
             libc::sigemptyset(&mut action.sa_mask);
+            action.sa_flags = flags;
             libc::sigaction(signal, &action, std::ptr::null_mut());
         }
     }
+}
+
+/// Whether SIGHUP arrived since the last call (clears the flag).
+pub fn take_reload_request() -> bool {
+    RELOAD.swap(false, Ordering::SeqCst)
 }
 
 /// Whether SIGTERM or SIGINT arrived.

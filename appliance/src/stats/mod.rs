@@ -292,9 +292,27 @@ pub struct Snapshot {
     pub sessions: u64,
     pub storage: StorageStats,
     pub group_summary: GroupSummary,
+    /// TLS on the client port (`tcp.tls`).
+    pub client_tls: ClientTlsStats,
     /// `limits.stats_groups_max`: how many groups a bounded answer lists.
     #[serde(skip)]
     pub groups_max: usize,
+}
+
+/// TLS on the client port: whether it is required, when the certificate in use was
+/// loaded, and how SIGHUP reloads went.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ClientTlsStats {
+    pub enabled: bool,
+    /// When the certificate the client port presents now was read (0: TLS off).
+    pub loaded_unix_ms: u64,
+    /// Reloads that replaced the certificate.
+    pub reloads: u64,
+    /// Reloads that failed (the previous certificate stays in use).
+    pub reload_failures: u64,
+    /// Why the last reload failed, until one succeeds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 /// The partition logs' segments and what their in-memory indexes take.
@@ -499,6 +517,13 @@ pub(crate) mod tests {
             },
             client_connections: 5,
             sessions: 4,
+            client_tls: ClientTlsStats {
+                enabled: true,
+                loaded_unix_ms: 1_700_000_000_000,
+                reloads: 1,
+                reload_failures: 2,
+                last_error: None,
+            },
             storage: StorageStats {
                 partitions: 2,
                 segments: 7,
@@ -634,6 +659,7 @@ pub(crate) mod tests {
             "state_transfer",
             "latency_us",
             "group_summary",
+            "client_tls",
         ] {
             assert!(json.get(key).is_some(), "missing {key}");
         }

@@ -104,6 +104,18 @@ pub fn render(s: &Snapshot) -> String {
         s.client_connections,
     );
     out.one(
+        "appliance_client_tls_reload_failures_total",
+        "counter",
+        "SIGHUP reloads of the client port's certificate that failed (the previous one stays).",
+        s.client_tls.reload_failures,
+    );
+    out.one(
+        "appliance_client_tls_loaded_timestamp_seconds",
+        "gauge",
+        "When the client port's certificate in use was loaded (0: client TLS off).",
+        s.client_tls.loaded_unix_ms / 1000,
+    );
+    out.one(
         "appliance_sessions",
         "gauge",
         "Sessions in the client table.",
@@ -555,6 +567,8 @@ mod tests {
         assert!(text.contains("appliance_storage_index_bytes 4096"));
         assert!(text.contains("appliance_storage_total_bytes 8589934592"));
         assert!(text.contains("appliance_storage_max_used_bytes 0"));
+        assert!(text.contains("appliance_client_tls_reload_failures_total 2"));
+        assert!(text.contains("appliance_client_tls_loaded_timestamp_seconds 1700000000\n"));
         assert!(text.contains("appliance_rejected_frames_total{reason=\"frame_seal_mismatch\"} 3"));
         assert!(text.contains("appliance_request_latency_seconds{quantile=\"0.99\"}"));
     }

@@ -720,3 +720,87 @@ pub fn start_with_topic(
         .collect();
     (daemons, keys)
 }
+
+/// A TCP proxy on 127.0.0.1 in front of `target` that appends every byte it carries, in
+/// both directions, to `capture`. Returns its port.
+pub fn capturing_proxy(target: u16, capture: std::sync::Arc<std::sync::Mutex<Vec<u8>>>) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("proxy port");
+    let port = listener.local_addr().expect("bound").port();
+    std::thread::spawn(move || {
+        for inbound in listener.incoming().flatten() {
+            let Ok(outbound) = TcpStream::connect(("127.0.0.1", target)) else {
+                continue;
+            };
+            for (mut from, mut to) in [
+                (inbound.try_clone(), outbound.try_clone()),
+                (outbound.try_clone(), inbound.try_clone()),
+            ]
+            .into_iter()
+            .filter_map(|(a, b)| Some((a.ok()?, b.ok()?)))
+            {
+                let capture = capture.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 64 * 1024];
+                    while let Ok(n) = from.read(&mut buf) {
+                        if n == 0 || to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                        if let Ok(mut capture) = capture.lock() {
+                            capture.extend_from_slice(&buf[..n]);
+                        }
+                    }
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        }
+    });
+    port
+}
+
+/// A test CA (rcgen) and the leaves it signs, written as PEM files.
+pub struct TestPki {
+    pub ca: rcgen::Certificate,
+    pub key: rcgen::KeyPair,
+}
+
+/// A leaf's files: its certificate, its key and the CA that signed it.
+pub struct LeafFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+impl TestPki {
+    pub fn new(name: &str) -> TestPki {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let ca = params.self_signed(&key).expect("ca");
+        TestPki { ca, key }
+    }
+
+    /// Writes NAME-ca.pem, NAME.pem and NAME.key into `dir`: a leaf for server and client
+    /// auth carrying `names` (DNS names or IP addresses).
+    pub fn leaf(&self, dir: &Path, name: &str, names: &[&str]) -> LeafFiles {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params = rcgen::CertificateParams::new(names).expect("params");
+        params.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = params.signed_by(&key, &self.ca, &self.key).expect("leaf");
+        let files = LeafFiles {
+            ca: dir.join(format!("{name}-ca.pem")),
+            cert: dir.join(format!("{name}.pem")),
+            key: dir.join(format!("{name}.key")),
+        };
+        std::fs::write(&files.ca, self.ca.pem()).expect("write ca");
+        std::fs::write(&files.cert, cert.pem()).expect("write cert");
+        std::fs::write(&files.key, key.serialize_pem()).expect("write key");
+        files
+    }
+}

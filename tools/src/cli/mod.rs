@@ -12,7 +12,7 @@ pub mod topic;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use appliance::client::{resolve, Client, ClientError, ClientOptions, RetryPolicy};
+use appliance::client::{resolve, Client, ClientError, ClientOptions, ClientTls, RetryPolicy};
 use clap::{Args, Parser, Subcommand};
 use serde_json::{json, Value};
 
@@ -61,6 +61,26 @@ pub struct Global {
     /// Total time per request across its attempts, milliseconds.
     #[arg(long, global = true, default_value_t = 30_000)]
     pub retry_timeout_ms: u64,
+    /// Connect with TLS 1.3 (the cluster's tcp.tls is enabled).
+    #[arg(long, global = true)]
+    pub tls: bool,
+    /// PEM CA bundle the nodes' certificates chain to (default: the system's roots).
+    /// Implies --tls.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// Name the nodes' certificates carry (default: the address's IP). Implies --tls.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub tls_domain: Option<String>,
+}
+
+/// The TLS settings --tls, --tls-ca and --tls-domain give (None: plaintext).
+pub fn client_tls(global: &Global) -> Result<Option<ClientTls>, CliError> {
+    if !global.tls && global.tls_ca.is_none() && global.tls_domain.is_none() {
+        return Ok(None);
+    }
+    ClientTls::new(global.tls_ca.as_deref(), global.tls_domain.clone())
+        .map(Some)
+        .map_err(|e| CliError::Usage(e.to_string()))
 }
 
 #[derive(Subcommand, Debug)]
@@ -199,6 +219,7 @@ pub fn connect_with(
             total_timeout: Duration::from_millis(global.retry_timeout_ms),
             ..RetryPolicy::default()
         }),
+        tls: client_tls(global)?,
         ..ClientOptions::default()
     };
     let mut client = Client::connect(&servers, options)?;

@@ -220,10 +220,22 @@ fn report(seed: SocketAddr, views: &[NodeView]) -> Report {
             Some((code, body)) => (false, format!("unhealthy ({code}): {}", body.trim())),
             None => (false, "health unknown".to_string()),
         };
+        let client_tls = &stats["client_tls"];
+        let tls_enabled = client_tls["enabled"].as_bool().unwrap_or(false);
         text.push_str(&format!(
-            "\nnode {label} {}: up {}s, {health_reason}\n",
+            "\nnode {label} {}: up {}s, {health_reason}, client port {}\n",
             view.http,
-            u(&stats["uptime_s"])
+            u(&stats["uptime_s"]),
+            match (tls_enabled, u(&client_tls["reload_failures"])) {
+                (false, _) => "plaintext".to_string(),
+                (true, 0) => "TLS".to_string(),
+                (true, failures) => format!(
+                    "TLS ({failures} certificate reloads failed: {})",
+                    client_tls["last_error"]
+                        .as_str()
+                        .unwrap_or("the last one succeeded")
+                ),
+            }
         ));
         let summary = &stats["group_summary"];
         let listed = stats["groups"].as_array().map_or(0, Vec::len) as u64;
@@ -306,6 +318,7 @@ fn report(seed: SocketAddr, views: &[NodeView]) -> Report {
             "healthy": healthy,
             "health": health_reason,
             "uptime_s": u(&stats["uptime_s"]),
+            "client_tls": client_tls.clone(),
             "group_summary": summary.clone(),
             "groups": groups,
             "peers": stats["peers"].clone(),
@@ -490,5 +503,46 @@ mod tests {
         assert_eq!(nodes[1]["dropped"], 4);
         assert_eq!(nodes[1]["p99_us"]["request"], 77);
         assert!(report.text.contains("1 DOWN"), "{}", report.text);
+    }
+
+    #[test]
+    fn the_client_port_shows_plaintext_tls_and_failed_certificate_reloads() {
+        let node = |replica: u64, client_tls: Value| NodeView {
+            replica: Some(replica),
+            name: format!("n{replica}"),
+            http: format!("127.0.0.1:{}", 3000 + replica).parse().unwrap(),
+            stats: Ok(json!({"cluster": "c", "uptime_s": 5, "client_tls": client_tls})),
+            health: Some((200, "ok".into())),
+        };
+        let views = vec![
+            node(0, json!({"enabled": false})),
+            node(
+                1,
+                json!({"enabled": true, "reloads": 1, "reload_failures": 0}),
+            ),
+            node(
+                2,
+                json!({"enabled": true, "reload_failures": 2,
+                    "last_error": "tcp.tls.cert_file = /x: no CERTIFICATE in the file"}),
+            ),
+        ];
+        let report = report("127.0.0.1:3000".parse().unwrap(), &views);
+        let lines: Vec<&str> = report
+            .text
+            .lines()
+            .filter(|l| l.starts_with("node "))
+            .collect();
+        assert!(
+            lines[0].ends_with("client port plaintext"),
+            "{}",
+            report.text
+        );
+        assert!(lines[1].ends_with("client port TLS"), "{}", report.text);
+        assert!(
+            lines[2].contains("TLS (2 certificate reloads failed: tcp.tls.cert_file"),
+            "{}",
+            report.text
+        );
+        assert_eq!(report.json["nodes"][1]["client_tls"]["reloads"], 1);
     }
 }

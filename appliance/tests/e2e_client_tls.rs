@@ -1,7 +1,7 @@
 //! TLS on the client port (`[tcp.tls]`) with real daemons and certificates made here:
 //! the official Iggy SDK with TLS on 1 and 3 nodes, plaintext and untrusted clients
 //! refused and counted, a SIGHUP reload that swaps the certificate for new connections
-//! while open ones go on, no password on the wire, appliance-cli's --tls, and the start
+//! while open ones go on (the replica plane's material with it), no password on the wire, appliance-cli's --tls, and the start
 //! refused with a clear error for a key that does not match its certificate.
 
 mod common;
@@ -127,11 +127,14 @@ async fn send_and_read_back(
 
 /// Waits until `/stats` of node `replica` says `client_tls.<field>` reached `at_least`.
 fn wait_client_tls(files: &ClusterFiles, replica: usize, field: &str, at_least: u64) -> u64 {
+    wait_tls(files, replica, "client_tls", field, at_least)
+}
+
+/// Waits until `/stats` of node `replica` says `<port>.<field>` reached `at_least`.
+fn wait_tls(files: &ClusterFiles, replica: usize, port: &str, field: &str, at_least: u64) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let value = stats(files, replica)["client_tls"][field]
-            .as_u64()
-            .unwrap_or(0);
+        let value = stats(files, replica)[port][field].as_u64().unwrap_or(0);
         if value >= at_least || Instant::now() > deadline {
             return value;
         }
@@ -248,6 +251,19 @@ fn sighup_swaps_the_certificate_for_new_connections_and_open_ones_go_on() {
     let first_ca = files.dir.path().join("first-ca.pem");
     std::fs::copy(&leaf.ca, &first_ca).expect("keep the first CA");
     enable_client_tls(&files, 0, &leaf);
+    // The replica plane's TLS material is reloaded by the same SIGHUP.
+    let replica = first.leaf(files.dir.path(), "replica0", &["127.0.0.1"]);
+    let config = std::fs::read_to_string(files.config(0)).expect("config");
+    std::fs::write(
+        files.config(0),
+        format!(
+            "{config}\n[cluster.tls]\nenabled = true\ncert_file = \"{}\"\nkey_file = \"{}\"\nca_file = \"{}\"\n",
+            replica.cert.display(),
+            replica.key.display(),
+            replica.ca.display()
+        ),
+    )
+    .expect("write config");
     let mut daemon = Daemon::start(&files, 0);
     wait_healthy(&files, &mut daemon, Duration::from_secs(60));
     let addr = files.client_addr(0).to_string();
@@ -265,6 +281,7 @@ fn sighup_swaps_the_certificate_for_new_connections_and_open_ones_go_on() {
     let rotated = second.leaf(files.dir.path(), "node0", &[DOMAIN]);
     sighup(&daemon);
     assert_eq!(wait_client_tls(&files, 0, "reloads", 1), 1, "one reload");
+    assert_eq!(wait_tls(&files, 0, "replica_tls", "reloads", 1), 1);
     assert!(wait_client_tls(&files, 0, "loaded_unix_ms", loaded_before + 1) > loaded_before);
     let payload = Bytes::from_static(b"across a certificate rotation");
     rt.block_on(async {
@@ -288,6 +305,17 @@ fn sighup_swaps_the_certificate_for_new_connections_and_open_ones_go_on() {
     assert_eq!(wait_client_tls(&files, 0, "reload_failures", 1), 1);
     let status = stats(&files, 0)["client_tls"].clone();
     assert_eq!(status["reloads"], 1, "{status}");
+    // Each port's material is reloaded on its own: the replica plane's is fine.
+    assert_eq!(wait_tls(&files, 0, "replica_tls", "reloads", 2), 2);
+    let replica_status = stats(&files, 0)["replica_tls"].clone();
+    assert_eq!(
+        (
+            &replica_status["reloads"],
+            &replica_status["reload_failures"]
+        ),
+        (&serde_json::json!(2), &serde_json::json!(0)),
+        "{replica_status}"
+    );
     assert!(
         status["last_error"]
             .as_str()

@@ -443,3 +443,51 @@ fn the_client_port_with_tls_serves_tls_and_refuses_plaintext_idle_and_untrusted_
         bus.shutdown();
     });
 }
+
+#[test]
+fn a_swapped_replica_certificate_meets_new_handshakes_while_links_go_on() {
+    run(|| async {
+        let cluster = Pki::new("cluster ca");
+        let rogue = Pki::new("rogue ca");
+        let (bus_1, seen_1) = tls_node(
+            config(1, &[loopback(0), loopback(0)]),
+            cluster.context(&cluster),
+            true,
+        );
+        let (bus_0, _) = tls_node(
+            config(0, &[loopback(0), bus_1.replica_addr()]),
+            cluster.context(&cluster),
+            true,
+        );
+        assert!(wait_until(LINK_WAIT, || bus_0.is_connected(1) && bus_1.is_connected(0)).await);
+        // Node 1 now presents a certificate node 0 does not trust; the link it has goes on.
+        assert!(bus_1.set_replica_tls(rogue.context(&cluster)));
+        bus_0.send(1, commit_frame(0, 7)).unwrap();
+        assert!(wait_until(LINK_WAIT, || seen_1.seen.borrow().frames.len() == 1).await);
+        // A new handshake (node 0 restarted) meets the new certificate and fails.
+        bus_0.shutdown();
+        let (bus_0, _) = tls_node(
+            config(0, &[loopback(0), bus_1.replica_addr()]),
+            cluster.context(&cluster),
+            true,
+        );
+        assert!(
+            wait_until(LINK_WAIT, || bus_0
+                .stats()
+                .snapshot()
+                .rejected("tls_handshake_failed")
+                >= 1)
+            .await
+        );
+        assert!(!bus_0.is_connected(1));
+        // Swapped back to a certificate of the cluster's CA, the next dial gets in.
+        assert!(bus_1.set_replica_tls(cluster.context(&cluster)));
+        assert!(wait_until(Duration::from_secs(10), || bus_0.is_connected(1)).await);
+        bus_0.shutdown();
+        bus_1.shutdown();
+        // A bus that started in plaintext stays so.
+        let plain = Bus::start(config(0, &[loopback(0)]), recorder()).expect("starts");
+        assert!(!plain.set_replica_tls(cluster.context(&cluster)));
+        plain.shutdown();
+    });
+}

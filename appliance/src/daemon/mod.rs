@@ -8,7 +8,8 @@
 //! - `files`: the genesis state and VSR superblock side files.
 //! - `stats`: the stats executor and snapshot publishing.
 //! - `system`: logging, signals, sd_notify, locked memory.
-//! - `client_tls`: TLS on the client port, reloaded on SIGHUP.
+//! - `certificates`: TLS material of the client port and the replica plane, reloaded on
+//!   SIGHUP.
 
 pub mod files;
 pub mod node;
@@ -18,9 +19,9 @@ pub mod stats;
 pub mod system;
 pub mod xfer;
 
+mod certificates;
 mod checkpoints;
 mod client;
-mod client_tls;
 mod forward;
 mod group_commit;
 mod messages;
@@ -369,7 +370,7 @@ fn bus_config(config: &Config, replica_id: u8) -> Result<BusConfig, DaemonError>
         ca_file: tls.ca_file.clone().unwrap_or_default(),
     };
     bus.client_tls =
-        client_tls::load_at_start(client_tls::ClientTlsFiles::of(&config.tcp.tls).as_ref())?;
+        certificates::load_at_start(certificates::ClientTlsFiles::of(&config.tcp.tls).as_ref())?;
     bus.handshakes_max = config.message_bus.handshakes_max as usize;
     bus.client_frame_max = u32::try_from(config.limits.request_body_max.0 + 256)
         .unwrap_or(u32::MAX)
@@ -428,7 +429,7 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
     let settings = settings(&config, replica_id)?;
     let bus_config = bus_config(&config, replica_id)?;
     let client_tls_config = config.tcp.tls.clone();
-    let replica_tls = config.cluster.tls.enabled;
+    let replica_tls = bus_config.tls.clone();
     let node_config = config.node(replica_id).ok_or_else(|| {
         DaemonError::Config(format!("replica id {replica_id} is not in cluster.nodes"))
     })?;
@@ -524,25 +525,28 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
         let bus = Bus::start(bus_config, Rc::new(handler))
             .map_err(|e| DaemonError::Runtime(format!("message bus: {e}")))?;
         let node = Node::open(settings, bus.clone(), data, events_tx, Some(to_xfer)).await?;
-        let tls_files = client_tls::ClientTlsFiles::of(&client_tls_config);
-        let tls_status = client_tls::initial_status(tls_files.as_ref());
-        let reload = glommio::spawn_local(client_tls::reload_on_sighup(
+        let client_files = certificates::ClientTlsFiles::of(&client_tls_config);
+        let client_status = certificates::initial_status(client_files.is_some());
+        let replica_status = certificates::initial_status(replica_tls.enabled);
+        let reload = glommio::spawn_local(certificates::reload_on_sighup(
             bus.clone(),
-            tls_files,
-            tls_status.clone(),
+            certificates::Reloads {
+                client: client_files,
+                client_status: client_status.clone(),
+                replica: replica_tls.enabled.then(|| replica_tls.clone()),
+                replica_status: replica_status.clone(),
+            },
         ))
         .detach();
         let transitions = stats::Transitions::default();
-        stats::publish(
-            &shared,
-            &node,
-            &transitions,
-            &xfer_stats,
-            &tls_status.borrow(),
-        );
+        let tls_status = || stats::TlsStatus {
+            client: client_status.borrow().clone(),
+            replica: replica_status.borrow().clone(),
+        };
+        stats::publish(&shared, &node, &transitions, &xfer_stats, tls_status());
         tracing::info!(
             replica = bus.replica_addr().to_string(),
-            replica_tls = replica_tls,
+            replica_tls = replica_tls.enabled,
             client = bus.client_addr().map(|a| a.to_string()),
             client_tls = bus.client_tls_enabled(),
             "appliance ready"
@@ -550,13 +554,7 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
         system::sd_notify("READY=1");
         let result = node
             .run(events_rx, |node| {
-                stats::publish(
-                    &shared,
-                    node,
-                    &transitions,
-                    &xfer_stats,
-                    &tls_status.borrow(),
-                )
+                stats::publish(&shared, node, &transitions, &xfer_stats, tls_status())
             })
             .await;
         reload.cancel();

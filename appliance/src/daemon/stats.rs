@@ -375,6 +375,12 @@ impl Transitions {
     }
 }
 
+/// The TLS material's status of both ports, for one publish.
+pub struct TlsStatus {
+    pub client: crate::stats::TlsStats,
+    pub replica: crate::stats::TlsStats,
+}
+
 /// Publishes the node's snapshot for the stats thread, logging group state changes.
 /// When no group changed since the last publish (the groups' fingerprint is the same),
 /// the published group list is kept and only the node's own figures are rebuilt.
@@ -383,10 +389,11 @@ pub fn publish(
     node: &Node,
     transitions: &Transitions,
     state_transfer: &Mutex<StateTransferStats>,
-    client_tls: &crate::stats::ClientTlsStats,
+    tls: TlsStatus,
 ) {
     let mut next = node_figures(node);
-    next.client_tls = client_tls.clone();
+    next.client_tls = tls.client;
+    next.replica_tls = tls.replica;
     next.state_transfer = match state_transfer.lock() {
         Ok(guard) => guard.clone(),
         Err(poisoned) => poisoned.into_inner().clone(),

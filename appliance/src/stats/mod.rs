@@ -293,16 +293,18 @@ pub struct Snapshot {
     pub storage: StorageStats,
     pub group_summary: GroupSummary,
     /// TLS on the client port (`tcp.tls`).
-    pub client_tls: ClientTlsStats,
+    pub client_tls: TlsStats,
+    /// TLS on the replica plane (`cluster.tls`).
+    pub replica_tls: TlsStats,
     /// `limits.stats_groups_max`: how many groups a bounded answer lists.
     #[serde(skip)]
     pub groups_max: usize,
 }
 
-/// TLS on the client port: whether it is required, when the certificate in use was
-/// loaded, and how SIGHUP reloads went.
+/// TLS on a port (client or replica plane): whether it is on, when the certificate in
+/// use was loaded, and how SIGHUP reloads went.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct ClientTlsStats {
+pub struct TlsStats {
     pub enabled: bool,
     /// When the certificate the client port presents now was read (0: TLS off).
     pub loaded_unix_ms: u64,
@@ -517,13 +519,14 @@ pub(crate) mod tests {
             },
             client_connections: 5,
             sessions: 4,
-            client_tls: ClientTlsStats {
+            client_tls: TlsStats {
                 enabled: true,
                 loaded_unix_ms: 1_700_000_000_000,
                 reloads: 1,
                 reload_failures: 2,
                 last_error: None,
             },
+            replica_tls: TlsStats::default(),
             storage: StorageStats {
                 partitions: 2,
                 segments: 7,
@@ -660,6 +663,7 @@ pub(crate) mod tests {
             "latency_us",
             "group_summary",
             "client_tls",
+            "replica_tls",
         ] {
             assert!(json.get(key).is_some(), "missing {key}");
         }

@@ -103,18 +103,30 @@ pub fn render(s: &Snapshot) -> String {
         "Open client connections.",
         s.client_connections,
     );
-    out.one(
-        "appliance_client_tls_reload_failures_total",
+    out.family(
+        "appliance_tls_reload_failures_total",
         "counter",
-        "SIGHUP reloads of the client port's certificate that failed (the previous one stays).",
-        s.client_tls.reload_failures,
+        "SIGHUP reloads of a port's certificate that failed (the previous one stays).",
     );
-    out.one(
-        "appliance_client_tls_loaded_timestamp_seconds",
+    for (port, tls) in [("client", &s.client_tls), ("replica", &s.replica_tls)] {
+        out.sample(
+            "appliance_tls_reload_failures_total",
+            &[("port", port)],
+            tls.reload_failures,
+        );
+    }
+    out.family(
+        "appliance_tls_loaded_timestamp_seconds",
         "gauge",
-        "When the client port's certificate in use was loaded (0: client TLS off).",
-        s.client_tls.loaded_unix_ms / 1000,
+        "When a port's certificate in use was loaded (0: TLS off on that port).",
     );
+    for (port, tls) in [("client", &s.client_tls), ("replica", &s.replica_tls)] {
+        out.sample(
+            "appliance_tls_loaded_timestamp_seconds",
+            &[("port", port)],
+            tls.loaded_unix_ms / 1000,
+        );
+    }
     out.one(
         "appliance_sessions",
         "gauge",
@@ -567,8 +579,11 @@ mod tests {
         assert!(text.contains("appliance_storage_index_bytes 4096"));
         assert!(text.contains("appliance_storage_total_bytes 8589934592"));
         assert!(text.contains("appliance_storage_max_used_bytes 0"));
-        assert!(text.contains("appliance_client_tls_reload_failures_total 2"));
-        assert!(text.contains("appliance_client_tls_loaded_timestamp_seconds 1700000000\n"));
+        assert!(text.contains("appliance_tls_reload_failures_total{port=\"client\"} 2"));
+        assert!(
+            text.contains("appliance_tls_loaded_timestamp_seconds{port=\"client\"} 1700000000\n")
+        );
+        assert!(text.contains("appliance_tls_loaded_timestamp_seconds{port=\"replica\"} 0\n"));
         assert!(text.contains("appliance_rejected_frames_total{reason=\"frame_seal_mismatch\"} 3"));
         assert!(text.contains("appliance_request_latency_seconds{quantile=\"0.99\"}"));
     }

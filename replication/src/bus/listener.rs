@@ -77,10 +77,11 @@ async fn accept_handshake(
     tcp: TcpStream,
 ) -> Result<(u8, SharedStream, FrameReader), &'static str> {
     let _ = tcp.set_nodelay(true);
-    let (stream, binding) = match &inner.tls {
+    let context = inner.tls.borrow().clone();
+    let (stream, binding) = match context {
         None => (Stream::Plain(Tcp(tcp)), ChannelBinding::Plaintext),
         Some(context) => {
-            let tls = TlsAcceptor::from(context.server.clone())
+            let tls = TlsAcceptor::from(context.server)
                 .accept(TlsTcp::new(tcp))
                 .await
                 .map_err(|_| reasons::TLS_HANDSHAKE)?;

@@ -261,7 +261,9 @@ pub(crate) struct Inner {
     config: BusConfig,
     local: Local,
     keys: Option<Keys>,
-    tls: Option<TlsContext>,
+    /// The replica plane's TLS material (None: plaintext); `Bus::set_replica_tls` swaps
+    /// it for handshakes started from then on.
+    tls: RefCell<Option<TlsContext>>,
     limits: Limits,
     stats: Arc<BusStats>,
     handler: Rc<dyn Handler>,
@@ -384,7 +386,7 @@ impl Bus {
         let inner = Rc::new(Inner {
             local,
             keys,
-            tls,
+            tls: RefCell::new(tls),
             limits: Limits {
                 max_message_size: config.max_message_size,
             },
@@ -463,6 +465,19 @@ impl Bus {
     /// serves plaintext.
     pub fn set_client_tls(&self, config: Option<Arc<rustls::ServerConfig>>) {
         *self.inner.client_tls.borrow_mut() = config;
+    }
+
+    /// Replaces the replica plane's TLS material (a certificate rotation) for handshakes
+    /// started from then on, dialed or accepted; established links keep their sessions.
+    /// A bus that started without TLS stays plaintext (peers would refuse a switch):
+    /// false then, and nothing changes.
+    pub fn set_replica_tls(&self, context: TlsContext) -> bool {
+        let mut tls = self.inner.tls.borrow_mut();
+        if tls.is_none() {
+            return false;
+        }
+        *tls = Some(context);
+        true
     }
 
     /// Whether the client listener requires TLS.

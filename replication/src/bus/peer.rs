@@ -101,12 +101,13 @@ async fn dial(
         .await
         .map_err(|_| reasons::DIAL_FAILED)?;
     let _ = tcp.set_nodelay(true);
-    let (stream, binding) = match &inner.tls {
+    let context = inner.tls.borrow().clone();
+    let (stream, binding) = match context {
         None => (Stream::Plain(Tcp(tcp)), ChannelBinding::Plaintext),
         Some(context) => {
             let name = tls::server_name(node.tls_server_name.as_deref(), node.addr.ip())
                 .ok_or(reasons::TLS_HANDSHAKE)?;
-            let tls = TlsConnector::from(context.client.clone())
+            let tls = TlsConnector::from(context.client)
                 .connect(name, TlsTcp::new(tcp))
                 .await
                 .map_err(|_| reasons::TLS_HANDSHAKE)?;

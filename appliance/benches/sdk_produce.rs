@@ -191,16 +191,7 @@ fn tls_against_plaintext(measured: Duration, rounds: usize) {
     let tls_files = ClusterFiles::new(1);
     let pki = TestPki::new("bench ca");
     let leaf = pki.leaf(tls_files.dir.path(), "node0", &["localhost"]);
-    let config = std::fs::read_to_string(tls_files.config(0)).expect("config");
-    std::fs::write(
-        tls_files.config(0),
-        format!(
-            "{config}\n[tcp]\ntls = {{ enabled = true, cert_file = \"{}\", key_file = \"{}\" }}\n",
-            leaf.cert.display(),
-            leaf.key.display()
-        ),
-    )
-    .expect("write config");
+    tls_files.append_config(0, &leaf.client_tls_table());
     let mut plain_node = Daemon::start_with_env(&plain_files, 0, &DEFAULTS);
     let mut tls_node = Daemon::start_with_env(&tls_files, 0, &DEFAULTS);
     wait_healthy(&plain_files, &mut plain_node, Duration::from_secs(60));

@@ -25,16 +25,7 @@ const DOMAIN: &str = "localhost";
 
 /// Appends `[tcp.tls]` with `leaf` to node `replica`'s config.
 fn enable_client_tls(files: &ClusterFiles, replica: usize, leaf: &LeafFiles) {
-    let config = std::fs::read_to_string(files.config(replica)).expect("config");
-    std::fs::write(
-        files.config(replica),
-        format!(
-            "{config}\n[tcp]\ntls = {{ enabled = true, cert_file = \"{}\", key_file = \"{}\" }}\n",
-            leaf.cert.display(),
-            leaf.key.display()
-        ),
-    )
-    .expect("write config");
+    files.append_config(replica, &leaf.client_tls_table());
 }
 
 /// An SDK client of `addr` with TLS, trusting `ca`.
@@ -253,17 +244,7 @@ fn sighup_swaps_the_certificate_for_new_connections_and_open_ones_go_on() {
     enable_client_tls(&files, 0, &leaf);
     // The replica plane's TLS material is reloaded by the same SIGHUP.
     let replica = first.leaf(files.dir.path(), "replica0", &["127.0.0.1"]);
-    let config = std::fs::read_to_string(files.config(0)).expect("config");
-    std::fs::write(
-        files.config(0),
-        format!(
-            "{config}\n[cluster.tls]\nenabled = true\ncert_file = \"{}\"\nkey_file = \"{}\"\nca_file = \"{}\"\n",
-            replica.cert.display(),
-            replica.key.display(),
-            replica.ca.display()
-        ),
-    )
-    .expect("write config");
+    files.append_config(0, &replica.cluster_tls_table());
     let mut daemon = Daemon::start(&files, 0);
     wait_healthy(&files, &mut daemon, Duration::from_secs(60));
     let addr = files.client_addr(0).to_string();

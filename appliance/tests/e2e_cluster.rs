@@ -779,18 +779,6 @@ fn login_through_a_backup_never_sends_the_password_over_the_replica_plane() {
     }
 }
 
-/// Writes ca.pem, NAME.pem and NAME.key for 127.0.0.1 into `dir`; returns the
-/// [cluster.tls] table.
-fn tls_table(pki: &TestPki, dir: &std::path::Path, name: &str) -> String {
-    let leaf = pki.leaf(dir, name, &["127.0.0.1"]);
-    format!(
-        "\n[cluster.tls]\nenabled = true\ncert_file = \"{}\"\nkey_file = \"{}\"\nca_file = \"{}\"\n",
-        leaf.cert.display(),
-        leaf.key.display(),
-        leaf.ca.display()
-    )
-}
-
 #[test]
 fn replica_plane_tls_encrypts_replication_and_keeps_out_a_foreign_certificate() {
     let files = ClusterFiles::new(NODES);
@@ -803,7 +791,9 @@ fn replica_plane_tls_encrypts_replication_and_keeps_out_a_foreign_certificate() 
         .map(|replica| std::fs::read_to_string(files.config(replica)).expect("config"))
         .collect();
     let with_tls = |replica: usize, pki: &TestPki| {
-        let table = tls_table(pki, files.dir.path(), &format!("node{replica}"));
+        let table = pki
+            .leaf(files.dir.path(), &format!("node{replica}"), &["127.0.0.1"])
+            .cluster_tls_table();
         std::fs::write(
             files.config(replica),
             format!("{}{table}", configs[replica]),

@@ -770,6 +770,35 @@ pub struct LeafFiles {
     pub ca: PathBuf,
 }
 
+impl LeafFiles {
+    /// The `[tcp.tls]` table serving this leaf on the client port.
+    pub fn client_tls_table(&self) -> String {
+        format!(
+            "\n[tcp]\ntls = {{ enabled = true, cert_file = \"{}\", key_file = \"{}\" }}\n",
+            self.cert.display(),
+            self.key.display()
+        )
+    }
+
+    /// The `[cluster.tls]` table presenting this leaf and trusting its CA.
+    pub fn cluster_tls_table(&self) -> String {
+        format!(
+            "\n[cluster.tls]\nenabled = true\ncert_file = \"{}\"\nkey_file = \"{}\"\nca_file = \"{}\"\n",
+            self.cert.display(),
+            self.key.display(),
+            self.ca.display()
+        )
+    }
+}
+
+impl ClusterFiles {
+    /// Appends `text` (a TOML table) to node `replica`'s config.
+    pub fn append_config(&self, replica: usize, text: &str) {
+        let config = std::fs::read_to_string(self.config(replica)).expect("read config");
+        std::fs::write(self.config(replica), format!("{config}{text}")).expect("write config");
+    }
+}
+
 impl TestPki {
     pub fn new(name: &str) -> TestPki {
         let key = rcgen::KeyPair::generate().expect("key");

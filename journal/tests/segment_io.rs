@@ -572,3 +572,59 @@ fn a_log_refuses_to_close_while_a_planned_write_holds_its_file() {
         write.run().await.unwrap();
     });
 }
+
+#[test]
+fn a_read_plan_runs_on_another_thread_while_the_log_goes_on() {
+    use journal::segment::ReadFrom;
+    let dir = tempfile::tempdir().unwrap();
+    run(async {
+        let (mut log, _) = PartitionLog::open(dir.path(), PARTITION, config(Durability::None))
+            .await
+            .unwrap();
+        let batches = fill(&mut log, 60).await;
+        // Planned up to offset 200 (batch 40), before more batches and segments come.
+        let plan = log.read_plan(ReadFrom::Offset(37), 200, u64::MAX).unwrap();
+        let by_time = log.read_plan(ReadFrom::Timestamp(1_205), 300, 1).unwrap();
+        let small = log.read_plan(ReadFrom::Offset(0), 300, 1).unwrap();
+        let segments_before = log.segments().len();
+        for i in 60..120 {
+            let bytes = common::batch(PARTITION, log.next_offset(), 1000 + 10 * i, 5, 400);
+            log.append(&bytes).await.unwrap();
+        }
+        assert!(log.segments().len() > segments_before);
+        let (read, by_time, small) = std::thread::spawn(move || {
+            let mut infos = Vec::new();
+            plan.read(&mut |bytes, info| {
+                infos.push((info.base_offset, bytes.len()));
+                true
+            })
+            .unwrap();
+            (
+                infos,
+                by_time.read_all().unwrap(),
+                small.read_all().unwrap(),
+            )
+        })
+        .join()
+        .unwrap();
+        // Batch 7 holds offset 37; batches from offset 200 on are not read.
+        let expected: Vec<_> = (7..40)
+            .map(|i| (5 * i, batches[i as usize].len()))
+            .collect();
+        assert_eq!(read, expected);
+        // Timestamp 1205 is batch 21's (1000 + 10 * 21 = 1210 is the first at or after).
+        assert_eq!(by_time, vec![batches[21].clone()]);
+        assert_eq!(small, vec![batches[0].clone()]);
+        // A segment that retention removed before the read opens it is NotFound.
+        let late = log.read_plan(ReadFrom::Offset(0), 300, u64::MAX).unwrap();
+        let first = log.segments()[0].1.clone();
+        std::fs::remove_file(&first).unwrap();
+        match late.read_all() {
+            Err(JournalError::Io { source, .. }) => {
+                assert_eq!(source.kind(), std::io::ErrorKind::NotFound)
+            }
+            other => panic!("expected NotFound, got {other:?}"),
+        }
+        log.close().await.unwrap();
+    });
+}

@@ -72,6 +72,11 @@ impl SparseIndex {
         &self.entries
     }
 
+    /// The base_timestamp of the segment's first batch (its first entry).
+    pub fn first_timestamp(&self) -> Option<u64> {
+        self.entries.first().map(|e| e.timestamp)
+    }
+
     /// Bytes of memory the entries hold.
     pub fn memory_bytes(&self) -> usize {
         self.entries.capacity() * std::mem::size_of::<IndexEntry>()

@@ -19,6 +19,7 @@ use replication::wire::batch::{
 use serde::Serialize;
 
 use super::index::SparseIndex;
+use super::read::{read_up_to, ReadFrom, ReadPlan, Span};
 use super::scan::{scan_segment, BatchEntry, SegmentScan, SegmentTail};
 use crate::buffers::BufferPool;
 use crate::durability::{Durability, SyncSchedule};
@@ -447,18 +448,12 @@ impl PartitionLog {
                 out.push((segment.base_offset, path(segment), segment.len));
                 continue;
             }
-            let mut found = None;
-            let from = segment.index.position_for_offset(end - segment.base_offset);
-            self.read_batches(segment, from, &mut |_, entry| {
-                if entry.base_offset == end {
-                    found = Some(entry.position);
-                }
-                entry.base_offset < end
-            })?;
-            let len = found.ok_or_else(|| JournalError::BatchRejected {
-                base_offset: end,
-                reason: "not a batch boundary".into(),
-            })?;
+            let len =
+                self.batch_position(segment, end)?
+                    .ok_or_else(|| JournalError::BatchRejected {
+                        base_offset: end,
+                        reason: "not a batch boundary".into(),
+                    })?;
             out.push((segment.base_offset, path(segment), len));
         }
         if out.is_empty() {
@@ -467,6 +462,32 @@ impl PartitionLog {
             out.push((segment.base_offset, path(segment), 0));
         }
         Ok(out)
+    }
+
+    /// The byte position in `segment` of the batch starting at `offset`, if one does.
+    fn batch_position(&self, segment: &Segment, offset: u64) -> Result<Option<u64>> {
+        let position = segment
+            .index
+            .position_for_offset(offset - segment.base_offset);
+        let plan = ReadPlan {
+            spans: vec![Span {
+                path: self.dir.join(segment_file_name(segment.base_offset, "log")),
+                position,
+                end: segment.len,
+            }],
+            from: ReadFrom::Offset(0),
+            end_offset: offset + 1,
+            bytes_max: u64::MAX,
+        };
+        let (mut at, mut found) = (position, None);
+        plan.read(&mut |bytes, info| {
+            if info.base_offset == offset {
+                found = Some(at);
+            }
+            at += bytes.len() as u64;
+            info.base_offset < offset
+        })?;
+        Ok(found)
     }
 
     fn active_segment(&self) -> &Segment {
@@ -867,20 +888,11 @@ impl PartitionLog {
         let cut = if offset == segment.base_offset {
             0
         } else {
-            let mut found = None;
-            let from = segment
-                .index
-                .position_for_offset(offset - segment.base_offset);
-            self.read_batches(segment, from, &mut |_, entry| {
-                if entry.base_offset == offset {
-                    found = Some(entry.position);
-                }
-                entry.base_offset < offset
-            })?;
-            found.ok_or_else(|| JournalError::BatchRejected {
-                base_offset: offset,
-                reason: "truncation point is not a batch boundary".into(),
-            })?
+            self.batch_position(segment, offset)?
+                .ok_or_else(|| JournalError::BatchRejected {
+                    base_offset: offset,
+                    reason: "truncation point is not a batch boundary".into(),
+                })?
         };
         let keep = if cut == 0 && holder > 0 {
             holder - 1
@@ -922,99 +934,67 @@ impl PartitionLog {
     /// Batches holding `offset` and after, up to about `bytes_max` bytes (at least one
     /// batch). Every batch read is verified.
     pub fn read_from_offset(&self, offset: u64, bytes_max: u64) -> Result<Vec<Vec<u8>>> {
-        let (start, end) = (self.start_offset(), self.next_offset());
-        if offset < start || offset >= end {
-            return Err(JournalError::OffsetOutOfRange { offset, start, end });
-        }
-        // Invariant: offset >= start_offset() (checked above) = segments[0].base_offset, so
-        // the partition point is at least 1.
-        let first = self.segments.partition_point(|s| s.base_offset <= offset) - 1;
-        let mut out = Vec::new();
-        let mut total = 0u64;
-        for (i, segment) in self.segments.iter().enumerate().skip(first) {
-            let from = if i == first {
-                segment
-                    .index
-                    .position_for_offset(offset - segment.base_offset)
-            } else {
-                0
-            };
-            self.read_batches(segment, from, &mut |batch, entry| {
-                if entry.next_offset() <= offset {
-                    return true;
-                }
-                total += entry.len;
-                out.push(batch);
-                total < bytes_max
-            })?;
-            if total >= bytes_max {
-                break;
-            }
-        }
-        Ok(out)
+        self.read_plan(ReadFrom::Offset(offset), self.next_offset(), bytes_max)?
+            .read_all()
     }
 
     /// Batches from the first one stamped at or after `timestamp` (batch base_timestamp,
     /// the primary's clock), up to about `bytes_max` bytes. Empty when none is that late.
     pub fn read_from_timestamp(&self, timestamp: u64, bytes_max: u64) -> Result<Vec<Vec<u8>>> {
-        let mut out = Vec::new();
-        let mut total = 0u64;
-        for segment in &self.segments {
-            let from = segment.index.position_for_timestamp(timestamp);
-            self.read_batches(segment, from, &mut |batch, entry| {
-                if entry.base_timestamp < timestamp {
-                    return true;
-                }
-                total += entry.len;
-                out.push(batch);
-                total < bytes_max
-            })?;
-            if total >= bytes_max {
-                break;
-            }
-        }
-        Ok(out)
+        self.read_plan(
+            ReadFrom::Timestamp(timestamp),
+            self.next_offset(),
+            bytes_max,
+        )?
+        .read_all()
     }
 
-    /// Reads and verifies batches of `segment` from byte `from`, handing each to `visit`
-    /// until it returns false or the segment ends.
-    fn read_batches(
-        &self,
-        segment: &Segment,
-        mut position: u64,
-        visit: &mut dyn FnMut(Vec<u8>, &BatchEntry) -> bool,
-    ) -> Result<()> {
-        let path = self.dir.join(segment_file_name(segment.base_offset, "log"));
-        let file = std::fs::File::open(&path).map_err(io("open", &path))?;
-        let corrupt = |position| JournalError::SegmentCorrupt {
-            path: path.clone(),
-            position,
-        };
-        while position < segment.len {
-            let mut header = [0u8; BATCH_HEADER_SIZE];
-            file.read_exact_at(&mut header, position)
-                .map_err(io("read", &path))?;
-            let len = u64::from_le_bytes(header[32..40].try_into().unwrap_or([0; 8]));
-            if len < BATCH_HEADER_SIZE as u64 || position + len > segment.len {
-                return Err(corrupt(position));
+    /// What a read from `from` of the batches below `end_offset`, up to about
+    /// `bytes_max` bytes, covers: the segment files and byte ranges, from the index in
+    /// memory (no IO). `ReadPlan::read` carries it out, on any thread. An offset outside
+    /// the log is `OffsetOutOfRange`.
+    pub fn read_plan(&self, from: ReadFrom, end_offset: u64, bytes_max: u64) -> Result<ReadPlan> {
+        let first = match from {
+            ReadFrom::Offset(offset) => {
+                let (start, end) = (self.start_offset(), self.next_offset());
+                if offset < start || offset >= end {
+                    return Err(JournalError::OffsetOutOfRange { offset, start, end });
+                }
+                // offset >= start_offset() = segments[0].base_offset: at least 1.
+                self.segments.partition_point(|s| s.base_offset <= offset) - 1
             }
-            let mut batch = vec![0u8; len as usize];
-            file.read_exact_at(&mut batch, position)
-                .map_err(io("read", &path))?;
-            let info = verify(&batch).map_err(|_| corrupt(position))?;
-            let entry = BatchEntry {
-                position,
-                len,
-                base_offset: info.base_offset,
-                message_count: info.message_count,
-                base_timestamp: info.base_timestamp,
-            };
-            position += len;
-            if !visit(batch, &entry) {
+            // The last segment whose first batch is older, or the first segment.
+            ReadFrom::Timestamp(timestamp) => self
+                .segments
+                .partition_point(|s| s.index.first_timestamp().is_some_and(|t| t < timestamp))
+                .saturating_sub(1),
+        };
+        let mut spans = Vec::new();
+        let mut planned = 0u64;
+        for (i, segment) in self.segments.iter().enumerate().skip(first) {
+            if segment.base_offset >= end_offset || planned >= bytes_max {
                 break;
             }
+            let position = match from {
+                ReadFrom::Offset(offset) if i == first => segment
+                    .index
+                    .position_for_offset(offset - segment.base_offset),
+                ReadFrom::Timestamp(timestamp) => segment.index.position_for_timestamp(timestamp),
+                ReadFrom::Offset(_) => 0,
+            };
+            planned += segment.len - position;
+            spans.push(Span {
+                path: self.dir.join(segment_file_name(segment.base_offset, "log")),
+                position,
+                end: segment.len,
+            });
         }
-        Ok(())
+        Ok(ReadPlan {
+            spans,
+            from,
+            end_offset,
+            bytes_max,
+        })
     }
 
     /// Trims the active file's sector padding, syncs (whatever the policy) and closes.
@@ -1219,18 +1199,12 @@ impl SealedScan {
         if self.buffer.len() < want {
             self.buffer.resize(want, 0);
         }
-        let mut filled = 0;
-        while filled < want {
-            let read = self
-                .file
-                .read_at(&mut self.buffer[filled..want], from + filled as u64)
-                .map_err(io("read", &self.path))?;
-            if read == 0 {
-                // Shorter than it was at the open: it changed under the scan.
-                self.buffer_len = 0;
-                return Err(self.corrupt());
-            }
-            filled += read;
+        let filled = read_up_to(&self.file, &mut self.buffer[..want], from)
+            .map_err(io("read", &self.path))?;
+        if filled < want {
+            // Shorter than it was at the open: it changed under the scan.
+            self.buffer_len = 0;
+            return Err(self.corrupt());
         }
         self.buffer_start = from;
         self.buffer_len = want;

@@ -6,10 +6,12 @@ pub mod index;
 pub mod inspect;
 pub mod log;
 pub mod offsets;
+pub mod read;
 pub mod scan;
 
 pub use log::{
     AppendReceipt, OpenReport, PartitionConfig, PartitionLog, Plan, Planned, PlannedWrite, Syncer,
 };
 pub use offsets::ConsumerOffsets;
+pub use read::{ReadFrom, ReadPlan};
 pub use scan::{scan_segment, BatchEntry, SegmentScan, SegmentTail};

@@ -376,16 +376,50 @@ fn verify_from(batch: &[u8], first_delta: Option<u32>) -> Result<BatchInfo, Batc
     Ok(info)
 }
 
+/// Where `append_served` writes: a growable byte buffer.
+pub trait ServedOut {
+    /// Bytes held.
+    fn held(&self) -> usize;
+    /// Appends `bytes`.
+    fn extend_from_slice(&mut self, bytes: &[u8]);
+    /// The bytes from `from` on, to patch what was appended.
+    fn tail_mut(&mut self, from: usize) -> &mut [u8];
+}
+
+impl ServedOut for Vec<u8> {
+    fn held(&self) -> usize {
+        self.len()
+    }
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        Vec::extend_from_slice(self, bytes);
+    }
+    fn tail_mut(&mut self, from: usize) -> &mut [u8] {
+        &mut self[from..]
+    }
+}
+
+impl ServedOut for super::FrameBuf {
+    fn held(&self) -> usize {
+        self.len()
+    }
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        super::FrameBuf::extend_from_slice(self, bytes);
+    }
+    fn tail_mut(&mut self, from: usize) -> &mut [u8] {
+        &mut self.as_bytes_mut()[from..]
+    }
+}
+
 /// Appends to `out` the messages of a stored batch (one `verify` accepted) whose offsets
 /// fall in `from..to`, as a served batch: the batch itself when all of it is in range,
 /// else those frames unchanged (their checksums and offset_delta stay, so each offset is
 /// still base_offset + offset_delta) under a copy of the header with their
 /// message_count, batch_length and batch_checksum. Returns the messages appended.
-pub fn append_served(
+pub fn append_served<O: ServedOut + ?Sized>(
     batch: &[u8],
     from: u64,
     to: u64,
-    out: &mut Vec<u8>,
+    out: &mut O,
 ) -> Result<u32, BatchError> {
     let info = info_of_verified(batch)?;
     let (base, next) = (info.base_offset, info.next_offset());
@@ -409,10 +443,10 @@ pub fn append_served(
         }
         Ok(())
     })?;
-    let header_at = out.len();
+    let header_at = out.held();
     out.extend_from_slice(&batch[..BATCH_HEADER_SIZE]);
     out.extend_from_slice(&batch[start..end]);
-    let served = &mut out[header_at..];
+    let served = out.tail_mut(header_at);
     let count = hi - lo;
     {
         let (header, _) = BatchHeader::mut_from_prefix(&mut *served)

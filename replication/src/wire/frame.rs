@@ -155,10 +155,11 @@ impl FrameBuf {
         &mut self.blocks.as_mut_bytes()[..self.len]
     }
 
-    /// Appends bytes at the end.
+    /// Appends bytes at the end (growing storage it already holds is not zeroed first:
+    /// the bytes are overwritten at once).
     pub fn extend_from_slice(&mut self, bytes: &[u8]) {
         let start = self.len;
-        self.resize(start + bytes.len());
+        self.resize_for_overwrite(start + bytes.len());
         self.as_bytes_mut()[start..].copy_from_slice(bytes);
     }
 }

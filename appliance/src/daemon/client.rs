@@ -96,6 +96,18 @@ pub(super) fn now_us() -> u64 {
 impl Node {
     /// A reply the client plane builds itself (errors, reads, redirects).
     fn reply(&self, request: &RequestHeader, status: Status, body: &[u8]) -> Frame {
+        let header = self.reply_header(request, status);
+        match status {
+            Status::PipelineFull => {
+                Frame::build(&header, crate::protocol::status::PIPELINE_FULL_REASON)
+            }
+            Status::Ok => Frame::build(&header, &with_result_section(request.operation, body)),
+            _ => Frame::build(&header, body),
+        }
+    }
+
+    /// The header of this node's reply to `request`.
+    pub(super) fn reply_header(&self, request: &RequestHeader, status: Status) -> ReplyHeader {
         let mut header = ReplyHeader::new();
         header.frame.cluster = self.settings.cluster;
         header.frame.replica = self.settings.replica;
@@ -106,13 +118,7 @@ impl Node {
         header.operation = request.operation;
         header.timestamp = request.timestamp;
         header.status = status.wire_code(request.operation);
-        match status {
-            Status::PipelineFull => {
-                Frame::build(&header, crate::protocol::status::PIPELINE_FULL_REASON)
-            }
-            Status::Ok => Frame::build(&header, &with_result_section(request.operation, body)),
-            _ => Frame::build(&header, body),
-        }
+        header
     }
 
     pub(super) fn answer(
@@ -296,11 +302,19 @@ impl Node {
             | ClientRequest::GetConsumerGroups { .. }
             | ClientRequest::ListStreams
             | ClientRequest::ListTopics { .. }
-            | ClientRequest::PollMessages { .. }
             | ClientRequest::GetConsumerOffset { .. } => {
                 let (status, body) = self.read(user, &request);
                 self.answer(connection, &header, status, &body);
             }
+            ClientRequest::PollMessages {
+                target,
+                strategy,
+                count,
+                auto_commit,
+            } => match self.poll(&header, user, target, *strategy, *count, *auto_commit) {
+                Ok(read) => self.start_poll_read(connection, &header, read),
+                Err((status, body)) => self.answer(connection, &header, status, &body),
+            },
             ClientRequest::GetUser { .. }
             | ClientRequest::GetUsers
             | ClientRequest::GetTokens
@@ -992,12 +1006,6 @@ impl Node {
                     .collect();
                 return (Status::Ok, ListTopicsReply { topics }.encode());
             }
-            ClientRequest::PollMessages {
-                target,
-                strategy,
-                count,
-                auto_commit,
-            } => return self.poll(user, target, *strategy, *count, *auto_commit),
             ClientRequest::GetConsumerOffset { target } => {
                 return self.get_consumer_offset(user, target)
             }

@@ -3,16 +3,18 @@
 //! (Iggy's PollMessages: the messages of one partition from committed state, cut to
 //! the range asked, with auto-commit on the partition's primary).
 
-use replication::wire::{batch, Frame, Header, Operation, PartitionKey, RequestHeader};
+use replication::wire::{Frame, Header, Operation, PartitionKey, RequestHeader};
 
 use super::client::{now_us, AUTO_COMMIT_CLIENT};
 use super::node::Node;
 use super::partitions::{self, POLL_BYTES_MAX};
+use super::polls::{AutoCommit, PollRead};
 use crate::protocol::codec::Writer;
-use crate::protocol::reply::{ConsumerOffsetReply, PollHeader, PollRoutingReply};
+use crate::protocol::reply::{ConsumerOffsetReply, PollRoutingReply};
 use crate::protocol::request::{ConsumerRef, Identifier, OffsetTarget, Partitioning};
 use crate::protocol::{Consumer, PollStrategy, Status};
 use crate::state::Right;
+use journal::segment::ReadFrom;
 
 /// Topics whose round-robin position a node keeps for Balanced sends; past this the
 /// positions start over (a Balanced send only has to spread, not to alternate exactly).
@@ -208,20 +210,18 @@ impl Node {
         consumer.single_key()
     }
 
-    /// Iggy's PollMessages, from committed state: the reply's header, then the messages
-    /// `strategy` starts at, up to `count`, as served batches (`batch::append_served`).
+    /// Iggy's PollMessages, from committed state: checked and planned here, read and
+    /// answered off the node loop (polls.rs) unless the answer needs no read.
     pub(super) fn poll(
         &mut self,
+        request: &RequestHeader,
         user: u32,
         target: &OffsetTarget,
         strategy: PollStrategy,
         count: u32,
         auto_commit: bool,
-    ) -> (Status, Vec<u8>) {
-        let (key, consumer, stored) = match self.readable(user, target) {
-            Ok(found) => found,
-            Err(status) => return (status, Vec::new()),
-        };
+    ) -> Result<PollRead, (Status, Vec<u8>)> {
+        let (key, consumer, stored) = self.readable(user, target).map_err(|s| (s, Vec::new()))?;
         let (partition, group) = (key.partition, key.pack().unwrap_or(0));
         if auto_commit {
             // Storing the offset is a replicated write: only the partition's primary
@@ -232,9 +232,9 @@ impl Node {
                     let primary = replica.config().primary_of(replica.view());
                     if primary == self.settings.replica {
                         // Recovering or changing views with ourselves next.
-                        return (Status::Unavailable, Vec::new());
+                        return Err((Status::Unavailable, Vec::new()));
                     }
-                    return (Status::NotPrimary, self.not_primary_body(primary));
+                    return Err((Status::NotPrimary, self.not_primary_body(primary)));
                 }
             }
         }
@@ -252,67 +252,41 @@ impl Node {
                 .map_or(0, |o| o + 1)
                 .max(first),
         };
-        let batches = match strategy {
-            _ if from >= end => Ok(Vec::new()),
-            PollStrategy::Timestamp(timestamp) => {
-                stored.log.read_from_timestamp(timestamp, POLL_BYTES_MAX)
-            }
-            _ => stored.log.read_from_offset(from, POLL_BYTES_MAX),
+        if from >= end || count == 0 {
+            return Err((Status::Ok, PollRead::empty_reply(partition, end)));
+        }
+        let (read_from, serve_from) = match strategy {
+            PollStrategy::Timestamp(timestamp) => (ReadFrom::Timestamp(timestamp), None),
+            _ => (ReadFrom::Offset(from), Some(from)),
         };
-        let batches = match batches {
-            Ok(batches) => batches,
+        let plan = match stored.log.read_plan(read_from, end, POLL_BYTES_MAX) {
+            Ok(plan) => plan,
             Err(error) => {
                 tracing::warn!(?key, %error, "poll read failed");
-                return (Status::Unavailable, Vec::new());
+                return Err((Status::Unavailable, Vec::new()));
             }
         };
-        let mut body = vec![0; PollHeader::SIZE];
-        let (mut served, mut next) = (0u32, None::<u64>);
-        for bytes in batches {
-            let Ok(info) = batch::verify(&bytes) else {
-                self.reject("segment_batch_invalid");
-                break;
-            };
-            // A timestamp poll starts at the first batch the index found.
-            let start = next.unwrap_or(match strategy {
-                PollStrategy::Timestamp(_) => info.base_offset.max(first),
-                _ => from,
-            });
-            let to = end.min(start.saturating_add(u64::from(count - served)));
-            if info.base_offset >= to {
-                break;
-            }
-            match batch::append_served(&bytes, start, to, &mut body) {
-                Ok(appended) => served += appended,
-                Err(_) => {
-                    self.reject("segment_batch_invalid");
-                    break;
-                }
-            }
-            next = Some(info.next_offset().min(to));
-            if served >= count || info.next_offset() >= end {
-                break;
-            }
-        }
-        let mut header = Writer::default();
-        PollHeader {
-            partition_id: partition,
-            current_offset: end.saturating_sub(1),
-            messages_count: served,
-        }
-        .write(&mut header);
-        body[..PollHeader::SIZE].copy_from_slice(&header.finish());
-        if let (true, Some(next)) = (auto_commit && served > 0, next) {
-            self.auto_commit(group, user, consumer, next - 1);
-        }
-        (Status::Ok, body)
+        Ok(PollRead {
+            reply: self.reply_header(request, Status::Ok),
+            plan,
+            from: serve_from,
+            first,
+            end,
+            count,
+            partition,
+            commit: auto_commit.then_some(AutoCommit {
+                group,
+                user,
+                consumer,
+            }),
+        })
     }
 
     /// Poll with auto_commit on the partition's primary: prepares StoreConsumerOffset of
     /// the last delivered offset as an internal write of this node's reserved client id
     /// (its reply goes nowhere). It commits after the poll is answered; if the pipeline
     /// is full the offset is not stored (counted) and the next poll stores a later one.
-    fn auto_commit(&mut self, group: u64, user: u32, consumer: Consumer, offset: u64) {
+    pub(super) fn auto_commit(&mut self, group: u64, user: u32, consumer: Consumer, offset: u64) {
         let body = Self::offset_prepare_body(consumer, Some(offset));
         // Request numbers must grow across restarts (the partition's client table
         // outlives the process): microseconds since the epoch, strictly increasing.

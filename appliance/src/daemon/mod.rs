@@ -26,6 +26,7 @@ mod forward;
 mod group_commit;
 mod messages;
 mod metadata_reads;
+mod polls;
 mod repair_windows;
 mod retention;
 mod storage;

@@ -148,6 +148,12 @@ pub enum Event {
         user: u32,
         op: Box<Result<MetadataOp, Status>>,
     },
+    /// A poll's read finished on the blocking pool (polls.rs).
+    PollRead {
+        connection: ClientId,
+        request: Box<RequestHeader>,
+        reply: Box<super::polls::PollReply>,
+    },
     /// A login a backup failed, checked once more after the failure delay (the user
     /// may have been created or changed in an op this node had not applied yet).
     LoginRetry {
@@ -293,6 +299,8 @@ pub struct Node {
     pub(super) forwarded: HashMap<u128, forward::Forwarded>,
     /// Request numbers of internal auto-commit writes.
     pub(super) auto_commits: u64,
+    /// Poll reads running on the blocking pool and waiting for a slot.
+    pub(super) poll_reads: super::polls::PollReads,
     /// Per topic (stream id, topic id): the round-robin position of Balanced sends.
     pub(super) balanced: HashMap<(u32, u32), u32>,
     /// Each partition group's journal work in flight (group_commit.rs).
@@ -474,6 +482,7 @@ impl Node {
             forward_nonces: 0,
             forwarded: HashMap::new(),
             auto_commits: 0,
+            poll_reads: Default::default(),
             balanced: HashMap::new(),
             lanes: BTreeMap::new(),
             io_done_tx: Rc::new(io_done_tx),
@@ -696,6 +705,11 @@ impl Node {
                 user,
                 op,
             } => self.on_password_work_done(connection, &request, user, *op),
+            Event::PollRead {
+                connection,
+                request,
+                reply,
+            } => self.on_poll_read(connection, &request, *reply),
             Event::Xfer(message) => self.on_xfer(message),
             Event::PeerConnected(peer, up) => self.groups.set_connected(peer, up),
             Event::PartitionOpened { key, group, opened } => {

@@ -615,6 +615,14 @@ fn a_read_plan_runs_on_another_thread_while_the_log_goes_on() {
         // Timestamp 1205 is batch 21's (1000 + 10 * 21 = 1210 is the first at or after).
         assert_eq!(by_time, vec![batches[21].clone()]);
         assert_eq!(small, vec![batches[0].clone()]);
+        // A timestamp that the second segment's first batch bears exactly: the first
+        // segment holds no batch that late, and the read still finds it.
+        let second = log.segments()[1].0;
+        let stamp = 1000 + 10 * (second / 5);
+        assert_eq!(
+            log.read_from_timestamp(stamp, 1).unwrap(),
+            vec![batches[(second / 5) as usize].clone()]
+        );
         // A segment that retention removed before the read opens it is NotFound.
         let late = log.read_plan(ReadFrom::Offset(0), 300, u64::MAX).unwrap();
         let first = log.segments()[0].1.clone();

@@ -970,6 +970,9 @@ impl PartitionLog {
                 .saturating_sub(1),
         };
         let mut spans = Vec::new();
+        // Bytes of the segments after the first: every batch of theirs is wanted, while
+        // the first may hold only batches before `from` (a timestamp poll's first
+        // segment may even end before it), so it does not count toward `bytes_max`.
         let mut planned = 0u64;
         for (i, segment) in self.segments.iter().enumerate().skip(first) {
             if segment.base_offset >= end_offset || planned >= bytes_max {
@@ -982,7 +985,9 @@ impl PartitionLog {
                 ReadFrom::Timestamp(timestamp) => segment.index.position_for_timestamp(timestamp),
                 ReadFrom::Offset(_) => 0,
             };
-            planned += segment.len - position;
+            if i > first {
+                planned += segment.len - position;
+            }
             spans.push(Span {
                 path: self.dir.join(segment_file_name(segment.base_offset, "log")),
                 position,

@@ -22,7 +22,7 @@ use replication::wire::{batch, Frame, FrameBuf, ReplyHeader, RequestHeader, HEAD
 
 use super::node::{Event, Node};
 use crate::protocol::codec::Writer;
-use crate::protocol::reply::{result_framed, PollHeader};
+use crate::protocol::reply::{result_section, PollHeader};
 use crate::protocol::{Consumer, Status};
 
 /// Poll reads at once, one per reader thread (each holds a read window and a reply):
@@ -60,7 +60,7 @@ pub struct AutoCommit {
     pub consumer: Consumer,
 }
 
-/// A poll's reply, built on the blocking pool.
+/// A poll's reply, built on a reader thread.
 pub struct PollReply {
     pub status: Status,
     /// The sealed reply when `status` is Ok.
@@ -79,14 +79,13 @@ impl PollRead {
     pub fn run(self) -> PollReply {
         // The frame's header, Iggy's result section, the poll header, then the messages,
         // written in place into the buffer the frame is sealed in.
-        let section = if result_framed(self.reply.operation) {
-            4
-        } else {
-            0
-        };
-        let front = HEADER_SIZE + section + PollHeader::SIZE;
-        let mut buf = FrameBuf::for_overwrite(front + self.plan.bytes_hint());
-        buf.resize(front);
+        let section = result_section(self.reply.operation);
+        let poll_header_at = HEADER_SIZE + section.len();
+        let mut buf =
+            FrameBuf::for_overwrite(poll_header_at + PollHeader::SIZE + self.plan.bytes_hint());
+        buf.resize(HEADER_SIZE);
+        buf.extend_from_slice(section);
+        buf.resize(poll_header_at + PollHeader::SIZE);
         let (mut served, mut next, mut invalid) = (0u32, None::<u64>, false);
         let read = self.plan.read(&mut |bytes, info| {
             let start = next.unwrap_or(match self.from {
@@ -133,9 +132,8 @@ impl PollRead {
                 error,
             };
         }
-        let body = &mut buf.as_bytes_mut()[HEADER_SIZE..];
-        body[..section].fill(0);
-        write_header(&mut body[section..], self.partition, self.end, served);
+        let poll_header = &mut buf.as_bytes_mut()[poll_header_at..];
+        write_header(poll_header, self.partition, self.end, served);
         PollReply {
             status: Status::Ok,
             frame: Some(Frame::build_in(&self.reply, buf)),

@@ -66,15 +66,27 @@ pub fn result_framed(operation: u8) -> bool {
     }
 }
 
-/// The body of an accepted reply to `operation` as it goes on the wire: after an empty
-/// result section (`count u32` = 0) where `result_framed`; else `body` itself, not
-/// copied (a poll's reply is megabytes).
+/// What an accepted reply to `operation` starts with: an empty result section
+/// (`count u32` = 0) where `result_framed`, else nothing.
+pub fn result_section(operation: u8) -> &'static [u8] {
+    const EMPTY_SECTION: [u8; 4] = 0u32.to_le_bytes();
+    if result_framed(operation) {
+        &EMPTY_SECTION
+    } else {
+        &[]
+    }
+}
+
+/// The body of an accepted reply to `operation` as it goes on the wire: after its
+/// `result_section`; where that is empty, `body` itself, not copied (a poll's reply is
+/// megabytes).
 pub fn with_result_section(operation: u8, body: &[u8]) -> Cow<'_, [u8]> {
-    if !result_framed(operation) {
+    let section = result_section(operation);
+    if section.is_empty() {
         return Cow::Borrowed(body);
     }
-    let mut framed = Vec::with_capacity(4 + body.len());
-    framed.extend_from_slice(&0u32.to_le_bytes());
+    let mut framed = Vec::with_capacity(section.len() + body.len());
+    framed.extend_from_slice(section);
     framed.extend_from_slice(body);
     Cow::Owned(framed)
 }

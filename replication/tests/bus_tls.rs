@@ -31,6 +31,24 @@ fn tls_node(config: BusConfig, context: TlsContext, auth: bool) -> (Bus, Rc<Reco
     (bus, seen)
 }
 
+/// Node 1 with `context`, authenticated, its replica port listening.
+fn acceptor(context: TlsContext) -> (Bus, Rc<Recorder>) {
+    tls_node(config(1, &[loopback(0), loopback(0)]), context, true)
+}
+
+/// Node 0 with `context`, authenticated, dialing `to`.
+fn dialer(to: &Bus, context: TlsContext) -> (Bus, Rc<Recorder>) {
+    tls_node(config(0, &[loopback(0), to.replica_addr()]), context, true)
+}
+
+/// Waits until `bus` counted at least `at_least` failed TLS handshakes.
+async fn handshakes_failed(bus: &Bus, at_least: u64) -> bool {
+    wait_until(LINK_WAIT, || {
+        bus.stats().snapshot().rejected("tls_handshake_failed") >= at_least
+    })
+    .await
+}
+
 #[test]
 fn tls_peers_with_certificates_from_pem_files_connect_and_exchange_frames() {
     let pki = Pki::new("test ca");
@@ -88,25 +106,10 @@ fn peer_with_a_certificate_from_an_untrusted_ca_is_refused() {
     run(|| async {
         let trusted = Pki::new("cluster ca");
         let rogue = Pki::new("rogue ca");
-        let (bus_1, seen_1) = tls_node(
-            config(1, &[loopback(0), loopback(0)]),
-            trusted.context(&trusted),
-            true,
-        );
+        let (bus_1, seen_1) = acceptor(trusted.context(&trusted));
         // The rogue node trusts the cluster CA but its own certificate is not signed by it.
-        let (bus_0, _) = tls_node(
-            config(0, &[loopback(0), bus_1.replica_addr()]),
-            rogue.context(&trusted),
-            true,
-        );
-        assert!(
-            wait_until(LINK_WAIT, || bus_1
-                .stats()
-                .snapshot()
-                .rejected("tls_handshake_failed")
-                >= 2)
-            .await
-        );
+        let (bus_0, _) = dialer(&bus_1, rogue.context(&trusted));
+        assert!(handshakes_failed(&bus_1, 2).await);
         assert!(!bus_1.is_connected(0));
         assert!(seen_1.seen.borrow().connected.is_empty());
         bus_0.shutdown();
@@ -114,24 +117,9 @@ fn peer_with_a_certificate_from_an_untrusted_ca_is_refused() {
 
         // The other way round: an acceptor with a rogue certificate is refused by the
         // dialer's verification against the cluster CA.
-        let (bus_1, _) = tls_node(
-            config(1, &[loopback(0), loopback(0)]),
-            rogue.context(&trusted),
-            true,
-        );
-        let (bus_0, seen_0) = tls_node(
-            config(0, &[loopback(0), bus_1.replica_addr()]),
-            trusted.context(&trusted),
-            true,
-        );
-        assert!(
-            wait_until(LINK_WAIT, || bus_0
-                .stats()
-                .snapshot()
-                .rejected("tls_handshake_failed")
-                >= 2)
-            .await
-        );
+        let (bus_1, _) = acceptor(rogue.context(&trusted));
+        let (bus_0, seen_0) = dialer(&bus_1, trusted.context(&trusted));
+        assert!(handshakes_failed(&bus_0, 2).await);
         assert!(!bus_0.is_connected(1));
         assert!(seen_0.seen.borrow().connected.is_empty());
         bus_0.shutdown();
@@ -150,14 +138,7 @@ fn plaintext_dialer_cannot_reach_a_tls_node() {
         );
         let bus_0 = Bus::start(config(0, &[loopback(0), bus_1.replica_addr()]), recorder())
             .expect("starts");
-        assert!(
-            wait_until(LINK_WAIT, || bus_1
-                .stats()
-                .snapshot()
-                .rejected("tls_handshake_failed")
-                >= 1)
-            .await
-        );
+        assert!(handshakes_failed(&bus_1, 1).await);
         assert!(!bus_1.is_connected(0));
         bus_0.shutdown();
         bus_1.shutdown();
@@ -275,11 +256,7 @@ fn the_relay_itself_works_when_auth_is_off() {
 fn tls_client_without_the_replica_alpn_is_refused() {
     run(|| async {
         let pki = Pki::new("cluster ca");
-        let (bus_1, _) = tls_node(
-            config(1, &[loopback(0), loopback(0)]),
-            pki.context(&pki),
-            true,
-        );
+        let (bus_1, _) = acceptor(pki.context(&pki));
         let name = ServerName::IpAddress(bus_1.replica_addr().ip().into());
         for alpn in [Vec::new(), vec![b"h2".to_vec()]] {
             let mut client = (*pki.context(&pki).client_config()).clone();
@@ -449,16 +426,8 @@ fn a_swapped_replica_certificate_meets_new_handshakes_while_links_go_on() {
     run(|| async {
         let cluster = Pki::new("cluster ca");
         let rogue = Pki::new("rogue ca");
-        let (bus_1, seen_1) = tls_node(
-            config(1, &[loopback(0), loopback(0)]),
-            cluster.context(&cluster),
-            true,
-        );
-        let (bus_0, _) = tls_node(
-            config(0, &[loopback(0), bus_1.replica_addr()]),
-            cluster.context(&cluster),
-            true,
-        );
+        let (bus_1, seen_1) = acceptor(cluster.context(&cluster));
+        let (bus_0, _) = dialer(&bus_1, cluster.context(&cluster));
         assert!(wait_until(LINK_WAIT, || bus_0.is_connected(1) && bus_1.is_connected(0)).await);
         // Node 1 now presents a certificate node 0 does not trust; the link it has goes on.
         assert!(bus_1.set_replica_tls(rogue.context(&cluster)));
@@ -466,19 +435,8 @@ fn a_swapped_replica_certificate_meets_new_handshakes_while_links_go_on() {
         assert!(wait_until(LINK_WAIT, || seen_1.seen.borrow().frames.len() == 1).await);
         // A new handshake (node 0 restarted) meets the new certificate and fails.
         bus_0.shutdown();
-        let (bus_0, _) = tls_node(
-            config(0, &[loopback(0), bus_1.replica_addr()]),
-            cluster.context(&cluster),
-            true,
-        );
-        assert!(
-            wait_until(LINK_WAIT, || bus_0
-                .stats()
-                .snapshot()
-                .rejected("tls_handshake_failed")
-                >= 1)
-            .await
-        );
+        let (bus_0, _) = dialer(&bus_1, cluster.context(&cluster));
+        assert!(handshakes_failed(&bus_0, 1).await);
         assert!(!bus_0.is_connected(1));
         // Swapped back to a certificate of the cluster's CA, the next dial gets in.
         assert!(bus_1.set_replica_tls(cluster.context(&cluster)));

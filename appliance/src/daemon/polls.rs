@@ -70,6 +70,8 @@ pub struct PollReply {
     pub commit: Option<AutoCommit>,
     /// A batch on disk that failed verification (the reply holds those before it).
     pub invalid: bool,
+    /// The read panicked (`caught`).
+    pub panicked: bool,
     pub error: Option<String>,
 }
 
@@ -129,6 +131,7 @@ impl PollRead {
                 last: None,
                 commit: None,
                 invalid,
+                panicked: false,
                 error,
             };
         }
@@ -140,6 +143,7 @@ impl PollRead {
             last: next.filter(|_| served > 0).map(|n| n - 1),
             commit: self.commit,
             invalid,
+            panicked: false,
             error: None,
         }
     }
@@ -212,7 +216,8 @@ fn start_readers(
             .spawn(move || {
                 unpin_and_lower_priority();
                 while let Ok(job) = inbox.recv() {
-                    let reply = job.read.run();
+                    let read = job.read;
+                    let reply = caught(move || read.run());
                     if outbox.send((job.connection, job.request, reply)).is_err() {
                         break;
                     }
@@ -237,6 +242,21 @@ fn start_readers(
     })
     .detach();
     Some(jobs)
+}
+
+/// Runs a poll read; a panic in it (a bug: every bound is checked when the read is
+/// planned) answers that poll Unavailable, counted `poll_read_panicked`, and the
+/// reader thread and its slot live on.
+fn caught(read: impl FnOnce() -> PollReply) -> PollReply {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|_| PollReply {
+        status: Status::Unavailable,
+        frame: None,
+        last: None,
+        commit: None,
+        invalid: false,
+        panicked: true,
+        error: Some("the poll read panicked".to_owned()),
+    })
 }
 
 /// Lets the calling thread run on any CPU the process may use (a thread inherits its
@@ -292,7 +312,8 @@ impl Node {
             },
             None => job,
         };
-        let done = glommio::executor().spawn_blocking(move || job.read.run());
+        let read = job.read;
+        let done = glommio::executor().spawn_blocking(move || caught(move || read.run()));
         let events = self.events.clone();
         let (connection, request) = (job.connection, job.request);
         glommio::spawn_local(async move {
@@ -325,6 +346,9 @@ impl Node {
         }
         if reply.invalid {
             self.reject("segment_batch_invalid");
+        }
+        if reply.panicked {
+            self.reject("poll_read_panicked");
         }
         if let Some(error) = &reply.error {
             tracing::warn!(%error, "poll read failed");
@@ -468,5 +492,18 @@ mod tests {
         let reply = read(&log, ReadFrom::Offset(20), Some(20), 400, 1000);
         assert_eq!(reply.status, Status::Unavailable);
         assert!(reply.invalid && reply.error.is_some());
+    }
+
+    #[test]
+    fn a_read_that_panics_is_answered_unavailable_and_the_reader_goes_on() {
+        let reply = caught(|| panic!("a bug in a poll read"));
+        assert_eq!(reply.status, Status::Unavailable);
+        assert!(reply.panicked && reply.frame.is_none() && reply.error.is_some());
+        // The same thread reads on.
+        let dir = tempfile::tempdir().unwrap();
+        let log = log_of_40(dir.path());
+        let reply = caught(|| read(&log, ReadFrom::Offset(0), Some(0), 400, 10));
+        assert!(!reply.panicked);
+        assert_eq!(served(&reply).0, vec![(0, 10)]);
     }
 }

@@ -4,8 +4,8 @@
 use replication::vsr::{Action, Config, JournalEntry, Replica, RequestOutcome, Status, Superblock};
 use replication::wire::batch::{self, BatchBuilder, NewMessage};
 use replication::wire::{
-    cluster_id, decode, DoViewChangeHeader, Frame, FrameBuf, Header, Limits, Message, Operation,
-    PrepareChain, PrepareHeader, RequestHeader, StartViewChangeHeader, METADATA_GROUP,
+    cluster_id, decode, Command, DoViewChangeHeader, Frame, FrameBuf, Header, Limits, Message,
+    Operation, PrepareChain, PrepareHeader, RequestHeader, StartViewChangeHeader, METADATA_GROUP,
 };
 use zerocopy::IntoBytes;
 
@@ -409,6 +409,64 @@ fn backup_refuses_a_partition_prepare_whose_stamp_it_cannot_rederive() {
     let right = partition_prepare(group, 2, first.checksum(), 1);
     backup.on_message(right.as_bytes());
     assert_eq!(journaled(&mut backup), vec![2]);
+}
+
+#[test]
+fn a_repair_prepare_extending_the_log_is_journaled_and_acked_but_not_forwarded() {
+    let group = partition_group();
+    let mut backup = Replica::new(Config::new(cluster(), group, 1, 3));
+    backup.set_connected(0, true);
+    backup.set_connected(2, true);
+    let sends = |actions: &[Action]| -> Vec<(u8, Command)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Send { to, frame } => {
+                    Some((*to, Command::from_u8(frame.header().command).unwrap()))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    // A Prepare goes on down the chain.
+    let first = partition_prepare(group, 1, 0, 0);
+    backup.on_message(first.as_bytes());
+    assert_eq!(sends(&backup.drain_actions()), vec![(2, Command::Prepare)]);
+    // A primary that skips this backup as slow sends the next op as a repair: its stamp
+    // is checked as a Prepare's would be.
+    let wrong = partition_prepare(group, 2, first.checksum(), 5);
+    backup.on_message(Frame::repair_of(wrong.as_bytes()).as_bytes());
+    assert!(journaled(&mut backup).is_empty());
+    assert_eq!(backup.counters().batch_stamp_mismatch, 1);
+    let right = partition_prepare(group, 2, first.checksum(), 1);
+    backup.on_message(Frame::repair_of(right.as_bytes()).as_bytes());
+    let actions = backup.drain_actions();
+    assert!(
+        sends(&actions).is_empty(),
+        "forwarded: {:?}",
+        sends(&actions)
+    );
+    assert!(matches!(actions[..], [Action::JournalAppend { op: 2, .. }]));
+    // Durable: acknowledged to the primary as a Prepare is.
+    backup.on_journal_durable(2, right.checksum());
+    assert_eq!(
+        sends(&backup.drain_actions()),
+        vec![(0, Command::PrepareOk)]
+    );
+    // One lost on the way: the next is canonical above the gap (this view's primary
+    // stamped it), and the missing one is then known by the hash chain.
+    let third = partition_prepare(group, 3, right.checksum(), 2);
+    let fourth = partition_prepare(group, 4, third.checksum(), 3);
+    backup.on_message(Frame::repair_of(fourth.as_bytes()).as_bytes());
+    let actions = backup.drain_actions();
+    assert!(
+        sends(&actions).is_empty(),
+        "forwarded: {:?}",
+        sends(&actions)
+    );
+    assert!(matches!(actions[..], [Action::JournalAppend { op: 4, .. }]));
+    backup.on_message(Frame::repair_of(third.as_bytes()).as_bytes());
+    assert_eq!(journaled(&mut backup), vec![3]);
 }
 
 #[test]
@@ -983,7 +1041,10 @@ fn the_prepare_retransmit_resends_only_prepares_sent_half_an_interval_ago() {
 
 /// A PrepareOk from `from` for the prepare `frame` (view 0, metadata group).
 fn prepare_ok(from: u8, frame: &Frame) -> Frame {
-    let header = header_of(frame);
+    prepare_ok_to(from, &header_of(frame))
+}
+
+fn prepare_ok_to(from: u8, header: &PrepareHeader) -> Frame {
     let mut ok = replication::wire::PrepareOkHeader::new();
     ok.frame.cluster = cluster();
     ok.frame.replica = from;
@@ -996,8 +1057,8 @@ fn prepare_ok(from: u8, frame: &Frame) -> Frame {
 
 /// One tick of a 3-replica primary with a new Register prepared every other tick, its
 /// journal reporting at once; the backups in `ackers` acknowledge every prepare sent to
-/// them. Returns the (to, op) of each Prepare sent.
-fn tick_with_ackers(primary: &mut Replica, tick: u64, ackers: &[u8]) -> Vec<(u8, u64)> {
+/// them. Returns the (to, op, sent as a RepairPrepare) of each prepare sent.
+fn tick_with_ackers(primary: &mut Replica, tick: u64, ackers: &[u8]) -> Vec<(u8, u64, bool)> {
     if tick.is_multiple_of(2) {
         let client = 0x1000 + u128::from(tick);
         let outcome = primary.on_request(request(client, Operation::Register, 0, 0).as_bytes());
@@ -1012,11 +1073,9 @@ fn tick_with_ackers(primary: &mut Replica, tick: u64, ackers: &[u8]) -> Vec<(u8,
     for action in primary.drain_actions() {
         match action {
             Action::JournalAppend { op, frame } => primary.on_journal_durable(op, frame.checksum()),
-            Action::Send { to, frame } => {
-                if let Ok(Message::Prepare(header, _)) =
-                    decode(frame.as_bytes(), &Limits::default())
-                {
-                    sends.push((to, header.op));
+            Action::Send { to, frame } => match decode(frame.as_bytes(), &Limits::default()) {
+                Ok(Message::Prepare(header, _)) => {
+                    sends.push((to, header.op, false));
                     // A chain: what replica 1 acknowledges it also forwarded to 2.
                     for acker in ackers {
                         if *acker == to || (to == 1 && *acker == 2 && ackers.contains(&1)) {
@@ -1024,7 +1083,16 @@ fn tick_with_ackers(primary: &mut Replica, tick: u64, ackers: &[u8]) -> Vec<(u8,
                         }
                     }
                 }
-            }
+                // A backup skipped as slow gets the prepare as a repair: it acknowledges
+                // it and forwards nothing.
+                Ok(Message::RepairPrepare(header, _)) => {
+                    sends.push((to, header.op, true));
+                    if ackers.contains(&to) {
+                        acks.push(prepare_ok_to(to, header));
+                    }
+                }
+                _ => {}
+            },
             _ => {}
         }
     }
@@ -1045,7 +1113,7 @@ fn a_backup_that_stops_acknowledging_is_skipped_by_the_chain_then_readmitted() {
     // Healthy: the chain's head is replica 1 only, nobody is skipped.
     for _ in 0..50 {
         let sends = tick_with_ackers(&mut primary, tick, &[1, 2]);
-        assert!(sends.iter().all(|(to, _)| *to == 1), "{sends:?}");
+        assert!(sends.iter().all(|s| *s == (1, s.1, false)), "{sends:?}");
         tick += 1;
     }
     assert_eq!(primary.slow_peers(), 0);
@@ -1056,12 +1124,18 @@ fn a_backup_that_stops_acknowledging_is_skipped_by_the_chain_then_readmitted() {
     let mut skipped_at = None;
     let mut to_two = Vec::new();
     for _ in 0..3 * lag_min {
+        let was_skipped = primary.slow_peers() != 0;
         let sends = tick_with_ackers(&mut primary, tick, &[2]);
         if skipped_at.is_none() && primary.slow_peers() != 0 {
             skipped_at = Some(tick);
         }
         if skipped_at.is_some() {
-            to_two.extend(sends.iter().filter(|(to, _)| *to == 2).map(|(_, op)| *op));
+            to_two.extend(sends.iter().filter(|s| s.0 == 2).map(|s| s.1));
+        }
+        if was_skipped {
+            // The skipped backup gets each new prepare as a repair, which it does not
+            // forward: replica 2 has it from the primary.
+            assert!(sends.iter().all(|s| s.0 == 2 || s.2), "{sends:?}");
         }
         tick += 1;
     }
@@ -1082,8 +1156,14 @@ fn a_backup_that_stops_acknowledging_is_skipped_by_the_chain_then_readmitted() {
     // Back and keeping up: readmitted only after `readmit` ticks of keeping up.
     let back_at = tick;
     let mut readmitted_at = None;
+    let mut repairs_to_one = 0;
     for _ in 0..readmit + 4 * lag_min {
-        tick_with_ackers(&mut primary, tick, &[1, 2]);
+        let was_skipped = primary.slow_peers() != 0;
+        let sends = tick_with_ackers(&mut primary, tick, &[1, 2]);
+        if was_skipped && primary.slow_peers() != 0 {
+            assert!(sends.iter().all(|s| s.0 == 2 || s.2), "{sends:?}");
+            repairs_to_one += sends.iter().filter(|s| s.0 == 1).count();
+        }
         if readmitted_at.is_none() && primary.slow_peers() == 0 {
             readmitted_at = Some(tick);
         }
@@ -1096,10 +1176,11 @@ fn a_backup_that_stops_acknowledging_is_skipped_by_the_chain_then_readmitted() {
         readmitted_at - back_at
     );
     assert_eq!(primary.slow_counts(), (1, 1));
-    // And the chain's head is replica 1 alone again.
+    assert!(repairs_to_one > 0);
+    // And the chain's head is replica 1 alone again, sent Prepares.
     let sends = tick_with_ackers(&mut primary, tick, &[1, 2]);
     assert!(
-        !sends.is_empty() && sends.iter().all(|(to, _)| *to == 1),
+        !sends.is_empty() && sends.iter().all(|s| *s == (1, s.1, false)),
         "{sends:?}"
     );
 }

@@ -1,8 +1,9 @@
 //! Journal repair (docs/protocol.md, "Journal repair"): RequestPrepares for ops
 //! whose body is missing or faulty, RepairPrepare streamed in op order and accepted only
 //! when its identity is the canonical one (or, above the log, when the view's primary
-//! stamped it and it extends the chain), RepairDone / RangeEvicted, and the hand-off to
-//! state transfer when peers no longer hold what is needed.
+//! stamped it: then it extends the log as a Prepare would, unforwarded), RepairDone /
+//! RangeEvicted, and the hand-off to state transfer when peers no longer hold what is
+//! needed.
 
 use crate::wire::{Frame, Header, PrepareHeader, RepairResultHeader, RequestPreparesHeader};
 
@@ -248,15 +249,17 @@ impl Replica {
                 }
             }
             Some(_) => {}
-            None if op == self.log.op + 1
+            // Above the log, stamped in this view: taken as a Prepare is (a backup the
+            // primary skips as slow gets new prepares this way), but never forwarded.
+            None if op > self.log.op
                 && self.status == Status::Normal
-                && header.frame.view == self.view
-                && self.log.identity(self.log.op) == Some(header.parent) =>
+                && header.frame.view == self.view =>
             {
-                self.note_position(op, &frame);
-                self.log.append(frame.clone());
-                self.counters.repairs_accepted += 1;
-                self.actions.push_back(Action::JournalAppend { op, frame });
+                self.primary_preparing = true;
+                let before = self.log.op;
+                if self.extend_log(&prepare, body, frame) && self.log.op > before {
+                    self.counters.repairs_accepted += 1;
+                }
             }
             None if op > self.log.op => {}
             None => {

@@ -520,12 +520,20 @@ impl Replica {
     }
 
     /// A primary sends a new prepare down the chain (and around backups skipped as slow).
+    /// A skipped backup the primary sends to gets it as a RepairPrepare, which it
+    /// journals and acknowledges but does not forward: its successor has it already,
+    /// from the primary, and would otherwise receive every prepare twice.
     pub(crate) fn send_chain(&mut self, frame: Frame) {
+        let mut repair = None;
         for to in self.prepare_targets() {
-            self.actions.push_back(Action::Send {
-                to,
-                frame: frame.clone(),
-            });
+            let frame = if self.slow.skipped & (1 << to) != 0 {
+                repair
+                    .get_or_insert_with(|| Frame::repair_of(frame.as_bytes()))
+                    .clone()
+            } else {
+                frame.clone()
+            };
+            self.actions.push_back(Action::Send { to, frame });
         }
     }
 
@@ -579,18 +587,28 @@ impl Replica {
                     self.walk_chain();
                 }
             }
-        } else if op == self.log.op + 1 && self.log.identity(self.log.op) == Some(header.parent) {
+        } else if !self.extend_log(header, body, frame) {
+            return;
+        }
+        self.commit_backup();
+    }
+
+    /// A prepare this view's primary stamped, above the log: appended when it chains
+    /// onto the last op and (SendMessages) carries the stamp its position implies; above
+    /// a gap, canonical all the same (the view's primary stamped it), so its identity is
+    /// taken and the ops between are repaired by the hash chain. False when refused.
+    pub(crate) fn extend_log(&mut self, header: &PrepareHeader, body: &[u8], frame: Frame) -> bool {
+        let op = header.op;
+        if op == self.log.op + 1 && self.log.identity(self.log.op) == Some(header.parent) {
             if !self.stamp_ok(header, body) {
                 self.counters.batch_stamp_mismatch += 1;
                 self.counters.prepares_refused += 1;
-                return;
+                return false;
             }
             self.note_position(op, &frame);
             self.log.append(frame.clone());
             self.actions.push_back(Action::JournalAppend { op, frame });
         } else if op > self.log.op + 1 {
-            // A gap: the view's primary stamped this prepare, so it is canonical; take its
-            // identity and repair the ops between by the hash chain.
             self.log.set_canonical(header);
             self.log.slot_mut(op).frame = Some(frame.clone());
             self.log.op = op;
@@ -598,7 +616,7 @@ impl Replica {
             self.actions.push_back(Action::JournalAppend { op, frame });
             self.walk_chain();
         }
-        self.commit_backup();
+        true
     }
 
     pub(crate) fn send_prepare_ok(&mut self, op: u64) {

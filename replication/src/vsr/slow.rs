@@ -15,7 +15,9 @@
 //! busy with it: a tail catching up after a stall keeps its predecessor serving repairs).
 //!
 //! A skipped backup still receives every prepare: from its chain predecessor when that
-//! is a backup, else straight from the primary, after the chain's own sends. Its acks
+//! is a backup, else straight from the primary, after the chain's own sends, as a
+//! RepairPrepare (journaled and acknowledged, never forwarded: the backup after it has
+//! the prepare from the primary already). Its acks
 //! still count toward the quorum; skipping changes routing only, never what commits, so
 //! it cannot affect safety. It is readmitted once it has kept up (every op first sent
 //! more than the bound ago acknowledged, committed ones included) for

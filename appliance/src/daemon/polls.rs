@@ -75,6 +75,21 @@ pub struct PollReply {
     pub error: Option<String>,
 }
 
+impl PollReply {
+    /// A poll answered Unavailable for `error` (logged by the node loop).
+    fn unavailable(error: String) -> PollReply {
+        PollReply {
+            status: Status::Unavailable,
+            frame: None,
+            last: None,
+            commit: None,
+            invalid: false,
+            panicked: false,
+            error: Some(error),
+        }
+    }
+}
+
 impl PollRead {
     /// Reads the planned batches and builds the reply: its header, then the messages
     /// from `from` up to `count`, as served batches (`batch::append_served`). Blocking.
@@ -124,15 +139,10 @@ impl PollRead {
             }
             Err(error) => Some(error.to_string()),
         };
-        if error.is_some() {
+        if let Some(error) = error {
             return PollReply {
-                status: Status::Unavailable,
-                frame: None,
-                last: None,
-                commit: None,
                 invalid,
-                panicked: false,
-                error,
+                ..PollReply::unavailable(error)
             };
         }
         let poll_header = &mut buf.as_bytes_mut()[poll_header_at..];
@@ -249,13 +259,8 @@ fn start_readers(
 /// reader thread and its slot live on.
 fn caught(read: impl FnOnce() -> PollReply) -> PollReply {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|_| PollReply {
-        status: Status::Unavailable,
-        frame: None,
-        last: None,
-        commit: None,
-        invalid: false,
         panicked: true,
-        error: Some("the poll read panicked".to_owned()),
+        ..PollReply::unavailable("the poll read panicked".to_owned())
     })
 }
 

@@ -428,6 +428,18 @@ fn a_repair_prepare_extending_the_log_is_journaled_and_acked_but_not_forwarded()
             })
             .collect()
     };
+    // Delivers `prepare` as a RepairPrepare, checks nothing is forwarded, and returns
+    // the actions it gave.
+    let repaired = |backup: &mut Replica, prepare: &Frame| {
+        backup.on_message(Frame::repair_of(prepare.as_bytes()).as_bytes());
+        let actions = backup.drain_actions();
+        assert!(
+            sends(&actions).is_empty(),
+            "forwarded: {:?}",
+            sends(&actions)
+        );
+        actions
+    };
     // A Prepare goes on down the chain.
     let first = partition_prepare(group, 1, 0, 0);
     backup.on_message(first.as_bytes());
@@ -439,13 +451,7 @@ fn a_repair_prepare_extending_the_log_is_journaled_and_acked_but_not_forwarded()
     assert!(journaled(&mut backup).is_empty());
     assert_eq!(backup.counters().batch_stamp_mismatch, 1);
     let right = partition_prepare(group, 2, first.checksum(), 1);
-    backup.on_message(Frame::repair_of(right.as_bytes()).as_bytes());
-    let actions = backup.drain_actions();
-    assert!(
-        sends(&actions).is_empty(),
-        "forwarded: {:?}",
-        sends(&actions)
-    );
+    let actions = repaired(&mut backup, &right);
     assert!(matches!(actions[..], [Action::JournalAppend { op: 2, .. }]));
     // Durable: acknowledged to the primary as a Prepare is.
     backup.on_journal_durable(2, right.checksum());
@@ -457,13 +463,7 @@ fn a_repair_prepare_extending_the_log_is_journaled_and_acked_but_not_forwarded()
     // stamped it), and the missing one is then known by the hash chain.
     let third = partition_prepare(group, 3, right.checksum(), 2);
     let fourth = partition_prepare(group, 4, third.checksum(), 3);
-    backup.on_message(Frame::repair_of(fourth.as_bytes()).as_bytes());
-    let actions = backup.drain_actions();
-    assert!(
-        sends(&actions).is_empty(),
-        "forwarded: {:?}",
-        sends(&actions)
-    );
+    let actions = repaired(&mut backup, &fourth);
     assert!(matches!(actions[..], [Action::JournalAppend { op: 4, .. }]));
     backup.on_message(Frame::repair_of(third.as_bytes()).as_bytes());
     assert_eq!(journaled(&mut backup), vec![3]);

@@ -64,15 +64,35 @@ pub enum JournalError {
 
 impl JournalError {
     /// Wraps an IO error with the operation and path it came from.
-    pub fn io(
-        op: &'static str,
-        path: impl Into<PathBuf>,
-        source: impl Into<std::io::Error>,
-    ) -> Self {
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: impl IntoIoError) -> Self {
         JournalError::Io {
             op,
             path: path.into(),
-            source: source.into(),
+            source: source.into_io_error(),
+        }
+    }
+}
+
+/// An IO call's error as the `std::io::Error` it carries, with the operating system's
+/// code (ENOSPC, EMFILE) still readable by `raw_os_error`: callers decide on it (a full
+/// disk stops a partition group, not the node). glommio's own conversion of a file
+/// operation's error keeps only its kind and text, so its errors are unwrapped here.
+pub trait IntoIoError {
+    fn into_io_error(self) -> std::io::Error;
+}
+
+impl IntoIoError for std::io::Error {
+    fn into_io_error(self) -> std::io::Error {
+        self
+    }
+}
+
+impl<T> IntoIoError for glommio::GlommioError<T> {
+    fn into_io_error(self) -> std::io::Error {
+        match self {
+            glommio::GlommioError::IoError(source)
+            | glommio::GlommioError::EnhancedIoError { source, .. } => source,
+            other => other.into(),
         }
     }
 }
@@ -152,3 +172,48 @@ impl std::error::Error for JournalError {
 
 /// Shorthand used across the crate.
 pub type Result<T, E = JournalError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A DMA write that meets a full disk fails as glommio reports it: its file
+    /// operation's error, with the operation, path and descriptor.
+    fn dma_write_error(code: i32) -> glommio::GlommioError<()> {
+        glommio::GlommioError::EnhancedIoError {
+            source: std::io::Error::from_raw_os_error(code),
+            op: "Writing",
+            path: Some(PathBuf::from(
+                "/data/partitions/1-1-0/00000000000000000000.log",
+            )),
+            fd: Some(7),
+        }
+    }
+
+    #[test]
+    fn a_glommio_file_error_keeps_its_os_code() {
+        let error = JournalError::io("write", "/data/x.log", dma_write_error(libc::ENOSPC));
+        let JournalError::Io { source, .. } = &error else {
+            panic!("not an IO error: {error}");
+        };
+        assert_eq!(source.raw_os_error(), Some(libc::ENOSPC));
+        let source = std::error::Error::source(&error).expect("a source");
+        let source = source
+            .downcast_ref::<std::io::Error>()
+            .expect("an io::Error");
+        assert_eq!(source.raw_os_error(), Some(libc::ENOSPC));
+        assert!(
+            error.to_string().starts_with("write /data/x.log: "),
+            "{error}"
+        );
+        // glommio's plain IO errors, and std's, pass as they are.
+        let plain =
+            glommio::GlommioError::<()>::IoError(std::io::Error::from_raw_os_error(libc::EMFILE));
+        assert_eq!(plain.into_io_error().raw_os_error(), Some(libc::EMFILE));
+        let std = std::io::Error::from_raw_os_error(libc::EIO);
+        assert_eq!(std.into_io_error().raw_os_error(), Some(libc::EIO));
+        // What glommio's own conversion would have kept: the kind, not the code.
+        let converted: std::io::Error = dma_write_error(libc::ENOSPC).into();
+        assert_eq!(converted.raw_os_error(), None);
+    }
+}

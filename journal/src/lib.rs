@@ -25,7 +25,7 @@ pub mod snapshot;
 pub mod superblock;
 
 pub use durability::Durability;
-pub use error::{JournalError, Result};
+pub use error::{IntoIoError, JournalError, Result};
 pub use journal::{join_all, Durable, Journal, JournalIo, PrepareBuffer, RepairServe};
 pub use layout::JournalLayout;
 pub use recovery::{FaultReason, Recovery, SlotStatus};

@@ -217,7 +217,7 @@ thread_local! {
     static SPARE_BUFFERS: RefCell<BufferPool> = const { RefCell::new(BufferPool::new(8, 16 << 20)) };
 }
 
-fn io<'a, E: Into<std::io::Error>>(
+fn io<'a, E: crate::error::IntoIoError>(
     op: &'static str,
     path: &'a Path,
 ) -> impl FnOnce(E) -> JournalError + 'a {

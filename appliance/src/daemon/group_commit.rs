@@ -330,7 +330,7 @@ impl Node {
             let io = async move {
                 let (log, records) = futures_lite::future::zip(log.run(), records).await;
                 log.map_err(|e| e.to_string())?;
-                records
+                records.map_err(|e| e.to_string())
             };
             spawn_io(&self.io_done_tx, group, IoKind::Sync, io);
             lane.syncing = Some((ops, since));
@@ -435,12 +435,12 @@ impl Node {
                 self.partitions.prepares_open.insert(group);
                 Ok(true)
             }
-            Err(error) if super::system::out_of_open_files(&error) => {
-                self.out_of_open_files(&error);
+            Err(error) if super::system::out_of_open_files(&error.to_string()) => {
+                self.out_of_open_files(&error.to_string());
                 Ok(false)
             }
-            Err(error) if super::storage::is_no_space(&error) => {
-                self.fail_lane(group, &error);
+            Err(error) if super::storage::is_no_space(&error.to_string()) => {
+                self.fail_lane(group, &error.to_string());
                 Ok(false)
             }
             Err(error) => Err(DaemonError::Runtime(format!(
@@ -690,7 +690,10 @@ fn plan_lane(
     let io = if records.is_empty() {
         None
     } else {
-        let records = partition.prepares.plan_many(&records).map_err(fail)?;
+        let records = partition
+            .prepares
+            .plan_many(&records)
+            .map_err(|e| fail(e.to_string()))?;
         let write = planned.write;
         let io = async move {
             let segment = async {
@@ -701,7 +704,7 @@ fn plan_lane(
             };
             let (segment, records) = futures_lite::future::zip(segment, records.run()).await;
             segment?;
-            records
+            records.map_err(|e| e.to_string())
         };
         Some(Box::pin(io) as LaneIo)
     };

@@ -59,7 +59,7 @@ impl Partition {
         async move {
             let (log, prepares) = futures_lite::future::zip(log.run(), prepares).await;
             log.map_err(|e| e.to_string())?;
-            prepares
+            prepares.map_err(|e| e.to_string())
         }
     }
 
@@ -69,7 +69,10 @@ impl Partition {
         let Some(base) = self.prepares.get(op_max + 1).map(|e| e.base_offset) else {
             return Ok(());
         };
-        self.prepares.truncate_after(op_max).await?;
+        self.prepares
+            .truncate_after(op_max)
+            .await
+            .map_err(|e| e.to_string())?;
         self.log
             .truncate_from(base)
             .await
@@ -148,7 +151,7 @@ pub async fn open(
     let fresh = !dir.exists();
     files::create_vsr_superblock(&dir, !fresh).map_err(|e| e.to_string())?;
     if fresh {
-        prepares::create_empty(&dir)?;
+        prepares::create_empty(&dir).map_err(|e| e.to_string())?;
     }
     let (mut log, report) = PartitionLog::open(&dir, group, config)
         .await
@@ -158,7 +161,7 @@ pub async fn open(
     }
     let offsets = ConsumerOffsets::open(&dir.join("consumer-offsets"), offset_durability)
         .map_err(|e| e.to_string())?;
-    let (mut prepares, mut records) = PrepareLog::open(&dir).await?;
+    let (mut prepares, mut records) = PrepareLog::open(&dir).await.map_err(|e| e.to_string())?;
     let log_end = log.next_offset();
     if let Some(lost) = records.iter().position(|r| r.next_offset > log_end) {
         let op = records[lost].op();
@@ -168,7 +171,10 @@ pub async fn open(
             log_end,
             "prepare records past the log's end dropped"
         );
-        prepares.truncate_after(op - 1).await?;
+        prepares
+            .truncate_after(op - 1)
+            .await
+            .map_err(|e| e.to_string())?;
         records.truncate(lost);
     }
     if let Some(last) = records.last() {

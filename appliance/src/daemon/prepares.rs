@@ -18,6 +18,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use glommio::io::BufferedFile;
+use journal::IntoIoError;
 use replication::wire::PrepareHeader;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -117,21 +118,85 @@ pub struct PrepareLog {
     end: u64,
 }
 
-fn io<'a>(op: &'static str, path: &'a Path) -> impl Fn(std::io::Error) -> String + 'a {
-    move |e| format!("{op} {}: {e}", path.display())
+/// Why the prepare log could not be read or written.
+#[derive(Debug)]
+pub enum PrepareLogError {
+    /// An IO call on the file (or its folder) failed.
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The file no longer holds what the index says it does.
+    Corrupt {
+        path: PathBuf,
+        op: Option<u64>,
+        reason: &'static str,
+    },
+    /// No record of `op` is held.
+    NoRecord { op: u64 },
+    /// Records handed to the log do not follow it: `op` came after `after`.
+    OutOfOrder { op: u64, after: u64 },
+    /// A write needs the file open (`open_for_writes`).
+    NotOpen { path: PathBuf },
+    /// A planned write or sync still holds the file.
+    InUse { path: PathBuf },
 }
 
-fn glommio_io<'a>(
-    op: &'static str,
-    path: &'a Path,
-) -> impl Fn(glommio::GlommioError<()>) -> String + 'a {
-    move |e| format!("{op} {}: {e}", path.display())
+impl core::fmt::Display for PrepareLogError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            PrepareLogError::Io { op, path, source } => {
+                write!(f, "{op} {}: {source}", path.display())
+            }
+            PrepareLogError::Corrupt {
+                path,
+                op: Some(op),
+                reason,
+            } => write!(f, "{}: the record of op {op} {reason}", path.display()),
+            PrepareLogError::Corrupt {
+                path,
+                op: None,
+                reason,
+            } => write!(f, "prepare log {} {reason}", path.display()),
+            PrepareLogError::NoRecord { op } => write!(f, "no record of op {op}"),
+            PrepareLogError::OutOfOrder { op, after } => {
+                write!(f, "prepare log: op {op} does not follow {after}")
+            }
+            PrepareLogError::NotOpen { path } => {
+                write!(f, "prepare log {} is not open", path.display())
+            }
+            PrepareLogError::InUse { path } => write!(
+                f,
+                "prepare log {}: a planned write or sync has not completed",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for PrepareLogError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            PrepareLogError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// An IO call's error on `path` (glommio's keep their OS code: `IntoIoError`).
+fn io<'a, E: IntoIoError>(op: &'static str, path: &'a Path) -> impl Fn(E) -> PrepareLogError + 'a {
+    move |e| PrepareLogError::Io {
+        op,
+        path: path.to_path_buf(),
+        source: e.into_io_error(),
+    }
 }
 
 impl PrepareLog {
     /// Opens (creating if absent) the prepare log in `dir`, drops a damaged or unchained
     /// tail, and returns the records it holds.
-    pub async fn open(dir: &Path) -> Result<(PrepareLog, Vec<Record>), String> {
+    pub async fn open(dir: &Path) -> Result<(PrepareLog, Vec<Record>), PrepareLogError> {
         let path = dir.join(PREPARES_FILE);
         let bytes = match std::fs::read(&path) {
             Ok(bytes) => bytes,
@@ -183,7 +248,7 @@ impl PrepareLog {
 
     /// Opens the file (creating it if absent) for `plan_many`; the other writes open it
     /// themselves.
-    pub async fn open_for_writes(&mut self) -> Result<(), String> {
+    pub async fn open_for_writes(&mut self) -> Result<(), PrepareLogError> {
         if self.file.is_none() {
             self.file = Some(Rc::new(open_file(&self.path).await?));
             self.last_write = Instant::now();
@@ -193,7 +258,7 @@ impl PrepareLog {
 
     /// Syncs and closes the file if no record was written for `idle` and no planned
     /// write or sync holds it. Returns whether the file is closed now.
-    pub async fn close_idle(&mut self, idle: Duration) -> Result<bool, String> {
+    pub async fn close_idle(&mut self, idle: Duration) -> Result<bool, PrepareLogError> {
         let Some(file) = &self.file else {
             return Ok(true);
         };
@@ -210,9 +275,7 @@ impl PrepareLog {
             }
             None => return Ok(true),
         };
-        file.close()
-            .await
-            .map_err(glommio_io("close", &self.path))?;
+        file.close().await.map_err(io("close", &self.path))?;
         Ok(true)
     }
 
@@ -222,10 +285,10 @@ impl PrepareLog {
     }
 
     /// The open file, for a write.
-    fn file(&self) -> Result<&Rc<BufferedFile>, String> {
-        self.file
-            .as_ref()
-            .ok_or_else(|| format!("prepare log {} is not open", self.path.display()))
+    fn file(&self) -> Result<&Rc<BufferedFile>, PrepareLogError> {
+        self.file.as_ref().ok_or_else(|| PrepareLogError::NotOpen {
+            path: self.path.clone(),
+        })
     }
 
     /// The highest op recorded (0 when empty).
@@ -242,11 +305,9 @@ impl PrepareLog {
 
     /// Reads the durable record of `op` back from the file (a read of one record, on
     /// the calling thread): for a prepare that left memory.
-    pub fn read_record(&self, op: u64) -> Result<Record, String> {
+    pub fn read_record(&self, op: u64) -> Result<Record, PrepareLogError> {
         use std::os::unix::fs::FileExt;
-        let entry = self
-            .get(op)
-            .ok_or_else(|| format!("no record of op {op}"))?;
+        let entry = self.get(op).ok_or(PrepareLogError::NoRecord { op })?;
         let len = (self.end.saturating_sub(entry.position))
             .min((FIXED_LEN + INLINE_BODY_MAX + 8) as u64) as usize;
         let mut bytes = vec![0; len];
@@ -259,10 +320,11 @@ impl PrepareLog {
             {
                 Ok(record)
             }
-            _ => Err(format!(
-                "{}: the record of op {op} is damaged",
-                self.path.display()
-            )),
+            _ => Err(PrepareLogError::Corrupt {
+                path: self.path.clone(),
+                op: Some(op),
+                reason: "is damaged",
+            }),
         }
     }
 
@@ -284,13 +346,13 @@ impl PrepareLog {
 
     /// Appends the record of the next op (not synced: call `sync` per the durability
     /// policy).
-    pub async fn append(&mut self, record: &Record) -> Result<(), String> {
+    pub async fn append(&mut self, record: &Record) -> Result<(), PrepareLogError> {
         self.append_many(std::slice::from_ref(record)).await
     }
 
     /// Appends the records of the next ops in one write (a group commit's records), not
     /// synced. They must follow the log and each other.
-    pub async fn append_many(&mut self, records: &[Record]) -> Result<(), String> {
+    pub async fn append_many(&mut self, records: &[Record]) -> Result<(), PrepareLogError> {
         let (bytes, entries) = self.encode_many(records)?;
         if bytes.is_empty() {
             return Ok(());
@@ -308,7 +370,7 @@ impl PrepareLog {
     /// caller runs the returned write (it holds the file, not the log), which must
     /// complete before the records are synced, truncated or compacted. The file must be
     /// open (`open_for_writes`).
-    pub fn plan_many(&mut self, records: &[Record]) -> Result<PlannedRecords, String> {
+    pub fn plan_many(&mut self, records: &[Record]) -> Result<PlannedRecords, PrepareLogError> {
         let file = self.file()?.clone();
         let (bytes, entries) = self.encode_many(records)?;
         self.last_write = Instant::now();
@@ -325,30 +387,29 @@ impl PrepareLog {
 
     /// An fdatasync of the records that holds only the file (nothing to do while it is
     /// closed: it closes synced).
-    pub fn syncer(&self) -> impl std::future::Future<Output = Result<(), String>> + 'static {
+    pub fn syncer(
+        &self,
+    ) -> impl std::future::Future<Output = Result<(), PrepareLogError>> + 'static {
         let (file, path) = (self.file.clone(), self.path.clone());
         async move {
             let Some(file) = file else {
                 return Ok(());
             };
-            file.fdatasync()
-                .await
-                .map_err(|e| format!("fdatasync {}: {e}", path.display()))
+            file.fdatasync().await.map_err(io("fdatasync", &path))
         }
     }
 
     /// The bytes and index entries of `records` appended after the log's end.
-    fn encode_many(&self, records: &[Record]) -> Result<(Vec<u8>, Vec<Entry>), String> {
+    fn encode_many(&self, records: &[Record]) -> Result<(Vec<u8>, Vec<Entry>), PrepareLogError> {
         let mut expected = self.head() + 1;
         let mut bytes = Vec::new();
         let mut entries = Vec::with_capacity(records.len());
         for (i, record) in records.iter().enumerate() {
             if (!self.entries.is_empty() || i > 0) && record.op() != expected {
-                return Err(format!(
-                    "prepare log: op {} does not follow {}",
-                    record.op(),
-                    expected - 1
-                ));
+                return Err(PrepareLogError::OutOfOrder {
+                    op: record.op(),
+                    after: expected - 1,
+                });
             }
             expected = record.op() + 1;
             entries.push(entry_of(record, self.end + bytes.len() as u64));
@@ -359,17 +420,15 @@ impl PrepareLog {
 
     /// Forces every record appended so far to stable storage (a closed file was synced
     /// when it closed).
-    pub async fn sync(&mut self) -> Result<(), String> {
+    pub async fn sync(&mut self) -> Result<(), PrepareLogError> {
         let Some(file) = &self.file else {
             return Ok(());
         };
-        file.fdatasync()
-            .await
-            .map_err(glommio_io("fdatasync", &self.path))
+        file.fdatasync().await.map_err(io("fdatasync", &self.path))
     }
 
     /// Drops every record above `op_max` (durably).
-    pub async fn truncate_after(&mut self, op_max: u64) -> Result<(), String> {
+    pub async fn truncate_after(&mut self, op_max: u64) -> Result<(), PrepareLogError> {
         let Some(cut) = self.get(op_max + 1).map(|e| e.position).or_else(|| {
             // Everything is above op_max.
             self.entries
@@ -385,7 +444,7 @@ impl PrepareLog {
             Some(file) => {
                 file.truncate(cut)
                     .await
-                    .map_err(glommio_io("truncate", &self.path))?;
+                    .map_err(io("truncate", &self.path))?;
                 self.sync().await?;
             }
             None => truncate_closed(&self.path, cut)?,
@@ -399,7 +458,7 @@ impl PrepareLog {
 
     /// Rewrites the file without the records below `keep_from` (they are in a durable
     /// checkpoint now): a new file is written, synced and renamed over the old one.
-    pub async fn compact(&mut self, keep_from: u64) -> Result<(), String> {
+    pub async fn compact(&mut self, keep_from: u64) -> Result<(), PrepareLogError> {
         let Some(first) = self.get(keep_from).map(|e| e.position) else {
             return Ok(());
         };
@@ -410,7 +469,11 @@ impl PrepareLog {
         let bytes = std::fs::read(&self.path).map_err(io("read", &self.path))?;
         let tail = bytes
             .get(first as usize..self.end as usize)
-            .ok_or_else(|| format!("prepare log {} shorter than expected", self.path.display()))?;
+            .ok_or_else(|| PrepareLogError::Corrupt {
+                path: self.path.clone(),
+                op: None,
+                reason: "is shorter than expected",
+            })?;
         let temp = self.path.with_extension("tmp");
         let written = std::fs::File::create(&temp)
             .map_err(io("create", &temp))
@@ -447,18 +510,15 @@ impl PrepareLog {
     }
 
     /// Syncs and closes.
-    pub async fn close(mut self) -> Result<(), String> {
+    pub async fn close(mut self) -> Result<(), PrepareLogError> {
         self.sync().await?;
         let Some(file) = self.file else {
             return Ok(());
         };
         let Ok(file) = Rc::try_unwrap(file) else {
-            return Err(format!(
-                "prepare log {}: a planned write or sync has not completed",
-                self.path.display()
-            ));
+            return Err(PrepareLogError::InUse { path: self.path });
         };
-        file.close().await.map_err(glommio_io("close", &self.path))
+        file.close().await.map_err(io("close", &self.path))
     }
 }
 
@@ -471,7 +531,7 @@ pub struct PlannedRecords {
 }
 
 impl PlannedRecords {
-    pub async fn run(self) -> Result<(), String> {
+    pub async fn run(self) -> Result<(), PrepareLogError> {
         if self.bytes.is_empty() {
             return Ok(());
         }
@@ -484,20 +544,20 @@ async fn write_records(
     path: &Path,
     bytes: Vec<u8>,
     at: u64,
-) -> Result<(), String> {
+) -> Result<(), PrepareLogError> {
     let len = bytes.len();
-    let written = file
-        .write_at(bytes, at)
-        .await
-        .map_err(glommio_io("write", path))?;
+    let written = file.write_at(bytes, at).await.map_err(io("write", path))?;
     if written != len {
-        return Err(format!("prepare log: short write to {}", path.display()));
+        return Err(io("write", path)(std::io::Error::new(
+            std::io::ErrorKind::WriteZero,
+            format!("short write {written} of {len}"),
+        )));
     }
     Ok(())
 }
 
 /// Cuts the prepare log file at `len` durably, through a descriptor of its own.
-fn truncate_closed(path: &Path, len: u64) -> Result<(), String> {
+fn truncate_closed(path: &Path, len: u64) -> Result<(), PrepareLogError> {
     let file = std::fs::OpenOptions::new()
         .write(true)
         .open(path)
@@ -508,7 +568,7 @@ fn truncate_closed(path: &Path, len: u64) -> Result<(), String> {
 
 /// Makes an empty prepare log in a new partition's folder, not synced: the caller syncs
 /// the folder. An existing file is left as it is.
-pub fn create_empty(dir: &Path) -> Result<(), String> {
+pub fn create_empty(dir: &Path) -> Result<(), PrepareLogError> {
     let path = dir.join(PREPARES_FILE);
     match std::fs::OpenOptions::new()
         .write(true)
@@ -532,7 +592,7 @@ fn entry_of(record: &Record, position: u64) -> Entry {
     }
 }
 
-async fn open_file(path: &Path) -> Result<BufferedFile, String> {
+async fn open_file(path: &Path) -> Result<BufferedFile, PrepareLogError> {
     let existed = path.exists();
     let file = glommio::io::OpenOptions::new()
         .read(true)
@@ -540,7 +600,7 @@ async fn open_file(path: &Path) -> Result<BufferedFile, String> {
         .create(true)
         .buffered_open(path)
         .await
-        .map_err(glommio_io("open", path))?;
+        .map_err(io("open", path))?;
     if !existed {
         if let Some(dir) = path.parent() {
             std::fs::File::open(dir)
@@ -587,6 +647,47 @@ mod tests {
 
     fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
         journal::runtime::block_on(future).expect("executor")
+    }
+
+    #[test]
+    fn a_failed_read_names_the_record_and_an_io_error_keeps_its_os_code() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = chain(3);
+        block_on(async {
+            let (mut log, _) = PrepareLog::open(dir.path()).await.unwrap();
+            log.append_many(&records).await.unwrap();
+            log.sync().await.unwrap();
+            assert!(matches!(
+                log.read_record(9),
+                Err(PrepareLogError::NoRecord { op: 9 })
+            ));
+            let path = dir.path().join(PREPARES_FILE);
+            let mut bytes = std::fs::read(&path).unwrap();
+            let second = Record::decode(&bytes).unwrap().1;
+            bytes[second + 40] ^= 1;
+            std::fs::write(&path, &bytes).unwrap();
+            let damaged = log.read_record(2).unwrap_err();
+            assert!(
+                matches!(damaged, PrepareLogError::Corrupt { op: Some(2), .. }),
+                "{damaged}"
+            );
+            assert!(damaged
+                .to_string()
+                .ends_with("the record of op 2 is damaged"));
+            log.close().await.unwrap();
+        });
+        // A folder where the file should be: the read's OS error is the source.
+        let other = tempfile::tempdir().unwrap();
+        std::fs::create_dir(other.path().join(PREPARES_FILE)).unwrap();
+        let error = match block_on(PrepareLog::open(other.path())) {
+            Err(error) => error,
+            Ok(_) => panic!("a folder read as a prepare log"),
+        };
+        let source = std::error::Error::source(&error).expect("an IO source");
+        let source = source
+            .downcast_ref::<std::io::Error>()
+            .expect("an io::Error");
+        assert_eq!(source.raw_os_error(), Some(libc::EISDIR), "{error}");
     }
 
     #[test]
@@ -651,7 +752,10 @@ mod tests {
             assert_eq!(log.get(3).map(|e| e.base_offset), Some(20));
             // A group that skips an op is refused whole.
             let gapped = [records[5].clone(), records[7].clone()];
-            assert!(log.append_many(&gapped).await.is_err());
+            assert!(matches!(
+                log.append_many(&gapped).await,
+                Err(PrepareLogError::OutOfOrder { op: 8, after: 6 })
+            ));
             assert_eq!(log.head(), 5);
             log.append_many(&records[5..]).await.unwrap();
             log.close().await.unwrap();
@@ -680,7 +784,10 @@ mod tests {
             let (mut log, _) = PrepareLog::open(dir.path()).await.unwrap();
             assert!(!log.is_open());
             assert!(
-                log.plan_many(&records[..1]).is_err(),
+                matches!(
+                    log.plan_many(&records[..1]),
+                    Err(PrepareLogError::NotOpen { .. })
+                ),
                 "planned only when open"
             );
             log.append_many(&records[..3]).await.unwrap();
@@ -729,7 +836,13 @@ mod tests {
             for record in &records[..8] {
                 log.append(record).await.unwrap();
             }
-            assert!(log.append(&records[9]).await.is_err(), "a gap is refused");
+            assert!(
+                matches!(
+                    log.append(&records[9]).await,
+                    Err(PrepareLogError::OutOfOrder { op: 10, after: 8 })
+                ),
+                "a gap is refused"
+            );
             log.truncate_after(6).await.unwrap();
             assert_eq!(log.head(), 6);
             log.append(&records[6]).await.unwrap();

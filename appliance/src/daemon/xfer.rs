@@ -1396,9 +1396,14 @@ async fn materialize_partition(
             position.next_offset
         ));
     }
-    let (mut records, _) = PrepareLog::open(staging).await?;
-    records.append(&record).await?;
-    records.close().await?;
+    let (mut records, _) = PrepareLog::open(staging)
+        .await
+        .map_err(|e| fail("prepare log", &e))?;
+    records
+        .append(&record)
+        .await
+        .map_err(|e| fail("prepare log", &e))?;
+    records.close().await.map_err(|e| fail("prepare log", &e))?;
     files::write_checkpoint(
         staging,
         &StoredCheckpoint {

@@ -185,7 +185,10 @@ impl Node {
         let Some(op) = replica.released_anchor() else {
             return Ok(());
         };
-        let record = partition.prepares.read_record(op)?;
+        let record = partition
+            .prepares
+            .read_record(op)
+            .map_err(|e| e.to_string())?;
         let frame = super::partitions::frame_of(&partition.log, &record)?;
         let restored = self
             .groups
@@ -344,7 +347,11 @@ impl Node {
         let Some(partition) = self.partitions.by_group.remove(&group) else {
             return Err(Refusal::Skip("the partition is gone".into()));
         };
-        partition.prepares.close().await.map_err(fatal)?;
+        partition
+            .prepares
+            .close()
+            .await
+            .map_err(|e| fatal(e.to_string()))?;
         partition
             .log
             .close()

@@ -177,15 +177,12 @@ impl Node {
                 },
             };
             // A task, so every sync is in flight before the first is awaited.
-            syncing.push((ready, glommio::spawn_local(partition.journal_syncer())));
+            syncing.push((ready, glommio::spawn_local(partition.journal_syncer(group))));
         }
         let mut kept = Vec::with_capacity(syncing.len());
         for (r, sync) in syncing {
-            let fail = |e: String| {
-                super::storage::no_space_or_runtime(r.group, format!("partition checkpoint: {e}"))
-            };
             if let Err(error) = sync.await {
-                self.skip_checkpoint(r.group, fail(error))?;
+                self.skip_checkpoint(r.group, error.stops_group_when_full())?;
                 continue;
             }
             let Some(partition) = self.partitions.by_group.get_mut(&r.group) else {
@@ -195,7 +192,8 @@ impl Node {
             // Offsets unchanged since their last flush are on stable storage already.
             if partition.offsets.is_dirty() {
                 if let Err(error) = partition.offsets.flush() {
-                    self.skip_checkpoint(r.group, fail(error.to_string()))?;
+                    let error = DaemonError::journal(r.group, None, "partition checkpoint")(error);
+                    self.skip_checkpoint(r.group, error.stops_group_when_full())?;
                     continue;
                 }
             }
@@ -236,24 +234,18 @@ impl Node {
         }
         let mut outcomes = Vec::with_capacity(writes.len());
         for (r, _, written) in writes {
+            let fail = DaemonError::file(r.group, "partition checkpoint");
             let written = match written {
                 Err(error) if super::storage::is_no_space(&error.to_string()) => {
                     // The reserve goes back to the file system, and the write is tried
                     // once more on its own: retention waits for this checkpoint to free
                     // the disk.
                     let (dir, stored) = (&r.dir, &r.stored);
-                    self.with_room("partition checkpoint", || {
-                        files::write_checkpoint(dir, stored).map_err(|e| e.to_string())
-                    })
+                    self.with_room(|| files::write_checkpoint(dir, stored).map_err(fail))
                 }
-                written => written.map_err(|e| e.to_string()),
+                written => written.map_err(fail),
             };
-            let written = written.map_err(|error| {
-                super::storage::no_space_or_runtime(
-                    r.group,
-                    format!("partition checkpoint: {error}"),
-                )
-            });
+            let written = written.map_err(DaemonError::stops_group_when_full);
             outcomes.push((r.group, r.stored.op, written));
         }
         outcomes
@@ -267,11 +259,8 @@ impl Node {
         partition.checkpoint_op = op;
         if partition.prepares.len() > PREPARE_RECORDS_KEPT {
             if let Err(error) = partition.prepares.compact(op).await {
-                let error = super::storage::no_space_or_runtime(
-                    group,
-                    format!("partition checkpoint: {error}"),
-                );
-                return self.skip_checkpoint(group, error);
+                let error = DaemonError::prepare_log(group, Some(op))(error);
+                return self.skip_checkpoint(group, error.stops_group_when_full());
             }
         }
         Ok(())

@@ -65,6 +65,15 @@ impl core::fmt::Display for FileError {
     }
 }
 
+impl std::error::Error for FileError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            FileError::Io { error, .. } => Some(error),
+            FileError::Corrupt { .. } => None,
+        }
+    }
+}
+
 fn io(path: &Path) -> impl Fn(std::io::Error) -> FileError + '_ {
     move |error| FileError::Io {
         path: path.display().to_string(),

@@ -45,7 +45,7 @@ const STAGED_OPS_MAX: usize = 1024;
 pub(super) struct IoDone {
     group: u64,
     kind: IoKind,
-    result: Result<(), String>,
+    result: Result<(), DaemonError>,
 }
 
 enum IoKind {
@@ -122,7 +122,7 @@ struct PlannedLane {
 }
 
 /// A lane's planned write: the segment write and the record write, together.
-type LaneIo = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>>>>;
+type LaneIo = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DaemonError>>>>;
 
 impl Node {
     /// The JournalAppend of a partition group: staged in its lane when it extends the
@@ -226,17 +226,16 @@ impl Node {
     fn no_space(&self, group: u64) -> DaemonError {
         DaemonError::NoSpace {
             group,
-            what: "a journal write met a full disk".into(),
+            source: None,
         }
     }
 
     /// A lane's IO met a full disk: the lane fails, the node learns its disk is full.
-    fn fail_lane(&mut self, group: u64, error: &str) {
+    fn fail_lane(&mut self, group: u64, error: &DaemonError) {
         if let Some(lane) = self.lanes.get_mut(&group) {
             lane.failed = true;
         }
-        self.storage
-            .on_no_space(&format!("partition group {group}: {error}"));
+        self.storage.on_no_space(error);
         self.stopping.insert(group);
     }
 
@@ -263,12 +262,18 @@ impl Node {
         }
         if !waiting {
             // Nothing in flight, yet work left that could not start: a bug, not input.
-            return Err(DaemonError::Runtime(format!(
-                "partition group {group}: journal work left with no IO in flight"
-            )));
+            return Err(DaemonError::Internal {
+                group,
+                op: None,
+                detail: "journal work left with no IO in flight",
+            });
         }
         let Some(done) = self.io_done.recv().await else {
-            return Err(DaemonError::Runtime("journal completions closed".into()));
+            return Err(DaemonError::Internal {
+                group,
+                op: None,
+                detail: "journal completions closed",
+            });
         };
         self.on_io_done(done)
     }
@@ -326,12 +331,7 @@ impl Node {
         if lane.sync_startable() {
             let ops = std::mem::take(&mut lane.written);
             let since = lane.written_since.take().unwrap_or_else(Instant::now);
-            let (log, records) = (partition.log.syncer(), partition.prepares.syncer());
-            let io = async move {
-                let (log, records) = futures_lite::future::zip(log.run(), records).await;
-                log.map_err(|e| e.to_string())?;
-                records.map_err(|e| e.to_string())
-            };
+            let io = partition.journal_syncer(group);
             spawn_io(&self.io_done_tx, group, IoKind::Sync, io);
             lane.syncing = Some((ops, since));
         }
@@ -348,17 +348,17 @@ impl Node {
                     return Ok(());
                 }
                 if let Err(error) = partition.log.roll().await {
-                    let error = error.to_string();
-                    if super::storage::is_no_space(&error) {
+                    let error = DaemonError::journal(group, None, "segment roll")(error);
+                    if super::storage::is_no_space(&error.to_string()) {
                         self.fail_lane(group, &error);
                         return Ok(());
                     }
-                    return Err(DaemonError::Runtime(format!(
-                        "partition group {group}: {error}"
-                    )));
+                    return Err(error);
                 }
-                plan_lane(partition, group, &lane.staged)?.ok_or_else(|| {
-                    DaemonError::Runtime(format!("partition group {group}: roll did not make room"))
+                plan_lane(partition, group, &lane.staged)?.ok_or(DaemonError::Internal {
+                    group,
+                    op: None,
+                    detail: "roll did not make room",
                 })?
             }
         };
@@ -430,22 +430,21 @@ impl Node {
         let Some(partition) = self.partitions.by_group.get_mut(&group) else {
             return Ok(false);
         };
-        match partition.prepares.open_for_writes().await {
+        let opened = partition.prepares.open_for_writes().await;
+        match opened.map_err(DaemonError::prepare_log(group, None)) {
             Ok(()) => {
                 self.partitions.prepares_open.insert(group);
                 Ok(true)
             }
             Err(error) if super::system::out_of_open_files(&error.to_string()) => {
-                self.out_of_open_files(&error.to_string());
+                self.out_of_open_files(&error);
                 Ok(false)
             }
             Err(error) if super::storage::is_no_space(&error.to_string()) => {
-                self.fail_lane(group, &error.to_string());
+                self.fail_lane(group, &error);
                 Ok(false)
             }
-            Err(error) => Err(DaemonError::Runtime(format!(
-                "partition group {group}: {error}"
-            ))),
+            Err(error) => Err(error),
         }
     }
 
@@ -457,36 +456,34 @@ impl Node {
         let no_space = done
             .result
             .as_ref()
-            .err()
-            .filter(|e| super::storage::is_no_space(e))
-            .cloned();
-        if let (true, Some(lane)) = (failed || no_space.is_some(), self.lanes.get_mut(&group)) {
+            .is_err_and(|e| super::storage::is_no_space(&e.to_string()));
+        if let (true, Some(lane)) = (failed || no_space, self.lanes.get_mut(&group)) {
             // A failed lane reports nothing durable, this completion included.
             match done.kind {
                 IoKind::Write => lane.writing = None,
                 IoKind::Sync => lane.syncing = None,
             }
-            if let (false, Some(error)) = (failed, no_space) {
-                self.fail_lane(group, &error);
+            if let (false, Err(error)) = (failed, &done.result) {
+                self.fail_lane(group, error);
             }
             return Ok(());
         }
-        done.result
-            .map_err(|e| DaemonError::Runtime(format!("partition group {group}: {e}")))?;
+        done.result?;
+        let internal = |detail| DaemonError::Internal {
+            group,
+            op: None,
+            detail,
+        };
         let (Some(lane), Some(partition)) = (
             self.lanes.get_mut(&group),
             self.partitions.by_group.get_mut(&group),
         ) else {
-            return Err(DaemonError::Runtime(format!(
-                "partition group {group}: journal IO completed for no lane"
-            )));
+            return Err(internal("journal IO completed for no lane"));
         };
         let durable = match done.kind {
             IoKind::Write => {
                 let Some((ops, since)) = lane.writing.take() else {
-                    return Err(DaemonError::Runtime(format!(
-                        "partition group {group}: a write completed that was not in flight"
-                    )));
+                    return Err(internal("a write completed that was not in flight"));
                 };
                 if partition.log.syncs_every_batch() {
                     lane.written.extend(ops);
@@ -497,9 +494,7 @@ impl Node {
             }
             IoKind::Sync => {
                 let Some(synced) = lane.syncing.take() else {
-                    return Err(DaemonError::Runtime(format!(
-                        "partition group {group}: a sync completed that was not in flight"
-                    )));
+                    return Err(internal("a sync completed that was not in flight"));
                 };
                 partition.log.note_synced();
                 synced
@@ -534,8 +529,6 @@ impl Node {
             return Ok(None);
         };
         let checksum = frame.checksum();
-        let fail =
-            |e: String| DaemonError::Runtime(format!("partition group {group} op {op}: {e}"));
         if partition
             .prepares
             .get(op)
@@ -549,7 +542,7 @@ impl Node {
             return Ok(None);
         }
         if op <= partition.prepares.head() {
-            partition.truncate_after(op - 1).await.map_err(fail)?;
+            partition.truncate_after(group, op - 1).await?;
         }
         let head = partition.prepares.head();
         let follows = op == head + 1 || (partition.prepares.is_empty() && op == 1);
@@ -594,7 +587,7 @@ fn spawn_io(
     done: &Rc<LocalSender<IoDone>>,
     group: u64,
     kind: IoKind,
-    io: impl std::future::Future<Output = Result<(), String>> + 'static,
+    io: impl std::future::Future<Output = Result<(), DaemonError>> + 'static,
 ) {
     let done = done.clone();
     glommio::spawn_local(async move {
@@ -619,7 +612,6 @@ fn plan_lane(
     group: u64,
     staged: &[(u64, Frame)],
 ) -> Result<Option<PlannedLane>, DaemonError> {
-    let fail = |e: String| DaemonError::Runtime(format!("partition group {group}: {e}"));
     let mut refused = Vec::new();
     let mut drop_rest = false;
     // Headers first; an inline body too large ends the list before anything is planned
@@ -628,7 +620,11 @@ fn plan_lane(
     let mut batches = Vec::new();
     for (op, frame) in staged {
         let Ok((header, _)) = PrepareHeader::read_from_prefix(frame.as_bytes()) else {
-            return Err(fail(format!("op {op} is not a prepare")));
+            return Err(DaemonError::Corrupt {
+                group,
+                op: Some(*op),
+                detail: "the frame is not a prepare".into(),
+            });
         };
         let body = frame.as_bytes().get(256..).unwrap_or(&[]);
         if header.operation == Operation::SendMessages as u8 {
@@ -644,7 +640,7 @@ fn plan_lane(
     let planned = match partition
         .log
         .plan_many_verified(&batches)
-        .map_err(|e| fail(e.to_string()))?
+        .map_err(DaemonError::journal(group, None, "journal plan"))?
     {
         Plan::RollFirst => return Ok(None),
         Plan::Planned(planned) => planned,
@@ -693,18 +689,18 @@ fn plan_lane(
         let records = partition
             .prepares
             .plan_many(&records)
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(DaemonError::prepare_log(group, None))?;
         let write = planned.write;
         let io = async move {
             let segment = async {
                 match write {
-                    Some(write) => write.run().await.map_err(|e| e.to_string()),
+                    Some(write) => write.run().await,
                     None => Ok(()),
                 }
             };
             let (segment, records) = futures_lite::future::zip(segment, records.run()).await;
-            segment?;
-            records.map_err(|e| e.to_string())
+            segment.map_err(DaemonError::journal(group, None, "journal write"))?;
+            records.map_err(DaemonError::prepare_log(group, None))
         };
         Some(Box::pin(io) as LaneIo)
     };

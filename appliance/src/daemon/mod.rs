@@ -36,16 +36,17 @@ mod xfer_node;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use journal::segment::PartitionConfig;
-use journal::JournalLayout;
-use replication::bus::{AuthConfig, Bus, BusConfig, NodeAddress};
+use journal::{IntoIoError, JournalError, JournalLayout};
+use replication::bus::{AuthConfig, Bus, BusConfig, BusError, NodeAddress};
 use replication::vsr;
-use replication::wire::{cluster_id, METADATA_GROUP};
+use replication::wire::batch::BatchError;
+use replication::wire::{cluster_id, GroupKind, METADATA_GROUP};
 
 use crate::config::Config;
 use crate::state::{auth, MetadataState};
@@ -69,38 +70,263 @@ pub const DEV_ROOT_PASSWORD: &str = "appliance-root";
 /// Environment variable that sets the root password at format.
 pub const ROOT_PASSWORD_ENV: &str = "APPLIANCE_ROOT_PASSWORD";
 
-/// Why the daemon stopped with an error; each maps to an exit code.
+/// Why the daemon stopped with an error, each with the exit code it maps to; or, for
+/// `NoSpace`, why one partition group stops while the node goes on.
+///
+/// The runtime variants say where it happened (the consensus group, the op where one
+/// is known, the step) and carry the failure they wrap as a typed source, so a full
+/// disk or an exhausted descriptor table is read from the operating system's code
+/// (`is_no_space`, `is_out_of_open_files`), not from a message.
 #[derive(Debug)]
 pub enum DaemonError {
-    /// Bad usage or configuration: exit 2.
+    /// Bad usage or configuration, as text for the operator: exit 2.
     Config(String),
-    /// A runtime failure (IO, bind, corrupt data): exit 1.
-    Runtime(String),
-    /// A partition group's journal write met a full disk: the group stops (as a crashed
-    /// replica) until space returns; the node goes on (storage.rs).
-    NoSpace { group: u64, what: String },
+    /// The data directory is not one this command may use as it is.
+    DataDir { path: PathBuf, reason: &'static str },
+    /// An executor or thread of the daemon could not start.
+    Start {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    /// A listener of the daemon's own (the stats endpoint) could not bind.
+    Listen {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    /// The message bus could not start.
+    Bus(BusError),
+    /// A file-system call of the daemon's own (not the journal crate's) failed.
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The journal crate failed: the metadata journal, superblock and snapshots, or a
+    /// partition's segment log and consumer offsets.
+    Journal {
+        group: u64,
+        op: Option<u64>,
+        what: &'static str,
+        source: JournalError,
+    },
+    /// A side file failed: genesis, VSR superblock, checkpoint (files.rs).
+    File {
+        group: u64,
+        what: &'static str,
+        source: files::FileError,
+    },
+    /// A partition group's prepare log failed (prepares.rs).
+    PrepareLog {
+        group: u64,
+        op: Option<u64>,
+        source: prepares::PrepareLogError,
+    },
+    /// A batch read back, committed or transferred fails verification.
+    Batch {
+        group: u64,
+        op: u64,
+        what: &'static str,
+        source: BatchError,
+    },
+    /// Other data read back, committed or transferred fails validation.
+    Corrupt {
+        group: u64,
+        op: Option<u64>,
+        detail: String,
+    },
+    /// The node's own bookkeeping broke: a bug, not input.
+    Internal {
+        group: u64,
+        op: Option<u64>,
+        detail: &'static str,
+    },
+    /// A partition group's write met a full disk: the group stops (as a crashed
+    /// replica) until space returns; the node goes on (storage.rs). `source` is the
+    /// write's error; None when the group's journal lane failed on it before.
+    NoSpace {
+        group: u64,
+        source: Option<Box<DaemonError>>,
+    },
 }
 
 impl DaemonError {
-    pub fn runtime(error: impl core::fmt::Display) -> DaemonError {
-        DaemonError::Runtime(error.to_string())
-    }
-
     pub fn exit_code(&self) -> u8 {
         match self {
             DaemonError::Config(_) => 2,
-            DaemonError::Runtime(_) | DaemonError::NoSpace { .. } => 1,
+            _ => 1,
+        }
+    }
+
+    /// A failure of the journal crate in `group` (at `op` when known) during `what`.
+    pub(crate) fn journal(
+        group: u64,
+        op: Option<u64>,
+        what: &'static str,
+    ) -> impl Fn(JournalError) -> DaemonError + Copy {
+        move |source| DaemonError::Journal {
+            group,
+            op,
+            what,
+            source,
+        }
+    }
+
+    /// A side file's failure in `group` during `what`.
+    pub(crate) fn file(
+        group: u64,
+        what: &'static str,
+    ) -> impl Fn(files::FileError) -> DaemonError + Copy {
+        move |source| DaemonError::File {
+            group,
+            what,
+            source,
+        }
+    }
+
+    /// A prepare log's failure in `group` (at `op` when known).
+    pub(crate) fn prepare_log(
+        group: u64,
+        op: Option<u64>,
+    ) -> impl Fn(prepares::PrepareLogError) -> DaemonError + Copy {
+        move |source| DaemonError::PrepareLog { group, op, source }
+    }
+
+    /// A file-system call's failure on `path` during `what`.
+    pub(crate) fn io<'a>(
+        what: &'static str,
+        path: &'a Path,
+    ) -> impl Fn(std::io::Error) -> DaemonError + Copy + 'a {
+        move |source| DaemonError::Io {
+            what,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    /// An executor or thread that could not start (`what`); glommio's errors keep
+    /// their OS code.
+    pub(crate) fn start<E: IntoIoError>(what: &'static str) -> impl FnOnce(E) -> DaemonError {
+        move |source| DaemonError::Start {
+            what,
+            source: source.into_io_error(),
+        }
+    }
+
+    /// The consensus group the error happened in, if it happened in one.
+    pub fn group(&self) -> Option<u64> {
+        match self {
+            DaemonError::Journal { group, .. }
+            | DaemonError::File { group, .. }
+            | DaemonError::PrepareLog { group, .. }
+            | DaemonError::Batch { group, .. }
+            | DaemonError::Corrupt { group, .. }
+            | DaemonError::Internal { group, .. }
+            | DaemonError::NoSpace { group, .. } => Some(*group),
+            _ => None,
+        }
+    }
+
+    /// The op the error happened at, if it is known.
+    pub fn op(&self) -> Option<u64> {
+        match self {
+            DaemonError::Journal { op, .. }
+            | DaemonError::PrepareLog { op, .. }
+            | DaemonError::Corrupt { op, .. }
+            | DaemonError::Internal { op, .. } => *op,
+            DaemonError::Batch { op, .. } => Some(*op),
+            DaemonError::NoSpace {
+                source: Some(source),
+                ..
+            } => source.op(),
+            _ => None,
+        }
+    }
+
+    /// What went wrong, without the group and op (`Display` puts them first).
+    fn fmt_detail(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            DaemonError::Config(text) => f.write_str(text),
+            DaemonError::DataDir { path, reason } => write!(f, "{} {reason}", path.display()),
+            DaemonError::Start { what, source } => write!(f, "{what}: {source}"),
+            DaemonError::Listen { what, addr, source } => {
+                write!(f, "cannot listen on {addr} ({what}): {source}")
+            }
+            DaemonError::Bus(source) => write!(f, "message bus: {source}"),
+            DaemonError::Io { what, path, source } => {
+                write!(f, "{}: {what}: {source}", path.display())
+            }
+            DaemonError::Journal { what, source, .. } => write!(f, "{what}: {source}"),
+            DaemonError::File { what, source, .. } => write!(f, "{what}: {source}"),
+            DaemonError::PrepareLog { source, .. } => write!(f, "{source}"),
+            DaemonError::Batch { what, source, .. } => write!(f, "{what}: {source}"),
+            DaemonError::Corrupt { detail, .. } => f.write_str(detail),
+            DaemonError::Internal { detail, .. } => f.write_str(detail),
+            DaemonError::NoSpace { source, .. } => {
+                f.write_str("the disk is full: ")?;
+                match source {
+                    Some(source) => source.fmt_detail(f),
+                    None => f.write_str("a journal write met it"),
+                }
+            }
+        }
+    }
+}
+
+/// Where an error happened: a consensus group and the op, when known.
+struct Place {
+    group: u64,
+    op: Option<u64>,
+}
+
+impl core::fmt::Display for Place {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match replication::wire::group_kind(self.group) {
+            Ok(GroupKind::Metadata) => f.write_str("metadata group")?,
+            Ok(GroupKind::Partition(key)) => write!(
+                f,
+                "partition group {} ({}/{}/{})",
+                self.group, key.stream, key.topic, key.partition
+            )?,
+            Err(_) => write!(f, "group {}", self.group)?,
+        }
+        match self.op {
+            Some(op) => write!(f, " op {op}"),
+            None => Ok(()),
         }
     }
 }
 
 impl core::fmt::Display for DaemonError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        if let Some(group) = self.group() {
+            let op = self.op();
+            write!(f, "{}: ", Place { group, op })?;
+        }
+        self.fmt_detail(f)
+    }
+}
+
+impl std::error::Error for DaemonError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            DaemonError::Config(m) | DaemonError::Runtime(m) => f.write_str(m),
-            DaemonError::NoSpace { group, what } => {
-                write!(f, "partition group {group}: the disk is full: {what}")
-            }
+            DaemonError::Start { source, .. }
+            | DaemonError::Listen { source, .. }
+            | DaemonError::Io { source, .. } => Some(source),
+            DaemonError::Bus(source) => Some(source),
+            DaemonError::Journal { source, .. } => Some(source),
+            DaemonError::File { source, .. } => Some(source),
+            DaemonError::PrepareLog { source, .. } => Some(source),
+            DaemonError::Batch { source, .. } => Some(source),
+            DaemonError::NoSpace {
+                source: Some(source),
+                ..
+            } => Some(source.as_ref()),
+            DaemonError::Config(_)
+            | DaemonError::DataDir { .. }
+            | DaemonError::Corrupt { .. }
+            | DaemonError::Internal { .. }
+            | DaemonError::NoSpace { source: None, .. } => None,
         }
     }
 }
@@ -174,10 +400,10 @@ pub fn format(config: &Config, replica_id: u8, policy: RootPassword) -> Result<(
     let dir = config.storage.data_dir.clone();
     if let Ok(mut entries) = std::fs::read_dir(&dir) {
         if entries.next().is_some() {
-            return Err(DaemonError::Runtime(format!(
-                "{} is not empty; refusing to format it",
-                dir.display()
-            )));
+            return Err(DaemonError::DataDir {
+                path: dir,
+                reason: "is not empty; refusing to format it",
+            });
         }
     }
     let layout = journal_layout(config)?;
@@ -198,24 +424,21 @@ pub fn format(config: &Config, replica_id: u8, policy: RootPassword) -> Result<(
         replica_count: count,
         ..Default::default()
     };
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| DaemonError::Runtime(format!("{}: {e}", dir.display())))?;
+    std::fs::create_dir_all(&dir).map_err(DaemonError::io("create directory", &dir))?;
     // The genesis file goes first: the superblock (written last by format) marks done.
-    files::write_genesis(&dir, &genesis).map_err(DaemonError::runtime)?;
+    files::write_genesis(&dir, &genesis).map_err(DaemonError::file(METADATA_GROUP, "genesis"))?;
     let executor = journal::runtime::executor_builder()
         .name("format")
         .make()
-        .map_err(|e| DaemonError::Runtime(format!("executor: {e}")))?;
-    executor
-        .run(async {
-            journal::runtime::choose_disk_completions(&dir)
-                .await
-                .map_err(|e| e.to_string())?;
-            journal::data_dir::format(&dir, layout, identity)
-                .await
-                .map_err(|e| e.to_string())
-        })
-        .map_err(|e| DaemonError::Runtime(format!("format {}: {e}", dir.display())))?;
+        .map_err(DaemonError::start("executor"))?;
+    executor.run(async {
+        journal::runtime::choose_disk_completions(&dir)
+            .await
+            .map_err(DaemonError::start("disk completions"))?;
+        journal::data_dir::format(&dir, layout, identity)
+            .await
+            .map_err(DaemonError::journal(METADATA_GROUP, None, "format"))
+    })?;
     tracing::info!(dir = %dir.display(), replica_id, "data directory formatted");
     Ok(())
 }
@@ -238,7 +461,7 @@ pub fn recover(config: &Config, replica_id: u8, policy: RootPassword) -> Result<
         ..vsr::Superblock::default()
     };
     files::write_vsr_superblock(&config.storage.data_dir, &superblock)
-        .map_err(DaemonError::runtime)?;
+        .map_err(DaemonError::file(METADATA_GROUP, "VSR superblock"))?;
     tracing::info!(
         dir = %config.storage.data_dir.display(),
         replica_id,
@@ -438,10 +661,10 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
     if !journal::data_dir::is_formatted(&dir) {
         let absent_or_empty = std::fs::read_dir(&dir).map_or(true, |mut e| e.next().is_none());
         if !absent_or_empty {
-            return Err(DaemonError::Runtime(format!(
-                "{} is not a formatted data directory and not empty",
-                dir.display()
-            )));
+            return Err(DaemonError::DataDir {
+                path: dir,
+                reason: "is not a formatted data directory and not empty",
+            });
         }
         format(&config, replica_id, policy)?;
     }
@@ -473,10 +696,8 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
     }
     let executor = builder
         .make()
-        .map_err(|e| DaemonError::Runtime(format!("replica executor: {e}")))?;
-    xfer::clean_data_dir(&dir).map_err(|e| {
-        DaemonError::Runtime(format!("{}: state-transfer leftovers: {e}", dir.display()))
-    })?;
+        .map_err(DaemonError::start("replica executor"))?;
+    xfer::clean_data_dir(&dir).map_err(DaemonError::io("state-transfer leftovers", &dir))?;
     let xfer_stats = Arc::new(Mutex::new(crate::stats::StateTransferStats::default()));
     let channels = xfer::channels();
     let (to_xfer, xfer_inbox) = channels.to_xfer;
@@ -495,19 +716,18 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
         xfer_inbox,
         xfer_outbox,
         xfer_stats.clone(),
-    )
-    .map_err(DaemonError::Runtime)?;
+    )?;
     executor.run(async move {
         let completions = journal::runtime::choose_disk_completions(&dir)
             .await
-            .map_err(|e| DaemonError::Runtime(e.to_string()))?;
+            .map_err(DaemonError::start("disk completions"))?;
         tracing::info!(
             completions = completions.name(),
             "disk IO completions on the replica executor"
         );
         let data = journal::data_dir::open(&dir)
             .await
-            .map_err(|e| DaemonError::Runtime(format!("open {}: {e}", dir.display())))?;
+            .map_err(DaemonError::journal(METADATA_GROUP, None, "data directory"))?;
         check_identity(&data.superblock.current().clone(), &settings, &dir)?;
         let (events_tx, events_rx) = glommio::channels::local_channel::new_unbounded();
         let events_tx = Rc::new(events_tx);
@@ -523,8 +743,7 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
         let handler = BusHandler {
             events: events_tx.clone(),
         };
-        let bus = Bus::start(bus_config, Rc::new(handler))
-            .map_err(|e| DaemonError::Runtime(format!("message bus: {e}")))?;
+        let bus = Bus::start(bus_config, Rc::new(handler)).map_err(DaemonError::Bus)?;
         let node = Node::open(settings, bus.clone(), data, events_tx, Some(to_xfer)).await?;
         let client_files = certificates::ClientTlsFiles::of(&client_tls_config);
         let client_status = certificates::initial_status(client_files.is_some());
@@ -589,4 +808,93 @@ fn check_identity(
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use replication::wire::PartitionKey;
+
+    fn partition_group() -> u64 {
+        PartitionKey {
+            stream: 1,
+            topic: 2,
+            partition: 3,
+        }
+        .pack()
+        .unwrap()
+    }
+
+    fn write_error(group: u64, code: i32) -> DaemonError {
+        DaemonError::journal(group, Some(9), "partition sync")(JournalError::io(
+            "fdatasync",
+            "/data/partitions/1-2-3/00000000000000000000.log",
+            std::io::Error::from_raw_os_error(code),
+        ))
+    }
+
+    #[test]
+    fn messages_say_where_first_and_keep_the_source_text() {
+        let group = partition_group();
+        let error = write_error(group, libc::EIO);
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "partition group {group} (1/2/3) op 9: partition sync: fdatasync \
+                 /data/partitions/1-2-3/00000000000000000000.log: {}",
+                std::io::Error::from_raw_os_error(libc::EIO)
+            )
+        );
+        let stopped = DaemonError::NoSpace {
+            group,
+            source: Some(Box::new(write_error(group, libc::ENOSPC))),
+        };
+        let text = stopped.to_string();
+        assert!(
+            text.starts_with(&format!(
+                "partition group {group} (1/2/3) op 9: the disk is full: partition sync: "
+            )),
+            "{text}"
+        );
+        let metadata = DaemonError::Internal {
+            group: METADATA_GROUP,
+            op: None,
+            detail: "journal completions closed",
+        };
+        assert_eq!(
+            metadata.to_string(),
+            "metadata group: journal completions closed"
+        );
+        let refused = DaemonError::DataDir {
+            path: PathBuf::from("/data"),
+            reason: "is not empty; refusing to format it",
+        };
+        assert_eq!(
+            refused.to_string(),
+            "/data is not empty; refusing to format it"
+        );
+    }
+
+    #[test]
+    fn the_source_chain_reaches_the_io_error_and_only_config_exits_2() {
+        let error = DaemonError::NoSpace {
+            group: partition_group(),
+            source: Some(Box::new(write_error(partition_group(), libc::ENOSPC))),
+        };
+        let mut chain = Vec::new();
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&error);
+        while let Some(error) = next {
+            chain.push(error.to_string());
+            next = error.source();
+        }
+        assert_eq!(chain.len(), 4, "{chain:#?}");
+        let io = std::error::Error::source(&error)
+            .and_then(std::error::Error::source)
+            .and_then(std::error::Error::source)
+            .and_then(|e| e.downcast_ref::<std::io::Error>())
+            .expect("the io::Error at the end of the chain");
+        assert_eq!(io.raw_os_error(), Some(libc::ENOSPC));
+        assert_eq!(error.exit_code(), 1);
+        assert_eq!(DaemonError::Config("bad".into()).exit_code(), 2);
+    }
 }

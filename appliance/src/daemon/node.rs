@@ -129,9 +129,8 @@ pub enum Event {
     Xfer(super::xfer::FromXfer),
     /// A partition's storage opened in the background (`Node::spawn_open`).
     PartitionOpened {
-        key: PartitionKey,
         group: u64,
-        opened: Box<Result<(partitions::Opened, Vec<JournalEntry>), String>>,
+        opened: Box<Result<(partitions::Opened, Vec<JournalEntry>), DaemonError>>,
     },
     /// A password check finished on the blocking pool.
     LoginChecked {
@@ -374,7 +373,7 @@ impl Node {
                     ..vsr::Superblock::default()
                 }
             }
-            Err(error) => return Err(DaemonError::runtime(error)),
+            Err(error) => return Err(DaemonError::file(METADATA_GROUP, "VSR superblock")(error)),
         };
         let journal = &data.journal;
         let mut entries = Vec::new();
@@ -390,8 +389,10 @@ impl Node {
         let (state, replica) = match &data.checkpoint {
             // The state at the last checkpoint, then the journal above it.
             Some((info, payload)) => {
-                let fail = |e: String| {
-                    DaemonError::Runtime(format!("metadata checkpoint at op {}: {e}", info.op))
+                let fail = |e: String| DaemonError::Corrupt {
+                    group: METADATA_GROUP,
+                    op: Some(info.op),
+                    detail: format!("metadata checkpoint: {e}"),
                 };
                 let (state, clients, anchor) =
                     files::decode_metadata_checkpoint(payload).map_err(|e| fail(e.into()))?;
@@ -422,10 +423,13 @@ impl Node {
                 (state, replica)
             }
             None => {
-                let genesis =
-                    files::read_genesis(&settings.data_dir).map_err(DaemonError::runtime)?;
-                let state = MetadataState::restore(&genesis)
-                    .map_err(|e| DaemonError::Runtime(format!("metadata genesis: {e}")))?;
+                let genesis = files::read_genesis(&settings.data_dir)
+                    .map_err(DaemonError::file(METADATA_GROUP, "genesis"))?;
+                let state = MetadataState::restore(&genesis).map_err(|e| DaemonError::Corrupt {
+                    group: METADATA_GROUP,
+                    op: None,
+                    detail: format!("metadata genesis: {e}"),
+                })?;
                 let replica = if fresh {
                     // A formatted member: it forms a new cluster with the others only if
                     // none of them remembers anything, else it rejoins as a replacement.
@@ -712,8 +716,8 @@ impl Node {
             } => self.on_poll_read(connection, &request, *reply),
             Event::Xfer(message) => self.on_xfer(message),
             Event::PeerConnected(peer, up) => self.groups.set_connected(peer, up),
-            Event::PartitionOpened { key, group, opened } => {
-                return self.on_partition_opened(key, group, *opened);
+            Event::PartitionOpened { group, opened } => {
+                return self.on_partition_opened(group, *opened);
             }
         }
         Ok(())
@@ -787,7 +791,11 @@ impl Node {
             .journal
             .tick()
             .await
-            .map_err(|e| DaemonError::Runtime(format!("journal header flush: {e}")))?;
+            .map_err(DaemonError::journal(
+                METADATA_GROUP,
+                None,
+                "journal header flush",
+            ))?;
         self.groups.on_tick();
         self.sync_partitions(PARTITION_START_BUDGET).await?;
         let mut full = Vec::new();
@@ -813,21 +821,19 @@ impl Node {
             // sync would only wait on the disk beside it.
             if !partition.log.syncs_every_batch() {
                 if let Err(error) = partition.log.tick().await {
-                    match super::storage::no_space_or_runtime(
-                        group,
-                        format!("partition sync: {error}"),
-                    ) {
-                        DaemonError::NoSpace { what, .. } => full.push((group, what)),
+                    match DaemonError::journal(group, None, "partition sync")(error)
+                        .stops_group_when_full()
+                    {
+                        error @ DaemonError::NoSpace { .. } => full.push(error),
                         other => return Err(other),
                     }
                 }
             }
             if let Err(error) = partition.offsets.tick() {
-                match super::storage::no_space_or_runtime(
-                    group,
-                    format!("consumer offsets sync: {error}"),
-                ) {
-                    DaemonError::NoSpace { what, .. } => full.push((group, what)),
+                match DaemonError::journal(group, None, "consumer offsets sync")(error)
+                    .stops_group_when_full()
+                {
+                    error @ DaemonError::NoSpace { .. } => full.push(error),
                     other => return Err(other),
                 }
             }
@@ -835,8 +841,8 @@ impl Node {
                 self.partitions.unsynced.remove(&group);
             }
         }
-        for (group, what) in full {
-            self.absorb_no_space(Err(DaemonError::NoSpace { group, what }))?;
+        for error in full {
+            self.absorb_no_space(Err(error))?;
         }
         Ok(())
     }
@@ -930,11 +936,9 @@ impl Node {
             }
             Action::JournalTruncate { op_max } => {
                 if group == METADATA_GROUP {
-                    self.data
-                        .journal
-                        .truncate_after(op_max)
-                        .await
-                        .map_err(|e| DaemonError::Runtime(format!("journal truncate: {e}")))?;
+                    self.data.journal.truncate_after(op_max).await.map_err(
+                        DaemonError::journal(METADATA_GROUP, Some(op_max + 1), "journal truncate"),
+                    )?;
                 } else {
                     self.partition_truncate(group, op_max).await?;
                 }
@@ -984,7 +988,7 @@ impl Node {
     /// head rewrites a faulty slot or replaces a discarded suffix.
     async fn journal_write(&mut self, op: u64, frame: &Frame) -> Result<Option<u128>, DaemonError> {
         let journal = &mut self.data.journal;
-        let fail = |e: journal::JournalError| DaemonError::Runtime(format!("journal op {op}: {e}"));
+        let fail = DaemonError::journal(METADATA_GROUP, Some(op), "journal write");
         if op <= journal.op_head() {
             let faulty = journal.faulty().any(|f| f == op);
             // Asked again for an op it holds (the core re-asks ops it never saw reported
@@ -1026,17 +1030,17 @@ impl Node {
             .get(METADATA_GROUP)
             .map_or(0, |replica| replica.voter_since());
         if !superblock.replacement && voter_since > self.replaced_upto {
-            self.with_room("metadata-replaced-upto", || {
-                files::write_replaced_upto(&dir, voter_since).map_err(|e| e.to_string())
-            })
-            .map_err(DaemonError::Runtime)?;
+            self.with_room(|| {
+                files::write_replaced_upto(&dir, voter_since)
+                    .map_err(DaemonError::file(METADATA_GROUP, "metadata-replaced-upto"))
+            })?;
             self.replaced_upto = voter_since;
         }
         // The reserve is this write's room on a full disk (storage.rs).
-        self.with_room("VSR superblock", || {
-            files::write_vsr_superblock(&dir, superblock).map_err(|e| e.to_string())
-        })
-        .map_err(DaemonError::Runtime)?;
+        self.with_room(|| {
+            files::write_vsr_superblock(&dir, superblock)
+                .map_err(DaemonError::file(METADATA_GROUP, "VSR superblock"))
+        })?;
         let commit = self
             .groups
             .get(METADATA_GROUP)
@@ -1052,14 +1056,16 @@ impl Node {
             .superblock
             .write(next)
             .await
-            .map_err(|e| DaemonError::Runtime(format!("superblock write: {e}")))
+            .map_err(DaemonError::journal(
+                METADATA_GROUP,
+                None,
+                "superblock write",
+            ))
     }
 
     async fn commit_metadata(&mut self, op: u64, prepare: &Frame) -> Result<(), DaemonError> {
         let Ok((header, _)) = PrepareHeader::read_from_prefix(prepare.as_bytes()) else {
-            return Err(DaemonError::Runtime(format!(
-                "metadata op {op} committed a frame that is not a prepare"
-            )));
+            return Err(not_a_prepare(METADATA_GROUP, op));
         };
         let body = prepare.as_bytes().get(256..).unwrap_or(&[]);
         let (status, reply_body) = match Operation::from_u8(header.operation) {
@@ -1124,9 +1130,7 @@ impl Node {
         prepare: &Frame,
     ) -> Result<(), DaemonError> {
         let Ok((header, _)) = PrepareHeader::read_from_prefix(prepare.as_bytes()) else {
-            return Err(DaemonError::Runtime(format!(
-                "partition op {op} committed a frame that is not a prepare"
-            )));
+            return Err(not_a_prepare(group, op));
         };
         if !self.partitions.by_group.contains_key(&group) {
             self.remember_reply(group, header.client, op, Status::NotFound, Vec::new());
@@ -1139,20 +1143,27 @@ impl Node {
         if !self.journaled(group, op, prepare.checksum())
             && self.partition_journal(group, op, prepare).await?.is_none()
         {
-            return Err(DaemonError::Runtime(format!(
-                "partition group {group}: committed op {op} cannot be journaled"
-            )));
+            return Err(DaemonError::Internal {
+                group,
+                op: Some(op),
+                detail: "the committed op cannot be journaled",
+            });
         }
         let Some(partition) = self.partitions.by_group.get_mut(&group) else {
             return Ok(());
         };
         let body = prepare.as_bytes().get(256..).unwrap_or(&[]);
+        let invalid = |source| DaemonError::Batch {
+            group,
+            op,
+            what: "committed batch",
+            source,
+        };
+        let offsets_failed = DaemonError::journal(group, Some(op), "consumer offsets");
         let (status, reply_body) = match Operation::from_u8(header.operation) {
             Some(Operation::SendMessages) => {
                 // Verified when it was received or stamped, and again when journaled.
-                let info = batch::info_of_verified(body).map_err(|e| {
-                    DaemonError::Runtime(format!("committed batch of op {op} invalid: {e:?}"))
-                })?;
+                let info = batch::info_of_verified(body).map_err(invalid)?;
                 partition.committed_end = info.next_offset();
                 let key = partition.key;
                 let reply = SendConfirmations {
@@ -1168,9 +1179,7 @@ impl Node {
             Some(Operation::StoreConsumerOffset) | Some(Operation::DeleteConsumerOffset) => {
                 self.partitions.unsynced.insert(group);
                 self.partitions.grown = true;
-                apply_offset_op(partition, header.operation, body).map_err(|e| {
-                    DaemonError::Runtime(format!("consumer offsets of op {op}: {e}"))
-                })?
+                apply_offset_op(partition, header.operation, body).map_err(offsets_failed)?
             }
             _ => (Status::InvalidRequest, Vec::new()),
         };
@@ -1308,7 +1317,7 @@ impl Node {
             }
             match self.start_partition_group(key, group).await {
                 Ok(()) => self.open_files_exhausted = false,
-                Err(DaemonError::Runtime(error)) if super::system::out_of_open_files(&error) => {
+                Err(error) if super::system::out_of_open_files(&error.to_string()) => {
                     self.out_of_open_files(&error);
                     return Ok(());
                 }
@@ -1348,13 +1357,8 @@ impl Node {
         key: PartitionKey,
         group: u64,
     ) -> Result<(), DaemonError> {
-        let opened = self
-            .open_partition(key, group)
-            .await
-            .map_err(|e| DaemonError::Runtime(format!("partition {key:?}: {e}")))?;
-        let entries = journal_entries(&opened)
-            .await
-            .map_err(|e| DaemonError::Runtime(format!("partition {key:?}: {e}")))?;
+        let opened = self.open_partition(key, group).await?;
+        let entries = journal_entries(group, &opened).await?;
         self.install_partition_group(group, opened, &entries)
     }
 
@@ -1414,13 +1418,12 @@ impl Node {
         glommio::spawn_local(async move {
             let opened = async {
                 let opened = partitions::open(&data_dir, key, group, config, offsets).await?;
-                let entries = journal_entries(&opened).await?;
+                let entries = journal_entries(group, &opened).await?;
                 Ok((opened, entries))
             }
             .await;
             // Unbounded: refused only once the node stopped.
             let _ = events.try_send(Event::PartitionOpened {
-                key,
                 group,
                 opened: Box::new(opened),
             });
@@ -1432,9 +1435,8 @@ impl Node {
     /// that met the open files limit waits for the next tick, as in `sync_partitions`.
     fn on_partition_opened(
         &mut self,
-        key: PartitionKey,
         group: u64,
-        opened: Result<(partitions::Opened, Vec<JournalEntry>), String>,
+        opened: Result<(partitions::Opened, Vec<JournalEntry>), DaemonError>,
     ) -> Result<(), DaemonError> {
         self.partitions.opening.remove(&group);
         match opened {
@@ -1442,15 +1444,15 @@ impl Node {
                 self.open_files_exhausted = false;
                 self.install_partition_group(group, opened, &entries)
             }
-            Err(error) if super::system::out_of_open_files(&error) => {
+            Err(error) if super::system::out_of_open_files(&error.to_string()) => {
                 self.out_of_open_files(&error);
                 Ok(())
             }
-            Err(error) => Err(DaemonError::Runtime(format!("partition {key:?}: {error}"))),
+            Err(error) => Err(error),
         }
     }
 
-    pub(super) fn out_of_open_files(&mut self, error: &str) {
+    pub(super) fn out_of_open_files(&mut self, error: &dyn std::fmt::Display) {
         self.reject("open_files_limit");
         if !std::mem::replace(&mut self.open_files_exhausted, true) {
             tracing::error!(
@@ -1466,7 +1468,7 @@ impl Node {
         &self,
         key: PartitionKey,
         group: u64,
-    ) -> Result<partitions::Opened, String> {
+    ) -> Result<partitions::Opened, DaemonError> {
         partitions::open(
             &self.settings.data_dir,
             key,
@@ -1486,9 +1488,13 @@ impl Node {
         opened: &partitions::Opened,
         entries: &[JournalEntry],
     ) -> Result<Replica, DaemonError> {
-        let key = opened.partition.key;
-        let fail = |e: String| DaemonError::Runtime(format!("partition {key:?}: {e}"));
+        let group = config.group;
         if let Some(stored) = &opened.checkpoint {
+            let fail = |detail: String| DaemonError::Corrupt {
+                group,
+                op: Some(stored.op),
+                detail,
+            };
             let anchor = entries
                 .iter()
                 .find(|e| e.op == stored.op)
@@ -1497,9 +1503,9 @@ impl Node {
                     let (header, body) = PrepareHeader::read_from_prefix(b.as_bytes()).ok()?;
                     Some(Frame::build(&header, body))
                 })
-                .ok_or_else(|| fail(format!("checkpoint op {} has no prepare", stored.op)))?;
+                .ok_or_else(|| fail("the checkpoint has no prepare".into()))?;
             let clients = vsr::ClientTable::decode(&stored.clients, config.clients_max)
-                .map_err(|e| fail(e.to_string()))?;
+                .map_err(|e| fail(format!("checkpoint client table: {e}")))?;
             let checkpoint = vsr::Checkpoint {
                 op: stored.op,
                 anchor,
@@ -1512,7 +1518,7 @@ impl Node {
                 checkpoint,
                 entries,
             )
-            .ok_or_else(|| fail(format!("checkpoint op {} anchor is invalid", stored.op)));
+            .ok_or_else(|| fail("the checkpoint's anchor is invalid".into()));
         }
         let metadata = self.groups.get(METADATA_GROUP);
         let metadata_votes = metadata.is_none_or(|replica| replica.is_voter());
@@ -1551,13 +1557,12 @@ impl Node {
         let Some(partition) = self.partitions.by_group.get_mut(&group) else {
             return Ok(());
         };
-        let fail = |e: String| DaemonError::Runtime(format!("partition group {group}: {e}"));
         if op_max < partition.committed_op {
             self.bus.stats().reject("partition_truncate_committed");
             tracing::error!(group, op_max, "refused to truncate committed partition ops");
             return Ok(());
         }
-        partition.truncate_after(op_max).await.map_err(fail)
+        partition.truncate_after(group, op_max).await
     }
 
     /// Checkpoints the metadata state once half the journal ring is used since the last
@@ -1586,19 +1591,24 @@ impl Node {
             &checkpoint.clients.encode(),
             checkpoint.anchor.as_bytes(),
         );
-        let mut written = self.data.checkpoint(checkpoint.op, &payload).await;
+        let fail = DaemonError::journal(METADATA_GROUP, Some(checkpoint.op), "metadata checkpoint");
+        let mut written = self
+            .data
+            .checkpoint(checkpoint.op, &payload)
+            .await
+            .map_err(fail);
         if let Err(error) = &written {
-            let error = error.to_string();
-            if !super::storage::is_no_space(&error) {
-                return Err(DaemonError::Runtime(format!(
-                    "metadata checkpoint: {error}"
-                )));
+            if !super::storage::is_no_space(&error.to_string()) {
+                return written.map(|_| ());
             }
             // The reserve is this write's room (storage.rs); without it, the next tick
             // tries again while the journal still has free slots.
-            self.storage
-                .on_no_space(&format!("metadata checkpoint: {error}"));
-            written = self.data.checkpoint(checkpoint.op, &payload).await;
+            self.storage.on_no_space(error);
+            written = self
+                .data
+                .checkpoint(checkpoint.op, &payload)
+                .await
+                .map_err(fail);
         }
         let info = match written {
             Ok(info) => info,
@@ -1606,11 +1616,7 @@ impl Node {
                 self.reject("metadata_checkpoint_no_space");
                 return Ok(());
             }
-            Err(error) => {
-                return Err(DaemonError::Runtime(format!(
-                    "metadata checkpoint: {error}"
-                )))
-            }
+            Err(error) => return Err(error),
         };
         tracing::info!(
             group = METADATA_GROUP,
@@ -1648,33 +1654,30 @@ impl Node {
                 Ok(true)
             }
             Ok(false) => Ok(false),
-            Err(error) => Err(super::storage::no_space_or_runtime(
-                group,
-                format!("prepare log close: {error}"),
-            )),
+            Err(error) => Err(DaemonError::prepare_log(group, None)(error).stops_group_when_full()),
         }
     }
 
     /// Flushes and closes storage (shutdown).
     pub async fn close(mut self) -> Result<(), DaemonError> {
         self.drain_lanes().await?;
-        for (_, mut partition) in self.partitions.by_group {
+        for (group, mut partition) in self.partitions.by_group {
             let _ = partition.offsets.flush();
             partition
                 .prepares
                 .close()
                 .await
-                .map_err(|e| DaemonError::Runtime(format!("prepare log close: {e}")))?;
-            partition
-                .log
-                .close()
-                .await
-                .map_err(|e| DaemonError::Runtime(format!("partition close: {e}")))?;
+                .map_err(DaemonError::prepare_log(group, None))?;
+            partition.log.close().await.map_err(DaemonError::journal(
+                group,
+                None,
+                "partition close",
+            ))?;
         }
         self.data
             .close()
             .await
-            .map_err(|e| DaemonError::Runtime(format!("journal close: {e}")))
+            .map_err(DaemonError::journal(METADATA_GROUP, None, "journal close"))
     }
 
     pub(super) fn metadata(&self) -> Option<&Replica> {
@@ -1696,10 +1699,13 @@ const SLOW_STEP: Duration = Duration::from_millis(15);
 /// The prepare records of an opened partition with their frames read back from its
 /// log, for its replica to replay. Yields after each read: a partition that holds many
 /// records does not hold up the node loop.
-async fn journal_entries(opened: &partitions::Opened) -> Result<Vec<JournalEntry>, String> {
+async fn journal_entries(
+    group: u64,
+    opened: &partitions::Opened,
+) -> Result<Vec<JournalEntry>, DaemonError> {
     let mut entries = Vec::with_capacity(opened.records.len());
     for record in &opened.records {
-        let bytes = partitions::frame_of(&opened.partition.log, record)?;
+        let bytes = partitions::frame_of(group, &opened.partition.log, record)?;
         entries.push(JournalEntry {
             op: record.op(),
             bytes: Some(bytes),
@@ -1707,6 +1713,15 @@ async fn journal_entries(opened: &partitions::Opened) -> Result<Vec<JournalEntry
         futures_lite::future::yield_now().await;
     }
     Ok(entries)
+}
+
+/// A committed frame of `group` at `op` that is not a prepare.
+fn not_a_prepare(group: u64, op: u64) -> DaemonError {
+    DaemonError::Corrupt {
+        group,
+        op: Some(op),
+        detail: "the committed frame is not a prepare".into(),
+    }
 }
 
 /// Logs `step` at debug if it took SLOW_STEP or longer since `started`.

@@ -13,6 +13,7 @@ use zerocopy::IntoBytes;
 
 use super::files::{self, StoredCheckpoint};
 use super::prepares::{self, PrepareLog, Record};
+use super::DaemonError;
 use crate::protocol::Consumer;
 
 /// Bytes of log a poll reads at most (whole batches; the reply stays far below the
@@ -51,32 +52,34 @@ impl Partition {
 
     /// Forces the segment log and the prepare records to stable storage, as a task that
     /// holds only the files (the two fdatasyncs overlap, and many partitions' can run at
-    /// once). Once it succeeded, call `log.note_synced()`.
+    /// once). Once it succeeded, call `log.note_synced()`. `group` is the partition's.
     pub fn journal_syncer(
         &self,
-    ) -> impl std::future::Future<Output = Result<(), String>> + 'static {
+        group: u64,
+    ) -> impl std::future::Future<Output = Result<(), DaemonError>> + 'static {
         let (log, prepares) = (self.log.syncer(), self.prepares.syncer());
         async move {
             let (log, prepares) = futures_lite::future::zip(log.run(), prepares).await;
-            log.map_err(|e| e.to_string())?;
-            prepares.map_err(|e| e.to_string())
+            log.map_err(DaemonError::journal(group, None, "journal sync"))?;
+            prepares.map_err(DaemonError::prepare_log(group, None))
         }
     }
 
     /// Drops every journaled prepare above `op_max`: records first (none may point past
-    /// the log), then their batches.
-    pub async fn truncate_after(&mut self, op_max: u64) -> Result<(), String> {
+    /// the log), then their batches. `group` is the partition's.
+    pub async fn truncate_after(&mut self, group: u64, op_max: u64) -> Result<(), DaemonError> {
         let Some(base) = self.prepares.get(op_max + 1).map(|e| e.base_offset) else {
             return Ok(());
         };
+        let op = Some(op_max + 1);
         self.prepares
             .truncate_after(op_max)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(DaemonError::prepare_log(group, op))?;
         self.log
             .truncate_from(base)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(DaemonError::journal(group, op, "journal truncate"))
     }
 }
 
@@ -143,25 +146,28 @@ pub async fn open(
     group: u64,
     config: PartitionConfig,
     offset_durability: Durability,
-) -> Result<Opened, String> {
+) -> Result<Opened, DaemonError> {
     let dir = partition_dir(data_dir, key);
     // A new partition's superblock and prepare log files go in before its log's first
     // segment, whose directory sync (PartitionLog::open) makes every entry durable (the
     // prepare log's first write then opens a file that is there already).
     let fresh = !dir.exists();
-    files::create_vsr_superblock(&dir, !fresh).map_err(|e| e.to_string())?;
+    files::create_vsr_superblock(&dir, !fresh)
+        .map_err(DaemonError::file(group, "VSR superblock"))?;
     if fresh {
-        prepares::create_empty(&dir).map_err(|e| e.to_string())?;
+        prepares::create_empty(&dir).map_err(DaemonError::prepare_log(group, None))?;
     }
     let (mut log, report) = PartitionLog::open(&dir, group, config)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(DaemonError::journal(group, None, "segment log"))?;
     if let Some((from, to)) = report.truncated_tail {
         tracing::warn!(?key, from, to, "partition log: torn tail truncated");
     }
     let offsets = ConsumerOffsets::open(&dir.join("consumer-offsets"), offset_durability)
-        .map_err(|e| e.to_string())?;
-    let (mut prepares, mut records) = PrepareLog::open(&dir).await.map_err(|e| e.to_string())?;
+        .map_err(DaemonError::journal(group, None, "consumer offsets"))?;
+    let (mut prepares, mut records) = PrepareLog::open(&dir)
+        .await
+        .map_err(DaemonError::prepare_log(group, None))?;
     let log_end = log.next_offset();
     if let Some(lost) = records.iter().position(|r| r.next_offset > log_end) {
         let op = records[lost].op();
@@ -174,7 +180,7 @@ pub async fn open(
         prepares
             .truncate_after(op - 1)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(DaemonError::prepare_log(group, Some(op)))?;
         records.truncate(lost);
     }
     if let Some(last) = records.last() {
@@ -187,10 +193,11 @@ pub async fn open(
             );
             log.truncate_from(last.next_offset)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(DaemonError::journal(group, None, "segment log"))?;
         }
     }
-    let checkpoint = files::read_checkpoint(&dir).map_err(|e| e.to_string())?;
+    let checkpoint =
+        files::read_checkpoint(&dir).map_err(DaemonError::file(group, "checkpoint"))?;
     let superblock = files::read_vsr_superblock(&dir).unwrap_or_else(|error| {
         // Its promises are unknown: the group rejoins as a replacement that votes once
         // it caught up (a group of one replica has nobody to catch up from and goes on).
@@ -204,21 +211,27 @@ pub async fn open(
         (Some(checkpoint), _) => (checkpoint.op, checkpoint.position.next_offset),
         (None, Some(first)) if first.op() == 1 => (0, first.base_offset),
         (None, Some(first)) => {
-            return Err(format!(
-                "{}: prepare records start at op {} but there is no checkpoint",
-                dir.display(),
-                first.op()
-            ))
+            return Err(DaemonError::Corrupt {
+                group,
+                op: Some(first.op()),
+                detail: format!(
+                    "{}: prepare records start at this op but there is no checkpoint",
+                    dir.display()
+                ),
+            })
         }
         (None, None) => (0, log.next_offset()),
     };
     if let Some(checkpoint) = &checkpoint {
         if prepares.get(checkpoint.op).is_none() {
-            return Err(format!(
-                "{}: the checkpoint at op {} has no prepare record",
-                dir.display(),
-                checkpoint.op
-            ));
+            return Err(DaemonError::Corrupt {
+                group,
+                op: Some(checkpoint.op),
+                detail: format!(
+                    "{}: the checkpoint at this op has no prepare record",
+                    dir.display()
+                ),
+            });
         }
         records.retain(|r| r.op() >= checkpoint.op);
     }
@@ -240,28 +253,37 @@ pub async fn open(
     })
 }
 
-/// The prepare frame of a record: its header and its body (the batch read back from
-/// the log, or the inline body).
-pub fn frame_of(log: &PartitionLog, record: &Record) -> Result<FrameBuf, String> {
+/// The prepare frame of a record of partition group `group`: its header and its body
+/// (the batch read back from the log, or the inline body).
+pub fn frame_of(group: u64, log: &PartitionLog, record: &Record) -> Result<FrameBuf, DaemonError> {
+    let op = record.op();
     let mut bytes = record.header.as_bytes().to_vec();
     if record.next_offset > record.base_offset {
         let batch = log
             .read_from_offset(record.base_offset, 1)
-            .map_err(|e| e.to_string())?
+            .map_err(DaemonError::journal(group, Some(op), "batch read back"))?
             .into_iter()
             .next()
             .unwrap_or_default();
-        let info = replication::wire::batch::verify(&batch)
-            .map_err(|e| format!("batch of op {}: {e:?}", record.op()))?;
+        let info =
+            replication::wire::batch::verify(&batch).map_err(|source| DaemonError::Batch {
+                group,
+                op,
+                what: "batch read back",
+                source,
+            })?;
         if info.base_offset != record.base_offset || info.next_offset() != record.next_offset {
-            return Err(format!(
-                "op {}: the log holds offsets {}..{} where the record says {}..{}",
-                record.op(),
-                info.base_offset,
-                info.next_offset(),
-                record.base_offset,
-                record.next_offset
-            ));
+            return Err(DaemonError::Corrupt {
+                group,
+                op: Some(op),
+                detail: format!(
+                    "the log holds offsets {}..{} where the record says {}..{}",
+                    info.base_offset,
+                    info.next_offset(),
+                    record.base_offset,
+                    record.next_offset
+                ),
+            });
         }
         bytes.extend_from_slice(&batch);
     } else {

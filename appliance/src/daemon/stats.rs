@@ -31,7 +31,7 @@ pub fn start(addr: SocketAddr, shared: SharedSnapshot) -> Result<(), DaemonError
                     listener
                 }
                 Err(error) => {
-                    let _ = bound_tx.send(Err(error.to_string()));
+                    let _ = bound_tx.send(Err(journal::IntoIoError::into_io_error(error)));
                     return;
                 }
             };
@@ -43,13 +43,18 @@ pub fn start(addr: SocketAddr, shared: SharedSnapshot) -> Result<(), DaemonError
             )
             .await;
         })
-        .map_err(|e| DaemonError::Runtime(format!("stats executor: {e}")))?;
+        .map_err(DaemonError::start("stats executor"))?;
     match bound_rx.recv() {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(error)) => Err(DaemonError::Runtime(format!(
-            "cannot listen on {addr} (http): {error}"
-        ))),
-        Err(_) => Err(DaemonError::Runtime("stats executor exited".into())),
+        Ok(Err(source)) => Err(DaemonError::Listen {
+            what: "http",
+            addr,
+            source,
+        }),
+        Err(_) => Err(DaemonError::Start {
+            what: "stats executor",
+            source: std::io::Error::other("it exited before it listened"),
+        }),
     }
 }
 

@@ -65,13 +65,17 @@ pub fn is_no_space(text: &str) -> bool {
         .any(|code| text.contains(&format!("(os error {code})")))
 }
 
-/// A partition group's IO error: the stop of that group when the disk is full, else a
-/// runtime failure.
-pub(super) fn no_space_or_runtime(group: u64, error: String) -> DaemonError {
-    if is_no_space(&error) {
-        DaemonError::NoSpace { group, what: error }
-    } else {
-        DaemonError::Runtime(error)
+impl DaemonError {
+    /// A partition group's IO error: the stop of that group when it met a full disk,
+    /// else the error itself.
+    pub(super) fn stops_group_when_full(self) -> DaemonError {
+        match self.group() {
+            Some(group) if is_no_space(&self.to_string()) => DaemonError::NoSpace {
+                group,
+                source: Some(Box::new(self)),
+            },
+            _ => self,
+        }
     }
 }
 
@@ -200,7 +204,7 @@ impl StorageState {
 
     /// A write met a full disk (`what` says which): writes are refused and the reserve
     /// goes back to the file system, so consensus writes find room.
-    pub fn on_no_space(&mut self, what: &str) {
+    pub fn on_no_space(&mut self, what: impl std::fmt::Display) {
         self.no_space_errors += 1;
         if !self.no_space {
             tracing::error!("{what}: the disk is full; writes refused until space returns");
@@ -275,15 +279,25 @@ impl Node {
         result: Result<(), DaemonError>,
     ) -> Result<(), DaemonError> {
         match result {
-            Err(DaemonError::NoSpace { group, what }) => {
+            Err(DaemonError::NoSpace { group, source }) => {
                 if !self.stopping.contains(&group) && !self.paused.contains_key(&group) {
-                    self.storage
-                        .on_no_space(&format!("partition group {group}: {what}"));
+                    self.note_no_space(group, source.as_deref());
                 }
                 self.stopping.insert(group);
                 Ok(())
             }
             other => other,
+        }
+    }
+
+    /// Tells the storage state that a write of `group` met a full disk (`source`: the
+    /// write's error, when the group has it).
+    fn note_no_space(&mut self, group: u64, source: Option<&DaemonError>) {
+        match source {
+            Some(source) => self.storage.on_no_space(source),
+            None => self
+                .storage
+                .on_no_space(format_args!("partition group {group}: a journal write")),
         }
     }
 
@@ -367,8 +381,7 @@ impl Node {
             match self.start_partition_group(key, group).await {
                 Ok(()) => tracing::info!(group, ?key, "partition group restarted: space returned"),
                 Err(error) if is_no_space(&error.to_string()) => {
-                    self.storage
-                        .on_no_space(&format!("restarting partition group {group}: {error}"));
+                    self.storage.on_no_space(format_args!("restarting {error}"));
                     self.paused.insert(group, key);
                 }
                 Err(error) => return Err(error),
@@ -381,12 +394,11 @@ impl Node {
     /// goes back to the file system and the write runs once more.
     pub(super) fn with_room<T>(
         &mut self,
-        what: &str,
-        mut write: impl FnMut() -> Result<T, String>,
-    ) -> Result<T, String> {
+        mut write: impl FnMut() -> Result<T, DaemonError>,
+    ) -> Result<T, DaemonError> {
         match write() {
-            Err(error) if is_no_space(&error) => {
-                self.storage.on_no_space(&format!("{what}: {error}"));
+            Err(error) if is_no_space(&error.to_string()) => {
+                self.storage.on_no_space(&error);
                 write()
             }
             other => other,
@@ -401,9 +413,8 @@ impl Node {
         error: DaemonError,
     ) -> Result<(), DaemonError> {
         match error {
-            DaemonError::NoSpace { what, .. } => {
-                self.storage
-                    .on_no_space(&format!("partition group {group} checkpoint: {what}"));
+            DaemonError::NoSpace { source, .. } => {
+                self.note_no_space(group, source.as_deref());
                 self.reject("partition_checkpoint_no_space");
                 Ok(())
             }

@@ -189,20 +189,20 @@ impl Node {
             if !self.superblocks.holds(group) {
                 continue;
             }
-            let outcome = outcome.map_err(|e| e.to_string()).or_else(|error| {
-                if !super::storage::is_no_space(&error) {
+            let fail = DaemonError::file(group, "partition VSR superblock");
+            let outcome = outcome.map_err(fail).or_else(|error| {
+                if !super::storage::is_no_space(&error.to_string()) {
                     return Err(error);
                 }
                 // As `with_room`: the reserve goes back to the file system, once more.
-                self.storage
-                    .on_no_space(&format!("partition VSR superblock: {error}"));
-                files::write_vsr_superblock(&dir, &superblock).map_err(|e| e.to_string())
+                self.storage.on_no_space(&error);
+                files::write_vsr_superblock(&dir, &superblock).map_err(fail)
             });
             match outcome {
                 Ok(()) => self.superblocks.release(group),
                 Err(error) => {
                     self.superblocks.held.remove(&group);
-                    self.absorb_no_space(Err(super::storage::no_space_or_runtime(group, error)))?;
+                    self.absorb_no_space(Err(error.stops_group_when_full()))?;
                 }
             }
         }
@@ -217,7 +217,11 @@ impl Node {
         while self.superblocks.holds(group) {
             self.superblocks.start_rounds();
             let Some(done) = self.superblocks.done.recv().await else {
-                return Err(DaemonError::Runtime("superblock completions closed".into()));
+                return Err(DaemonError::Internal {
+                    group,
+                    op: None,
+                    detail: "superblock completions closed",
+                });
             };
             self.on_superblocks_done(done)?;
         }

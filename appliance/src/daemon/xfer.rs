@@ -45,6 +45,7 @@ use zerocopy::FromBytes;
 
 use super::files::{self, ClientTableArtifact, StoredCheckpoint};
 use super::prepares::{self, PrepareLog};
+use super::DaemonError;
 use crate::stats::StateTransferStats;
 
 /// The statexfer executor's tick (fetcher stall detection, progress publishing).
@@ -226,7 +227,7 @@ pub fn start(
     inbox: SharedReceiver<ToXfer>,
     outbox: SharedSender<FromXfer>,
     stats: Arc<Mutex<StateTransferStats>>,
-) -> Result<(), String> {
+) -> Result<(), DaemonError> {
     journal::runtime::executor_builder()
         .name("statexfer")
         .spawn(move || async move {
@@ -270,7 +271,7 @@ pub fn start(
             }
         })
         .map(|_| ())
-        .map_err(|e| format!("statexfer executor: {e}"))
+        .map_err(DaemonError::start("statexfer executor"))
 }
 
 /// The nice value of the statexfer thread: its bulk work (hashing, verifying a staged
@@ -1238,7 +1239,10 @@ impl Xfer {
                         Err(error) => {
                             self.totals.transfers_failed += 1;
                             let _ = statexfer::install::recover(&staging);
-                            self.send(FromXfer::FetchFailed { group, error });
+                            self.send(FromXfer::FetchFailed {
+                                group,
+                                error: error.to_string(),
+                            });
                         }
                     }
                 }
@@ -1298,14 +1302,14 @@ impl Xfer {
 }
 
 /// Syncs every staged artifact and the staging directory.
-fn sync_staged(staging: &Path, manifest: &Manifest) -> Result<(), String> {
+fn sync_staged(staging: &Path, manifest: &Manifest) -> Result<(), DaemonError> {
     for index in 0..manifest.entries.len() as u32 {
         let path = staging.join(artifact_file(index));
         File::open(&path)
             .and_then(|f| f.sync_all())
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(DaemonError::io("sync", &path))?;
     }
-    fsync_dir(staging).map_err(|e| format!("{}: {e}", staging.display()))
+    fsync_dir(staging).map_err(DaemonError::io("sync", staging))
 }
 
 /// Turns a verified partition transfer into a partition directory: segment files under
@@ -1317,57 +1321,78 @@ async fn materialize_partition(
     manifest: &Manifest,
     group: u64,
     config: PartitionConfig,
-) -> Result<(), String> {
-    let fail = |what: &str, e: &dyn core::fmt::Display| format!("{what}: {e}");
+) -> Result<(), DaemonError> {
+    let corrupt = |op: Option<u64>, detail: String| DaemonError::Corrupt { group, op, detail };
     let mut checkpoint = None;
     for (index, entry) in manifest.entries.iter().enumerate() {
         let path = staging.join(artifact_file(index as u32));
         match entry.kind {
             ArtifactKind::SegmentLog => {
                 let target = staging.join(segment_file_name(entry.frontier, "log"));
-                std::fs::rename(&path, &target).map_err(|e| fail("segment", &e))?;
+                std::fs::rename(&path, &target).map_err(DaemonError::io("segment", &path))?;
             }
             ArtifactKind::ConsumerOffsets => {
-                let bytes = std::fs::read(&path).map_err(|e| fail("offsets", &e))?;
-                journal::segment::offsets::decode(&bytes).map_err(|e| fail("offsets", &e))?;
+                let bytes = std::fs::read(&path).map_err(DaemonError::io("offsets", &path))?;
+                journal::segment::offsets::decode(&bytes)
+                    .map_err(|e| corrupt(None, format!("offsets: {e}")))?;
                 let target = staging.join(journal::segment::offsets::OFFSETS_FILE);
-                std::fs::rename(&path, &target).map_err(|e| fail("offsets", &e))?;
+                std::fs::rename(&path, &target).map_err(DaemonError::io("offsets", &path))?;
             }
             ArtifactKind::ClientTable => {
-                let bytes = std::fs::read(&path).map_err(|e| fail("client table", &e))?;
-                std::fs::remove_file(&path).map_err(|e| fail("client table", &e))?;
+                let bytes = std::fs::read(&path).map_err(DaemonError::io("client table", &path))?;
+                std::fs::remove_file(&path).map_err(DaemonError::io("client table", &path))?;
                 checkpoint = Some(
-                    ClientTableArtifact::decode(&bytes).map_err(|e| fail("client table", &e))?,
+                    ClientTableArtifact::decode(&bytes)
+                        .map_err(|e| corrupt(None, format!("client table: {e}")))?,
                 );
             }
             ArtifactKind::MetadataSnapshot => {
-                return Err("a partition transfer carried a metadata snapshot".into())
+                return Err(corrupt(
+                    None,
+                    "a partition transfer carried a metadata snapshot".into(),
+                ))
             }
         }
     }
-    let checkpoint = checkpoint.ok_or("the transfer carried no client table")?;
+    let checkpoint =
+        checkpoint.ok_or_else(|| corrupt(None, "the transfer carried no client table".into()))?;
+    let op = Some(checkpoint.op);
     if checkpoint.position.partition_id != group {
-        return Err(format!(
-            "the checkpoint belongs to group {}, not {group}",
-            checkpoint.position.partition_id
+        return Err(corrupt(
+            op,
+            format!(
+                "the checkpoint belongs to group {}, not {group}",
+                checkpoint.position.partition_id
+            ),
         ));
     }
     let (header, body) = PrepareHeader::read_from_prefix(&checkpoint.anchor)
-        .map_err(|_| "the anchor is not a prepare".to_string())?;
+        .map_err(|_| corrupt(op, "the anchor is not a prepare".into()))?;
     if header.op != checkpoint.op {
-        return Err(format!(
-            "the anchor is op {}, the checkpoint op {}",
-            header.op, checkpoint.op
+        return Err(corrupt(
+            op,
+            format!(
+                "the anchor is op {}, the checkpoint op {}",
+                header.op, checkpoint.op
+            ),
         ));
     }
     let body = body
         .get(..(header.frame.size as usize).saturating_sub(256))
-        .ok_or("the anchor is truncated")?;
+        .ok_or_else(|| corrupt(op, "the anchor is truncated".into()))?;
     let position = checkpoint.position;
     let record = if header.operation == Operation::SendMessages as u8 {
-        let info = batch::verify(body).map_err(|e| format!("anchor batch: {e:?}"))?;
+        let info = batch::verify(body).map_err(|source| DaemonError::Batch {
+            group,
+            op: checkpoint.op,
+            what: "anchor batch",
+            source,
+        })?;
         if info.next_offset() != position.next_offset {
-            return Err("the anchor batch does not end at the checkpoint position".into());
+            return Err(corrupt(
+                op,
+                "the anchor batch does not end at the checkpoint position".into(),
+            ));
         }
         prepares::Record {
             header,
@@ -1387,23 +1412,31 @@ async fn materialize_partition(
     };
     let (log, _) = PartitionLog::open(staging, group, config)
         .await
-        .map_err(|e| fail("staged log", &e))?;
+        .map_err(DaemonError::journal(group, None, "staged log"))?;
     let end = log.next_offset();
-    log.close().await.map_err(|e| fail("staged log", &e))?;
+    log.close()
+        .await
+        .map_err(DaemonError::journal(group, None, "staged log"))?;
     if end != position.next_offset {
-        return Err(format!(
-            "the staged log ends at offset {end}, the checkpoint at {}",
-            position.next_offset
+        return Err(corrupt(
+            op,
+            format!(
+                "the staged log ends at offset {end}, the checkpoint at {}",
+                position.next_offset
+            ),
         ));
     }
     let (mut records, _) = PrepareLog::open(staging)
         .await
-        .map_err(|e| fail("prepare log", &e))?;
+        .map_err(DaemonError::prepare_log(group, op))?;
     records
         .append(&record)
         .await
-        .map_err(|e| fail("prepare log", &e))?;
-    records.close().await.map_err(|e| fail("prepare log", &e))?;
+        .map_err(DaemonError::prepare_log(group, op))?;
+    records
+        .close()
+        .await
+        .map_err(DaemonError::prepare_log(group, op))?;
     files::write_checkpoint(
         staging,
         &StoredCheckpoint {
@@ -1412,13 +1445,13 @@ async fn materialize_partition(
             clients: checkpoint.clients,
         },
     )
-    .map_err(|e| fail("checkpoint", &e))?;
+    .map_err(DaemonError::file(group, "checkpoint"))?;
     // Data syncs only: the directory sync below makes the names durable, and a file
     // whose data the sink already synced costs nothing (a full fsync would commit the
     // filesystem journal once per file for the timestamps alone, each commit a disk
     // flush the cluster's own fsyncs queue behind). Segment indexes are rebuilt if lost,
     // so, as in the live log, they are not synced.
-    let entries = std::fs::read_dir(staging).map_err(|e| fail("staging", &e))?;
+    let entries = std::fs::read_dir(staging).map_err(DaemonError::io("staging", staging))?;
     for entry in entries.filter_map(|e| e.ok()) {
         let path = entry.path();
         let extension = path.extension().and_then(|e| e.to_str());
@@ -1427,9 +1460,9 @@ async fn materialize_partition(
         }
         File::open(&path)
             .and_then(|f| f.sync_data())
-            .map_err(|e| fail("sync", &e))?;
+            .map_err(DaemonError::io("sync", &path))?;
     }
-    fsync_dir(staging).map_err(|e| fail("staging", &e))
+    fsync_dir(staging).map_err(DaemonError::io("staging", staging))
 }
 
 #[cfg(test)]

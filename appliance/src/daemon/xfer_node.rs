@@ -176,7 +176,7 @@ impl Node {
 
     /// Puts the prepare of a partition group's commit point back in memory when it left
     /// (`release_anchors`), read back from its prepare record and segment log.
-    fn restore_anchor(&mut self, group: u64) -> Result<(), String> {
+    fn restore_anchor(&mut self, group: u64) -> Result<(), DaemonError> {
         let (Some(replica), Some(partition)) =
             (self.groups.get(group), self.partitions.by_group.get(&group))
         else {
@@ -188,14 +188,18 @@ impl Node {
         let record = partition
             .prepares
             .read_record(op)
-            .map_err(|e| e.to_string())?;
-        let frame = super::partitions::frame_of(&partition.log, &record)?;
+            .map_err(DaemonError::prepare_log(group, Some(op)))?;
+        let frame = super::partitions::frame_of(group, &partition.log, &record)?;
         let restored = self
             .groups
             .get_mut(group)
             .is_some_and(|replica| replica.restore_anchor(frame.as_bytes()));
         if !restored {
-            return Err(format!("op {op} read back is not the committed prepare"));
+            return Err(DaemonError::Corrupt {
+                group,
+                op: Some(op),
+                detail: "the prepare read back is not the committed one".into(),
+            });
         }
         Ok(())
     }
@@ -337,11 +341,11 @@ impl Node {
         }
         let live = partition.dir.clone();
         let key = partition.key;
-        let fatal =
-            |e: String| Refusal::Fatal(DaemonError::Runtime(format!("partition {key:?}: {e}")));
+        let fatal = |what| move |e| Refusal::Fatal(DaemonError::file(group, what)(e));
         // This replica's view promises move to the new directory.
-        let superblock = files::read_vsr_superblock(&live).map_err(|e| fatal(e.to_string()))?;
-        files::write_vsr_superblock(staging, &superblock).map_err(|e| fatal(e.to_string()))?;
+        let superblock = files::read_vsr_superblock(&live).map_err(fatal("VSR superblock"))?;
+        files::write_vsr_superblock(staging, &superblock)
+            .map_err(fatal("staged VSR superblock"))?;
         // Its files close: no journal IO of the group may be in flight.
         self.drain_lane(group).await.map_err(Refusal::Fatal)?;
         let Some(partition) = self.partitions.by_group.remove(&group) else {
@@ -351,12 +355,12 @@ impl Node {
             .prepares
             .close()
             .await
-            .map_err(|e| fatal(e.to_string()))?;
+            .map_err(|e| Refusal::Fatal(DaemonError::prepare_log(group, None)(e)))?;
         partition
             .log
             .close()
             .await
-            .map_err(|e| fatal(e.to_string()))?;
+            .map_err(|e| Refusal::Fatal(DaemonError::journal(group, None, "partition close")(e)))?;
         let swapped = statexfer::install::swap(staging, &live, false);
         if let Err(error) = &swapped {
             tracing::error!(group, %error, "state transfer: swap failed; reopening the old state");
@@ -377,8 +381,6 @@ impl Node {
         commit_op: u64,
         manifest: &Manifest,
     ) -> Result<(), Refusal> {
-        let fatal =
-            |e: String| Refusal::Fatal(DaemonError::Runtime(format!("metadata install: {e}")));
         let skip = |e: String| Refusal::Skip(e);
         if self.metadata_applied >= commit_op {
             return Err(skip(format!(
@@ -407,8 +409,9 @@ impl Node {
         let anchor = PrepareHeader::read_from_prefix(&table.anchor)
             .map(|(header, body)| Frame::build(&header, body))
             .map_err(|_| skip("the anchor is not a prepare".into()))?;
-        let superblock = files::read_vsr_superblock(&self.settings.data_dir)
-            .map_err(|e| fatal(e.to_string()))?;
+        let superblock = files::read_vsr_superblock(&self.settings.data_dir).map_err(|e| {
+            Refusal::Fatal(DaemonError::file(METADATA_GROUP, "metadata install")(e))
+        })?;
         let checkpoint = vsr::Checkpoint {
             op: commit_op,
             anchor,
@@ -437,7 +440,13 @@ impl Node {
         self.data
             .install_checkpoint(commit_op, &payload)
             .await
-            .map_err(|e| fatal(e.to_string()))?;
+            .map_err(|e| {
+                Refusal::Fatal(DaemonError::journal(
+                    METADATA_GROUP,
+                    Some(commit_op),
+                    "metadata install",
+                )(e))
+            })?;
         let _ = statexfer::install::recover(staging);
         for peer in (0..self.settings.replica_count).filter(|p| *p != self.settings.replica) {
             replica.set_connected(peer, self.bus.is_connected(peer));

@@ -109,7 +109,7 @@ fn staged_batches_and_inline_ops_are_recorded_in_order_up_to_a_refused_batch() {
         assert_eq!((entry(3).base_offset, entry(3).next_offset), (3, 5));
         assert_eq!(entry(3).identity, staged[2].1.checksum());
         assert!(partition.prepares.get(4).is_none());
-        partition.journal_syncer().await.unwrap();
+        partition.journal_syncer(group).await.unwrap();
         partition.log.note_synced();
         partition.log.close().await.unwrap();
         partition.prepares.close().await.unwrap();

@@ -235,15 +235,15 @@ impl Node {
         let mut outcomes = Vec::with_capacity(writes.len());
         for (r, _, written) in writes {
             let fail = DaemonError::file(r.group, "partition checkpoint");
-            let written = match written {
-                Err(error) if super::storage::is_no_space(&error.to_string()) => {
+            let written = match written.map_err(fail) {
+                Err(error) if error.is_no_space() => {
                     // The reserve goes back to the file system, and the write is tried
                     // once more on its own: retention waits for this checkpoint to free
                     // the disk.
                     let (dir, stored) = (&r.dir, &r.stored);
                     self.with_room(|| files::write_checkpoint(dir, stored).map_err(fail))
                 }
-                written => written.map_err(fail),
+                written => written,
             };
             let written = written.map_err(DaemonError::stops_group_when_full);
             outcomes.push((r.group, r.stored.op, written));

@@ -41,12 +41,16 @@ pub enum FileError {
 }
 
 impl FileError {
-    /// The same error again (one failed sync fails every write it was to cover).
+    /// The same error again (one failed sync fails every write it was to cover), with
+    /// its OS code when it has one (a full disk is read from it).
     pub fn duplicate(&self) -> FileError {
         match self {
             FileError::Io { path, error } => FileError::Io {
                 path: path.clone(),
-                error: std::io::Error::new(error.kind(), error.to_string()),
+                error: match error.raw_os_error() {
+                    Some(code) => std::io::Error::from_raw_os_error(code),
+                    None => std::io::Error::new(error.kind(), error.to_string()),
+                },
             },
             FileError::Corrupt { path, reason } => FileError::Corrupt {
                 path: path.clone(),

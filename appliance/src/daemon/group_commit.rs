@@ -349,7 +349,7 @@ impl Node {
                 }
                 if let Err(error) = partition.log.roll().await {
                     let error = DaemonError::journal(group, None, "segment roll")(error);
-                    if super::storage::is_no_space(&error.to_string()) {
+                    if error.is_no_space() {
                         self.fail_lane(group, &error);
                         return Ok(());
                     }
@@ -436,11 +436,11 @@ impl Node {
                 self.partitions.prepares_open.insert(group);
                 Ok(true)
             }
-            Err(error) if super::system::out_of_open_files(&error.to_string()) => {
+            Err(error) if error.is_out_of_open_files() => {
                 self.out_of_open_files(&error);
                 Ok(false)
             }
-            Err(error) if super::storage::is_no_space(&error.to_string()) => {
+            Err(error) if error.is_no_space() => {
                 self.fail_lane(group, &error);
                 Ok(false)
             }
@@ -453,10 +453,7 @@ impl Node {
     pub(super) fn on_io_done(&mut self, done: IoDone) -> Result<(), DaemonError> {
         let group = done.group;
         let failed = self.lane_failed(group);
-        let no_space = done
-            .result
-            .as_ref()
-            .is_err_and(|e| super::storage::is_no_space(&e.to_string()));
+        let no_space = done.result.as_ref().is_err_and(|e| e.is_no_space());
         if let (true, Some(lane)) = (failed || no_space, self.lanes.get_mut(&group)) {
             // A failed lane reports nothing durable, this completion included.
             match done.kind {

@@ -213,6 +213,34 @@ impl DaemonError {
         }
     }
 
+    /// The operating system's code of the IO error this one comes from, if any: the
+    /// first io::Error down the `source` chain that carries one.
+    pub fn os_error(&self) -> Option<i32> {
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(error) = next {
+            if let Some(code) = error
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::raw_os_error)
+            {
+                return Some(code);
+            }
+            next = error.source();
+        }
+        None
+    }
+
+    /// Whether a write met a full disk or quota (ENOSPC, EDQUOT), or a group stopped
+    /// for it.
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, DaemonError::NoSpace { .. })
+            || matches!(self.os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+    }
+
+    /// Whether the process or the system ran out of file descriptors (EMFILE, ENFILE).
+    pub fn is_out_of_open_files(&self) -> bool {
+        matches!(self.os_error(), Some(libc::EMFILE | libc::ENFILE))
+    }
+
     /// The consensus group the error happened in, if it happened in one.
     pub fn group(&self) -> Option<u64> {
         match self {
@@ -896,5 +924,109 @@ mod tests {
         assert_eq!(io.raw_os_error(), Some(libc::ENOSPC));
         assert_eq!(error.exit_code(), 1);
         assert_eq!(DaemonError::Config("bad".into()).exit_code(), 2);
+    }
+
+    fn os(code: i32) -> std::io::Error {
+        std::io::Error::from_raw_os_error(code)
+    }
+
+    /// A partition group's IO failing with `code` through each layer that meets the
+    /// disk or the descriptor table.
+    fn layered_errors(code: i32) -> Vec<DaemonError> {
+        let group = partition_group();
+        // As glommio reports a DMA file's failure (the segment log's writes and opens).
+        let dma = glommio::GlommioError::<()>::EnhancedIoError {
+            source: os(code),
+            op: "Writing",
+            path: Some(PathBuf::from("/d/00000000000000318000.log")),
+            fd: Some(7),
+        };
+        vec![
+            DaemonError::journal(group, Some(3), "journal write")(JournalError::io(
+                "write",
+                "/d/00000000000000318000.log",
+                dma,
+            )),
+            DaemonError::journal(group, None, "consumer offsets sync")(JournalError::io(
+                "write",
+                "/d/consumer-offsets.tmp",
+                os(code),
+            )),
+            DaemonError::file(group, "partition checkpoint")(files::FileError::Io {
+                path: "/d/vsr-checkpoint".into(),
+                error: os(code),
+            }),
+            // One failed shared sync fails each write it was to cover.
+            DaemonError::file(group, "partition VSR superblock")(
+                files::FileError::Io {
+                    path: "/d".into(),
+                    error: os(code),
+                }
+                .duplicate(),
+            ),
+            DaemonError::prepare_log(group, None)(prepares::PrepareLogError::Io {
+                op: "open",
+                path: "/d/vsr-prepares".into(),
+                source: os(code),
+            }),
+            DaemonError::Io {
+                what: "sync",
+                path: "/d".into(),
+                source: os(code),
+            },
+        ]
+    }
+
+    #[test]
+    fn a_full_disk_and_running_out_of_descriptors_are_read_from_the_os_code() {
+        // (code, a full disk, out of descriptors)
+        let cases = [
+            (libc::ENOSPC, true, false),
+            (libc::EDQUOT, true, false),
+            (libc::EMFILE, false, true),
+            (libc::ENFILE, false, true),
+            (libc::EIO, false, false),
+        ];
+        for (code, full, out_of_files) in cases {
+            for error in layered_errors(code) {
+                assert_eq!(error.os_error(), Some(code), "{error}");
+                assert_eq!(error.is_no_space(), full, "{error}");
+                assert_eq!(error.is_out_of_open_files(), out_of_files, "{error}");
+            }
+        }
+        let text = DaemonError::Corrupt {
+            group: partition_group(),
+            op: None,
+            detail: "No space left on device (os error 28)".into(),
+        };
+        assert!(!text.is_no_space(), "a message is not an OS code");
+        let lane = DaemonError::NoSpace {
+            group: partition_group(),
+            source: None,
+        };
+        assert!(lane.is_no_space() && !lane.is_out_of_open_files());
+    }
+
+    #[test]
+    fn a_full_disk_stops_the_group_and_any_other_error_passes() {
+        for error in layered_errors(libc::ENOSPC) {
+            let text = error.to_string();
+            match error.stops_group_when_full() {
+                DaemonError::NoSpace {
+                    group,
+                    source: Some(source),
+                } => {
+                    assert_eq!(group, partition_group());
+                    assert_eq!(source.to_string(), text);
+                }
+                // Not a group's: nothing to stop.
+                DaemonError::Io { .. } => {}
+                other => panic!("not a group's stop: {other}"),
+            }
+        }
+        for error in layered_errors(libc::EIO) {
+            let passed = error.stops_group_when_full();
+            assert!(!matches!(passed, DaemonError::NoSpace { .. }), "{passed}");
+        }
     }
 }

@@ -1317,7 +1317,7 @@ impl Node {
             }
             match self.start_partition_group(key, group).await {
                 Ok(()) => self.open_files_exhausted = false,
-                Err(error) if super::system::out_of_open_files(&error.to_string()) => {
+                Err(error) if error.is_out_of_open_files() => {
                     self.out_of_open_files(&error);
                     return Ok(());
                 }
@@ -1444,7 +1444,7 @@ impl Node {
                 self.open_files_exhausted = false;
                 self.install_partition_group(group, opened, &entries)
             }
-            Err(error) if super::system::out_of_open_files(&error.to_string()) => {
+            Err(error) if error.is_out_of_open_files() => {
                 self.out_of_open_files(&error);
                 Ok(())
             }
@@ -1598,7 +1598,7 @@ impl Node {
             .await
             .map_err(fail);
         if let Err(error) = &written {
-            if !super::storage::is_no_space(&error.to_string()) {
+            if !error.is_no_space() {
                 return written.map(|_| ());
             }
             // The reserve is this write's room (storage.rs); without it, the next tick
@@ -1612,7 +1612,7 @@ impl Node {
         }
         let info = match written {
             Ok(info) => info,
-            Err(error) if super::storage::is_no_space(&error.to_string()) => {
+            Err(error) if error.is_no_space() => {
                 self.reject("metadata_checkpoint_no_space");
                 return Ok(());
             }
@@ -1802,14 +1802,5 @@ mod tests {
             0,
             "below the reserve"
         );
-        assert!(super::super::system::out_of_open_files(
-            "read x: Too many open files (os error 24)"
-        ));
-        assert!(super::super::system::out_of_open_files(
-            "open y: Too many open files in system (os error 23)"
-        ));
-        assert!(!super::super::system::out_of_open_files(
-            "write z: No space left on device (os error 28)"
-        ));
     }
 }

@@ -57,20 +57,12 @@ impl Full {
     }
 }
 
-/// Whether an error's text is the operating system's "no space" (ENOSPC, EDQUOT): IO
-/// errors reach the node loop as text, and an OS error always ends in "(os error N)".
-pub fn is_no_space(text: &str) -> bool {
-    [libc::ENOSPC, libc::EDQUOT]
-        .iter()
-        .any(|code| text.contains(&format!("(os error {code})")))
-}
-
 impl DaemonError {
     /// A partition group's IO error: the stop of that group when it met a full disk,
     /// else the error itself.
     pub(super) fn stops_group_when_full(self) -> DaemonError {
         match self.group() {
-            Some(group) if is_no_space(&self.to_string()) => DaemonError::NoSpace {
+            Some(group) if self.is_no_space() => DaemonError::NoSpace {
                 group,
                 source: Some(Box::new(self)),
             },
@@ -380,7 +372,7 @@ impl Node {
             self.lanes.remove(&group);
             match self.start_partition_group(key, group).await {
                 Ok(()) => tracing::info!(group, ?key, "partition group restarted: space returned"),
-                Err(error) if is_no_space(&error.to_string()) => {
+                Err(error) if error.is_no_space() => {
                     self.storage.on_no_space(format_args!("restarting {error}"));
                     self.paused.insert(group, key);
                 }
@@ -397,7 +389,7 @@ impl Node {
         mut write: impl FnMut() -> Result<T, DaemonError>,
     ) -> Result<T, DaemonError> {
         match write() {
-            Err(error) if is_no_space(&error.to_string()) => {
+            Err(error) if error.is_no_space() => {
                 self.storage.on_no_space(&error);
                 write()
             }
@@ -434,18 +426,6 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn no_space_is_read_from_the_os_error_code() {
-        assert!(is_no_space(
-            "write /d/00000000000000318000.log: No space left on device (os error 28)"
-        ));
-        assert!(is_no_space(
-            "fdatasync x: Disk quota exceeded (os error 122)"
-        ));
-        assert!(!is_no_space("write x: Input/output error (os error 5)"));
-        assert!(!is_no_space("write x: (os error 280)"));
-    }
 
     fn budget(min_free: u64, max_used: u64, reserve: u64) -> Budget {
         Budget {

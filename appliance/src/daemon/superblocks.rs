@@ -191,7 +191,7 @@ impl Node {
             }
             let fail = DaemonError::file(group, "partition VSR superblock");
             let outcome = outcome.map_err(fail).or_else(|error| {
-                if !super::storage::is_no_space(&error.to_string()) {
+                if !error.is_no_space() {
                     return Err(error);
                 }
                 // As `with_room`: the reserve goes back to the file system, once more.

@@ -140,12 +140,6 @@ pub fn open_files_limit() -> u64 {
     nofile().map_or(0, |limit| limit.rlim_cur)
 }
 
-/// Whether an error (as the daemon words it) is the process or system running out of
-/// file descriptors (EMFILE, ENFILE).
-pub fn out_of_open_files(error: &str) -> bool {
-    error.contains("(os error 24)") || error.contains("(os error 23)")
-}
-
 /// Raises RLIMIT_MEMLOCK for glommio's io memory when allowed; returns the io memory to
 /// configure: the configured amount if the limit allows it, else the journal crate's
 /// small default that fits the usual 8 MiB limit.

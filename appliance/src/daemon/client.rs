@@ -2,7 +2,7 @@
 //! replicated requests handed to the group's primary (metadata requests prepared by the
 //! state machine first), and reads served from committed state only.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use replication::bus::{ClientId, VerifiedFrame};
 use replication::vsr::RequestOutcome;
@@ -10,20 +10,15 @@ use replication::wire::{
     batch, Frame, Header, Operation, PartitionKey, ReplyHeader, RequestHeader, METADATA_GROUP,
 };
 
-use super::node::{Event, Node};
+use super::node::Node;
 use crate::protocol::codec::Writer;
 use crate::protocol::options::{self, OptionRefusal, TopicOptions};
 use crate::protocol::reply::{
     with_result_section, ClusterMetadataReply, GroupInfo, ListTopicsReply, NodeInfo,
     PartitionRange, TopicInfo, PRIMARY_UNKNOWN,
 };
-use crate::protocol::{ClientRequest, Credentials, Status};
-use crate::state::{auth, Caller, MetadataOp, PasswordWork, Right};
-
-/// A failed login is answered after this delay (slows password guessing).
-pub const LOGIN_FAILURE_DELAY: Duration = Duration::from_millis(500);
-/// Password checks queued on the blocking pool at once; more are answered Unavailable.
-pub const LOGINS_IN_FLIGHT_MAX: usize = 16;
+use crate::protocol::{ClientRequest, Status};
+use crate::state::{auth, Caller, MetadataOp, Right};
 
 /// Client ids of the internal auto-commit writes: this minus the replica id.
 pub const AUTO_COMMIT_CLIENT: u128 = u128::MAX;
@@ -95,7 +90,7 @@ pub(super) fn now_us() -> u64 {
 
 impl Node {
     /// A reply the client plane builds itself (errors, reads, redirects).
-    fn reply(&self, request: &RequestHeader, status: Status, body: &[u8]) -> Frame {
+    pub(super) fn reply(&self, request: &RequestHeader, status: Status, body: &[u8]) -> Frame {
         let header = self.reply_header(request, status);
         match status {
             Status::PipelineFull => {
@@ -170,7 +165,7 @@ impl Node {
     /// Whether one more request that stays in flight (a login, a replicated request of
     /// a client id with none pending) fits limits.requests_in_flight_per_session;
     /// refused and counted when not.
-    fn admit_in_flight(
+    pub(super) fn admit_in_flight(
         &mut self,
         connection: ClientId,
         header: &RequestHeader,
@@ -227,49 +222,10 @@ impl Node {
             }
             _ => {}
         }
-        let entry = self.connections.entry(connection).or_default();
-        match &request {
-            ClientRequest::Login {
-                username, password, ..
-            } => {
-                entry.user = None;
-                if self.admit_in_flight(connection, &header, true) {
-                    self.start_login(connection, &header, username, password, true);
-                }
-                return;
-            }
-            ClientRequest::Register {
-                version,
-                credentials,
-                ..
-            } => {
-                entry.user = None;
-                if !crate::protocol::request::protocol_compatible(version.protocol_version) {
-                    self.reject("protocol_incompatible");
-                    return self.answer(connection, &header, Status::IncompatibleProtocol, &[]);
-                }
-                if !self.admit_in_flight(connection, &header, true) {
-                    return;
-                }
-                match credentials {
-                    Credentials::Password { username, password } => {
-                        self.start_login(connection, &header, username, password, true);
-                    }
-                    Credentials::Token(token) => {
-                        self.token_login(connection, &header, token, true);
-                    }
-                }
-                return;
-            }
-            ClientRequest::LoginWithToken { token } => {
-                entry.user = None;
-                if self.admit_in_flight(connection, &header, true) {
-                    self.token_login(connection, &header, token, true);
-                }
-                return;
-            }
-            _ => {}
+        if self.on_login_request(connection, &header, &request) {
+            return;
         }
+        let entry = self.connections.entry(connection).or_default();
         let Some(user) = entry.user else {
             self.reject("unauthenticated");
             return self.answer(connection, &header, Status::Unauthenticated, &[]);
@@ -287,11 +243,23 @@ impl Node {
             );
         }
         self.client_connections.insert(header.client, connection);
+        self.on_request(connection, &header, user, operation, &request);
+    }
+
+    /// A request of a logged-in user of an active account.
+    fn on_request(
+        &mut self,
+        connection: ClientId,
+        header: &RequestHeader,
+        user: u32,
+        operation: Operation,
+        request: &ClientRequest<'_>,
+    ) {
         let caller = Caller {
             user_id: user,
             client: header.client,
         };
-        match &request {
+        match request {
             ClientRequest::ClusterMetadata
             | ClientRequest::ClusterNodes
             | ClientRequest::GetStream { .. }
@@ -303,17 +271,17 @@ impl Node {
             | ClientRequest::ListStreams
             | ClientRequest::ListTopics { .. }
             | ClientRequest::GetConsumerOffset { .. } => {
-                let (status, body) = self.read(user, &request);
-                self.answer(connection, &header, status, &body);
+                let (status, body) = self.read(user, request);
+                self.answer(connection, header, status, &body);
             }
             ClientRequest::PollMessages {
                 target,
                 strategy,
                 count,
                 auto_commit,
-            } => match self.poll(&header, user, target, *strategy, *count, *auto_commit) {
-                Ok(read) => self.start_poll_read(connection, &header, read),
-                Err((status, body)) => self.answer(connection, &header, status, &body),
+            } => match self.poll(header, user, target, *strategy, *count, *auto_commit) {
+                Ok(read) => self.start_poll_read(connection, header, read),
+                Err((status, body)) => self.answer(connection, header, status, &body),
             },
             ClientRequest::GetUser { .. }
             | ClientRequest::GetUsers
@@ -322,8 +290,8 @@ impl Node {
             | ClientRequest::GetClient { .. }
             | ClientRequest::GetClients
             | ClientRequest::GetStats => {
-                let (status, body) = self.user_read(user, connection, &request);
-                self.answer(connection, &header, status, &body);
+                let (status, body) = self.user_read(user, connection, request);
+                self.answer(connection, header, status, &body);
             }
             ClientRequest::CreateToken { name, expiry } => {
                 let (token, hash) = auth::new_token();
@@ -334,19 +302,19 @@ impl Node {
                     Ok(op) => {
                         self.pending_tokens.insert(hash, token);
                         let body = op.encode();
-                        self.metadata_request(connection, &header, user, op.operation(), &body);
+                        self.metadata_request(connection, header, user, op.operation(), &body);
                     }
-                    Err(status) => self.answer(connection, &header, status, &[]),
+                    Err(status) => self.answer(connection, header, status, &[]),
                 }
             }
             ClientRequest::GetPollRouting { target, .. }
             | ClientRequest::GetConsumerOffsetRouting { target } => {
-                let (status, body) = self.route(user, target, &header);
-                self.answer(connection, &header, status, &body);
+                let (status, body) = self.route(user, target, header);
+                self.answer(connection, header, status, &body);
             }
             ClientRequest::SyncConsumerGroup { group } => {
                 let (status, body) = self.group_assignment(user, group, header.client);
-                self.answer(connection, &header, status, &body);
+                self.answer(connection, header, status, &body);
             }
             ClientRequest::AttachConsumerSession {
                 client,
@@ -354,7 +322,7 @@ impl Node {
                 metadata_watermark,
             } => {
                 let status = self.attach_status(*client, *session, *metadata_watermark);
-                self.answer(connection, &header, status, &[]);
+                self.answer(connection, header, status, &[]);
             }
             ClientRequest::SendMessages {
                 stream,
@@ -364,14 +332,14 @@ impl Node {
                 batch,
             } => {
                 let Ok(info) = batch::verify(batch) else {
-                    return self.invalid(connection, &header, "batch_invalid");
+                    return self.invalid(connection, header, "batch_invalid");
                 };
                 if info.message_count != *messages_count {
-                    return self.invalid(connection, &header, "messages_count_mismatch");
+                    return self.invalid(connection, header, "messages_count_mismatch");
                 }
                 match self.send_partition(stream, topic, partitioning) {
-                    Ok(key) => self.partition_request(connection, &header, user, key, batch),
-                    Err(status) => self.answer_unresolved(connection, &header, status),
+                    Ok(key) => self.partition_request(connection, header, user, key, batch),
+                    Err(status) => self.answer_unresolved(connection, header, status),
                 }
             }
             ClientRequest::StoreConsumerOffset { target, .. }
@@ -383,88 +351,83 @@ impl Node {
                 match self.offset_target(target) {
                     Ok((key, consumer)) => {
                         let prepare = Node::offset_prepare_body(consumer, offset);
-                        self.partition_request(connection, &header, user, key, &prepare);
+                        self.partition_request(connection, header, user, key, &prepare);
                     }
-                    Err(status) => self.answer_unresolved(connection, &header, status),
+                    Err(status) => self.answer_unresolved(connection, header, status),
                 }
             }
             ClientRequest::Logout => {
-                self.metadata_request(connection, &header, user, operation, &[]);
+                self.metadata_request(connection, header, user, operation, &[]);
             }
-            _ => {
-                if let Some(refusal) = self.topic_options_refusal(&request) {
-                    self.reject("topic_option_refused");
-                    let key = refusal.key.into_bytes();
-                    return self.answer(connection, &header, refusal.status, &key);
-                }
-                // A new password's hash (and a current one's check) is Argon2 work:
-                // done on the blocking pool, never on the node loop.
-                match self.state.password_work(caller, &request, now_us()) {
-                    Ok(Some(work)) => {
-                        return self.start_password_work(connection, &header, user, work)
-                    }
-                    Ok(None) => {}
-                    Err(status) => return self.answer(connection, &header, status, &[]),
-                }
-                let prepared = self.state.prepare(caller, &request, now_us());
-                // DeleteSegments names a count; the prepare carries the offset it reaches
-                // in this node's segments.
-                let mut prepared = match (prepared, &request) {
-                    (
-                        Ok(MetadataOp::TruncatePartition { partition, .. }),
-                        ClientRequest::DeleteSegments { segments, .. },
-                    ) => match self.resolve_delete_segments(partition, *segments) {
-                        Some(first_offset) => Ok(MetadataOp::TruncatePartition {
-                            partition,
-                            first_offset,
-                        }),
-                        None if self.state.partitions().contains(&partition) => {
-                            // No sealed, committed segment to delete: nothing to do.
-                            return self.answer(connection, &header, Status::Ok, &[]);
-                        }
-                        None => Err(Status::NotFound),
-                    },
-                    (prepared, _) => prepared,
-                };
-                if let Ok(MetadataOp::Purge { partitions }) = &mut prepared {
-                    // Everything this node has committed goes.
-                    for (key, offset) in partitions.iter_mut() {
-                        let group = key.pack().ok();
-                        *offset = group
-                            .and_then(|g| self.partitions.by_group.get(&g))
-                            .map_or(0, |p| p.committed_end);
-                    }
-                }
-                if let Ok(MetadataOp::CreateTopic { first_primary, .. }) = &mut prepared {
-                    // With spreading off, node 0 first leads every partition.
-                    if !self.settings.spread_primaries {
-                        *first_primary = None;
-                    }
-                }
-                match prepared {
-                    Ok(op) => {
-                        let body = op.encode();
-                        self.metadata_request(connection, &header, user, op.operation(), &body);
-                    }
-                    Err(status) => self.answer(connection, &header, status, &[]),
-                }
-            }
+            _ => self.on_metadata_write(connection, header, user, caller, request),
         }
     }
 
-    /// A Register whose credentials checked out: the metadata primary mints the session
-    /// (a backup forwards the verified user id).
-    fn register(&mut self, connection: ClientId, header: &RequestHeader, user: u32) {
-        let table = self.metadata().map(|r| r.clients());
-        let known = table.is_some_and(|t| t.get(header.client).is_some());
-        let sessions = table.map_or(0, |t| t.len());
-        if !known && sessions >= self.settings.client_limits.sessions_max as usize {
-            // Admitted sessions are never evicted to make room for a new one.
-            self.reject("session_limit");
-            return self.refuse_limit(connection, header, "session_limit");
+    /// Any other request changes metadata: refused on its topic options, its password
+    /// work handed to the blocking pool, else prepared by the state machine (with what
+    /// only this node's segments know filled in) and sent to the metadata primary.
+    fn on_metadata_write(
+        &mut self,
+        connection: ClientId,
+        header: &RequestHeader,
+        user: u32,
+        caller: Caller,
+        request: &ClientRequest<'_>,
+    ) {
+        if let Some(refusal) = self.topic_options_refusal(request) {
+            self.reject("topic_option_refused");
+            let key = refusal.key.into_bytes();
+            return self.answer(connection, header, refusal.status, &key);
         }
-        self.client_connections.insert(header.client, connection);
-        self.metadata_request(connection, header, user, Operation::Register, &[]);
+        // A new password's hash (and a current one's check) is Argon2 work:
+        // done on the blocking pool, never on the node loop.
+        match self.state.password_work(caller, request, now_us()) {
+            Ok(Some(work)) => return self.start_password_work(connection, header, user, work),
+            Ok(None) => {}
+            Err(status) => return self.answer(connection, header, status, &[]),
+        }
+        let prepared = self.state.prepare(caller, request, now_us());
+        // DeleteSegments names a count; the prepare carries the offset it reaches
+        // in this node's segments.
+        let mut prepared = match (prepared, request) {
+            (
+                Ok(MetadataOp::TruncatePartition { partition, .. }),
+                ClientRequest::DeleteSegments { segments, .. },
+            ) => match self.resolve_delete_segments(partition, *segments) {
+                Some(first_offset) => Ok(MetadataOp::TruncatePartition {
+                    partition,
+                    first_offset,
+                }),
+                None if self.state.partitions().contains(&partition) => {
+                    // No sealed, committed segment to delete: nothing to do.
+                    return self.answer(connection, header, Status::Ok, &[]);
+                }
+                None => Err(Status::NotFound),
+            },
+            (prepared, _) => prepared,
+        };
+        if let Ok(MetadataOp::Purge { partitions }) = &mut prepared {
+            // Everything this node has committed goes.
+            for (key, offset) in partitions.iter_mut() {
+                let group = key.pack().ok();
+                *offset = group
+                    .and_then(|g| self.partitions.by_group.get(&g))
+                    .map_or(0, |p| p.committed_end);
+            }
+        }
+        if let Ok(MetadataOp::CreateTopic { first_primary, .. }) = &mut prepared {
+            // With spreading off, node 0 first leads every partition.
+            if !self.settings.spread_primaries {
+                *first_primary = None;
+            }
+        }
+        match prepared {
+            Ok(op) => {
+                let body = op.encode();
+                self.metadata_request(connection, header, user, op.operation(), &body);
+            }
+            Err(status) => self.answer(connection, header, status, &[]),
+        }
     }
 
     /// Why a CreateTopic's or UpdateTopic's options are refused, if they are: a key
@@ -500,206 +463,6 @@ impl Node {
             })
     }
 
-    /// Argon2 costs tens of milliseconds: the check runs on the blocking pool so the
-    /// replica executor keeps its heartbeats; the result comes back as an event. A
-    /// first check (`may_retry`) keeps the credentials for one retry on a backup.
-    fn start_login(
-        &mut self,
-        connection: ClientId,
-        header: &RequestHeader,
-        username: &str,
-        password: &[u8],
-        may_retry: bool,
-    ) {
-        if self.logins_in_flight >= LOGINS_IN_FLIGHT_MAX {
-            self.reject("login_busy");
-            return self.answer(connection, header, Status::Unavailable, &[]);
-        }
-        let account = self
-            .state
-            .account(username)
-            .map(|(id, hash)| (id, hash.to_owned()));
-        let retry = may_retry.then(|| {
-            Box::new(Credentials::Password {
-                username: username.to_owned(),
-                password: password.to_vec(),
-            })
-        });
-        let password = password.to_vec();
-        let check = glommio::executor().spawn_blocking(move || match account {
-            Some((id, hash)) => auth::verify_password(&password, &hash).then_some(id),
-            None => {
-                // Unknown names cost the same as known ones.
-                auth::verify_password(&password, auth::decoy_hash());
-                None
-            }
-        });
-        self.logins_in_flight += 1;
-        if let Some(entry) = self.connections.get_mut(&connection) {
-            entry.logins += 1;
-        }
-        let events = self.events.clone();
-        let request = Box::new(*header);
-        glommio::spawn_local(async move {
-            let user = check.await;
-            let _ = events.try_send(Event::LoginChecked {
-                connection,
-                request,
-                user,
-                retry: if user.is_none() { retry } else { None },
-            });
-        })
-        .detach();
-    }
-
-    /// Runs a CreateUser's or ChangePassword's Argon2 work on the blocking pool (within
-    /// the password checks' bound); the op it yields comes back as an event.
-    fn start_password_work(
-        &mut self,
-        connection: ClientId,
-        header: &RequestHeader,
-        user: u32,
-        work: PasswordWork,
-    ) {
-        if self.logins_in_flight >= LOGINS_IN_FLIGHT_MAX {
-            self.reject("login_busy");
-            return self.answer(connection, header, Status::Unavailable, &[]);
-        }
-        self.logins_in_flight += 1;
-        let done = glommio::executor().spawn_blocking(move || work.run());
-        let events = self.events.clone();
-        let request = Box::new(*header);
-        glommio::spawn_local(async move {
-            let op = Box::new(done.await);
-            let _ = events.try_send(Event::PasswordWorkDone {
-                connection,
-                request,
-                user,
-                op,
-            });
-        })
-        .detach();
-    }
-
-    pub(super) fn on_password_work_done(
-        &mut self,
-        connection: ClientId,
-        header: &RequestHeader,
-        user: u32,
-        op: Result<MetadataOp, Status>,
-    ) {
-        self.logins_in_flight = self.logins_in_flight.saturating_sub(1);
-        if !self.connections.contains_key(&connection) {
-            return; // closed meanwhile
-        }
-        match op {
-            Ok(op) => {
-                let body = op.encode();
-                self.metadata_request(connection, header, user, op.operation(), &body);
-            }
-            // A wrong current password is answered as a failed login is.
-            Err(Status::InvalidCredentials) => self.refuse_credentials(connection, header),
-            Err(status) => self.answer(connection, header, status, &[]),
-        }
-    }
-
-    /// A login with a personal access token: its hash is a lookup, not a slow check.
-    fn token_login(
-        &mut self,
-        connection: ClientId,
-        header: &RequestHeader,
-        token: &[u8],
-        may_retry: bool,
-    ) {
-        let user = self.state.token_user(&auth::token_hash(token), now_us());
-        self.logins_in_flight += 1;
-        if let Some(entry) = self.connections.get_mut(&connection) {
-            entry.logins += 1;
-        }
-        let retry =
-            (may_retry && user.is_none()).then(|| Box::new(Credentials::Token(token.to_vec())));
-        self.on_login_checked(connection, header, user, retry);
-    }
-
-    /// The second check of a login a backup failed.
-    pub(super) fn on_login_retry(
-        &mut self,
-        connection: ClientId,
-        header: &RequestHeader,
-        credentials: Credentials,
-    ) {
-        if !self.connections.contains_key(&connection) {
-            return; // closed meanwhile
-        }
-        match credentials {
-            Credentials::Password { username, password } => {
-                self.start_login(connection, header, &username, &password, false);
-            }
-            Credentials::Token(token) => self.token_login(connection, header, &token, false),
-        }
-    }
-
-    pub(super) fn on_login_checked(
-        &mut self,
-        connection: ClientId,
-        header: &RequestHeader,
-        user: Option<u32>,
-        retry: Option<Box<Credentials>>,
-    ) {
-        self.logins_in_flight = self.logins_in_flight.saturating_sub(1);
-        if let Some(entry) = self.connections.get_mut(&connection) {
-            entry.logins = entry.logins.saturating_sub(1);
-        }
-        // The user may have been deleted or deactivated while the check ran.
-        let user = user.filter(|id| self.state.is_active(*id));
-        let Some(entry) = self.connections.get_mut(&connection) else {
-            return; // closed meanwhile
-        };
-        match user {
-            Some(user) => {
-                entry.user = Some(user);
-                if header.operation == Operation::Register as u8 {
-                    self.register(connection, header, user);
-                } else {
-                    self.answer(connection, header, Status::Ok, &user.to_le_bytes());
-                }
-            }
-            None => {
-                entry.user = None;
-                let primary = self.metadata().is_some_and(|r| r.is_primary());
-                if let Some(credentials) = retry.filter(|_| !primary) {
-                    // A backup may not have applied the op that created the user or
-                    // set its password: checked once more after the failure delay.
-                    let events = self.events.clone();
-                    let request = Box::new(*header);
-                    glommio::spawn_local(async move {
-                        glommio::timer::sleep(LOGIN_FAILURE_DELAY).await;
-                        let _ = events.try_send(Event::LoginRetry {
-                            connection,
-                            request,
-                            credentials,
-                        });
-                    })
-                    .detach();
-                    return;
-                }
-                self.refuse_credentials(connection, header);
-            }
-        }
-    }
-
-    /// InvalidCredentials, counted `login_failed`, after `LOGIN_FAILURE_DELAY`.
-    fn refuse_credentials(&mut self, connection: ClientId, header: &RequestHeader) {
-        self.reject("login_failed");
-        let frame = self.reply(header, Status::InvalidCredentials, &[]);
-        let bus = self.bus.clone();
-        glommio::spawn_local(async move {
-            glommio::timer::sleep(LOGIN_FAILURE_DELAY).await;
-            let _ = bus.send_to_client(connection, frame);
-        })
-        .detach();
-    }
-
     /// The request frame the core sees: the verified user id stamped in, `body` as given.
     fn core_request(header: &RequestHeader, user: u32, body: &[u8]) -> Frame {
         let mut header = *header;
@@ -707,7 +470,7 @@ impl Node {
         Frame::build(&header, body)
     }
 
-    fn metadata_request(
+    pub(super) fn metadata_request(
         &mut self,
         connection: ClientId,
         header: &RequestHeader,

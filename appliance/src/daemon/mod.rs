@@ -24,6 +24,7 @@ mod checkpoints;
 mod client;
 mod forward;
 mod group_commit;
+mod login;
 mod messages;
 mod metadata_reads;
 mod polls;

@@ -102,3 +102,26 @@ fn a_primary_stalled_past_the_heartbeat_timeout_is_replaced() {
         );
     }
 }
+
+/// A backup skipped in the middle of a 5-replica chain still gets each prepare from its
+/// predecessor and forwards it, late, to the replica after it, which has it from the
+/// primary already: that replica receives it twice but does not send it on again, so
+/// the rest of the chain receives each prepare once.
+#[test]
+fn a_backup_skipped_mid_chain_sends_duplicates_to_one_replica_only() {
+    for (seed, group) in [(0, METADATA_GROUP), (2, partition_plane_group())] {
+        let slow = run(seed, 5, Some(2), Slowness::Paused, 300, group);
+        // Skipped for the whole run, so about one duplicate per op (two when the
+        // replica after it forwarded them again).
+        assert_eq!(slow.skips, 1, "seed {seed}: {slow:?}");
+        assert!(
+            slow.prepares_received_again <= slow.commits + slow.commits / 20,
+            "seed {seed}: {slow:?}"
+        );
+        let base = run(seed, 5, None, Slowness::Paused, 0, group);
+        assert!(
+            base.prepares_received_again <= base.commits / 100,
+            "seed {seed}: {base:?}"
+        );
+    }
+}

@@ -383,6 +383,14 @@ fn partition_prepare(group: u64, op: u64, parent: u128, base_offset: u64) -> Fra
     Frame::build(&h, &stamped_batch(group, base_offset))
 }
 
+fn prepare_op(frame: &Frame) -> u64 {
+    use zerocopy::FromBytes;
+    PrepareHeader::read_from_prefix(frame.as_bytes())
+        .expect("a prepare header")
+        .0
+        .op
+}
+
 fn journaled(replica: &mut Replica) -> Vec<u64> {
     replica
         .drain_actions()
@@ -467,6 +475,53 @@ fn a_repair_prepare_extending_the_log_is_journaled_and_acked_but_not_forwarded()
     assert!(matches!(actions[..], [Action::JournalAppend { op: 4, .. }]));
     backup.on_message(Frame::repair_of(third.as_bytes()).as_bytes());
     assert_eq!(journaled(&mut backup), vec![3]);
+}
+
+#[test]
+fn a_prepare_held_already_is_not_forwarded_again() {
+    let group = partition_group();
+    let mut backup = Replica::new(Config::new(cluster(), group, 1, 5));
+    for peer in [0, 2, 3, 4] {
+        backup.set_connected(peer, true);
+    }
+    let forwarded = |backup: &mut Replica| -> Vec<(u8, u64)> {
+        backup
+            .drain_actions()
+            .iter()
+            .filter_map(|a| match a {
+                Action::Send { to, frame } if frame.header().command == Command::Prepare as u8 => {
+                    Some((*to, prepare_op(frame)))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let first = partition_prepare(group, 1, 0, 0);
+    backup.on_message(first.as_bytes());
+    assert_eq!(forwarded(&mut backup), vec![(2, 1)]);
+    // Again before it is durable (a retransmit, or a skipped predecessor's late
+    // forward): journaled once, sent on once.
+    backup.on_message(first.as_bytes());
+    assert_eq!(forwarded(&mut backup), vec![]);
+    backup.on_journal_durable(1, first.checksum());
+    backup.drain_actions();
+    // And after: acknowledged again, not forwarded.
+    backup.on_message(first.as_bytes());
+    let actions = backup.drain_actions();
+    assert!(actions.iter().all(|a| !matches!(
+        a,
+        Action::Send { frame, .. } if frame.header().command == Command::Prepare as u8
+    )));
+    assert!(actions.iter().any(|a| matches!(
+        a,
+        Action::Send { to: 0, frame } if frame.header().command == Command::PrepareOk as u8
+    )));
+    assert_eq!(backup.counters().prepares_received_again, 2);
+    // A new op goes on down the chain, past a disconnected successor.
+    backup.set_connected(2, false);
+    let second = partition_prepare(group, 2, first.checksum(), 1);
+    backup.on_message(second.as_bytes());
+    assert_eq!(forwarded(&mut backup), vec![(3, 2)]);
 }
 
 #[test]

@@ -188,6 +188,10 @@ pub struct SlowNodeReport {
     /// Backups still skipped once the schedule ended and the cluster ran clean.
     pub skipped_at_end: u32,
     pub view_changes: u64,
+    /// Prepares the replicas received for ops they held already, during the measured
+    /// ticks: a backup skipped in the middle of the chain still forwards late what the
+    /// replica after it has from the primary.
+    pub prepares_received_again: u64,
 }
 
 /// Ticks before measuring, and after the schedule to see a skipped replica readmitted.
@@ -212,6 +216,11 @@ pub fn run_slow_node(run: SlowNodeRun) -> Result<SlowNodeReport, String> {
     let primary = cluster.primary().ok_or("no primary after the warm-up")?;
     let commit_start = cluster.replica(primary).map_or(0, |r| r.commit());
     cluster.latencies.clear();
+    let received_again = |cluster: &Cluster| -> u64 {
+        let replicas = cluster.replicas.iter().flatten();
+        replicas.map(|r| r.counters().prepares_received_again).sum()
+    };
+    let received_again_start = received_again(&cluster);
     let n = run.replica_count;
     let start = cluster.now;
     while cluster.now - start < run.ticks {
@@ -229,6 +238,7 @@ pub fn run_slow_node(run: SlowNodeRun) -> Result<SlowNodeReport, String> {
         .replica(primary)
         .map_or(0, |r| r.commit())
         .saturating_sub(commit_start);
+    let prepares_received_again = received_again(&cluster) - received_again_start;
     let mut latencies = std::mem::take(&mut cluster.latencies);
     latencies.sort_unstable();
     let at = |q: f64| -> u64 {
@@ -257,5 +267,6 @@ pub fn run_slow_node(run: SlowNodeRun) -> Result<SlowNodeReport, String> {
         readmissions,
         skipped_at_end,
         view_changes: cluster.view_changes(),
+        prepares_received_again,
     })
 }

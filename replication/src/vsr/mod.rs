@@ -279,6 +279,8 @@ pub struct Counters {
     pub state_transfers_requested: u64,
     /// Ops asked to be journaled again because they were never reported durable.
     pub journal_again: u64,
+    /// Prepares received for ops held already (not forwarded down the chain again).
+    pub prepares_received_again: u64,
 }
 
 /// The headers a DVC or StartView carries, highest op first.

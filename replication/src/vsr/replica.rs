@@ -552,15 +552,27 @@ impl Replica {
             Some(frame) if frame.header().command == Command::Prepare as u8 => frame.clone(),
             _ => Frame::build(header, body),
         };
-        if let Some(to) = self.chain_next(self.config.replica) {
+        let op = header.op;
+        let identity = header.frame.checksum;
+        // A prepare this replica holds already is not forwarded again: its successor had
+        // it on the chain's first pass, or from the primary around a backup skipped as
+        // slow (whose late forwards would otherwise reach every replica after it twice);
+        // a successor that lost it is sent it by the primary's retransmit, which goes to
+        // each replica that has not acknowledged.
+        let held = op <= self.commit
+            || op <= self.log.op_checkpoint
+            || (op <= self.log.op
+                && self.log.identity(op) == Some(identity)
+                && self.log.slot(op).is_some_and(|slot| slot.frame.is_some()));
+        if held {
+            self.counters.prepares_received_again += 1;
+        } else if let Some(to) = self.chain_next(self.config.replica) {
             self.actions.push_back(Action::Send {
                 to,
                 frame: frame.clone(),
             });
         }
         self.commit_max = self.commit_max.max(header.commit);
-        let op = header.op;
-        let identity = header.frame.checksum;
         if op <= self.commit || op <= self.log.op_checkpoint {
             self.commit_backup();
             return;

@@ -115,23 +115,27 @@ fn single_node_produces_consumes_and_keeps_data_across_a_restart() {
             assert_eq!(u32_at(&reply.body, 12), partition, "partition");
         }
     }
-    // A retry with the same request number is answered, not applied twice.
+    // A retry with the same request number is answered, not applied twice: the last
+    // write again, with other bytes, gets the first reply.
     let last = client.request;
-    let body = send_body(
+    let retried = send_body(
         stream,
         topic,
         PARTITIONS - 1,
         &batch_for(PARTITIONS - 1, 999),
     );
-    let retry = client
-        .call(Operation::SendMessages as u8, 0, last, &body)
-        .expect("retry");
-    assert_eq!(retry.status(), Status::Ok);
-    assert_eq!(
-        sent_offset(&retry.body),
-        (BATCHES - 1) * PER_BATCH,
-        "the first reply"
-    );
+    let first_reply = |client: &mut Client, what: &str| {
+        let retry = client
+            .call(Operation::SendMessages as u8, 0, last, &retried)
+            .expect(what);
+        assert_eq!(retry.status(), Status::Ok, "{what}");
+        assert_eq!(
+            sent_offset(&retry.body),
+            (BATCHES - 1) * PER_BATCH,
+            "{what}"
+        );
+    };
+    first_reply(&mut client, "retry");
 
     let check = |client: &mut Client| {
         for partition in 0..PARTITIONS {
@@ -168,10 +172,20 @@ fn single_node_produces_consumes_and_keeps_data_across_a_restart() {
         .expect("store offset");
     assert_eq!(reply.status(), Status::Ok);
 
+    // The partitions' checkpoint (once a second) covers the writes before the stop.
+    std::thread::sleep(Duration::from_millis(2_500));
+    let session = client.session;
     // Graceful stop: SIGTERM exits 0.
     assert_eq!(daemon.terminate(Duration::from_secs(20)), Some(0));
     let mut daemon = Daemon::start(&files, 0);
     wait_healthy(&files, &mut daemon, Duration::from_secs(30));
+    // A write retried after the restart, below the checkpoint, gets its first reply,
+    // body included, from the checkpointed client table: applied once.
+    let mut again = Client::connect(files.client_addr(0), 0xc1).expect("connect");
+    let login = again.login("root", ROOT_PASSWORD).expect("login");
+    assert_eq!(login.status(), Status::Ok);
+    again.session = session;
+    first_reply(&mut again, "retry after the restart");
     let mut client = logged_in(&files, 0xc2);
     let list = client.read(3, &[]).expect("list streams");
     assert_eq!(list.status(), Status::Ok);

@@ -244,6 +244,14 @@ fn regression_seeds() {
     // simulator had counted it as a voter and let a second replica lose its disk, which
     // left one voter and no way to recover. The fault budget now counts what is durable.
     check(1036, 3, 5_000, false);
+    // 17757 and 1055 (5 replicas), once replies waited for the applied result: a
+    // checkpoint taken while Commit actions waited behind a superblock write kept a
+    // session still waiting for its op's result; restarted from it, the replica never
+    // applied that op again and answered the client's retry "in progress" for good. A
+    // checkpoint now settles such a session, and the simulator checkpoints and offers a
+    // state only once its Commit actions ran, as the appliance does.
+    check(17757, 3, 5_000, false);
+    check(1055, 5, 5_000, false);
 }
 
 /// Sleeping idle replicas (`vsr/hibernate.rs`): seeds that found liveness bugs.

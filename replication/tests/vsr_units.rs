@@ -1,7 +1,9 @@
 //! The `vsr` core driven by hand-built frames: merges, refusals and hand-offs that are
 //! easier to pin down without the simulator.
 
-use replication::vsr::{Action, Config, JournalEntry, Replica, RequestOutcome, Status, Superblock};
+use replication::vsr::{
+    Action, Applied, Config, JournalEntry, Replica, RequestOutcome, Status, Superblock,
+};
 use replication::wire::batch::{self, BatchBuilder, NewMessage};
 use replication::wire::{
     cluster_id, decode, Command, DoViewChangeHeader, Frame, FrameBuf, Header, Limits, Message,
@@ -581,13 +583,25 @@ fn request(client: u128, operation: Operation, session: u64, number: u64) -> Fra
     Frame::build(&h, body)
 }
 
-/// Commits whatever the primary prepared: journals complete and replica 1 acknowledges.
+/// Commits whatever the primary prepared: journals complete and replica 1 acknowledges;
+/// each commit is applied with an empty result and its reply given as an Action::Reply.
 fn commit_all(primary: &mut Replica) -> Vec<Action> {
     let mut out = Vec::new();
     for _ in 0..4 {
         let mut acks = Vec::new();
         for action in primary.drain_actions() {
             match &action {
+                Action::Commit { op, .. } => {
+                    let applied = Applied {
+                        status: 0,
+                        body: &[],
+                        keep_body: true,
+                    };
+                    if let Some((client, frame)) = primary.on_applied(*op, applied) {
+                        out.push(Action::Reply { client, frame });
+                    }
+                    out.push(action);
+                }
                 Action::JournalAppend { op, frame } => {
                     let header = header_of(frame);
                     let mut ok = replication::wire::PrepareOkHeader::new();
@@ -638,6 +652,96 @@ fn the_oldest_session_is_evicted_past_the_bound_and_told_so() {
     let outcome = primary.on_request(request(0xb, Operation::CreateStream, 2, 1).as_bytes());
     assert_eq!(outcome, RequestOutcome::Replied);
     assert_eq!(primary.op(), 3);
+}
+
+#[test]
+fn a_reply_carries_the_applied_result_and_a_retry_gets_it_from_the_table() {
+    use replication::vsr::{RequestOutcome, REPLY_BODY_KEPT_MAX};
+    use replication::wire::{decode, Message};
+    let mut primary = Replica::new(Config::new(cluster(), METADATA_GROUP, 0, 1));
+    // Commits the next request of client 0xb and returns the Commit's op, not applied.
+    let commit = |primary: &mut Replica, request_number: u64| -> u64 {
+        let create = request(0xb, Operation::CreateStream, 1, request_number);
+        let outcome = primary.on_request(create.as_bytes());
+        let RequestOutcome::Prepared { op } = outcome else {
+            panic!("{outcome:?}");
+        };
+        let _ = primary.drain_actions();
+        primary.on_journal_durable(op, primary.log().identity(op).expect("held"));
+        let actions = primary.drain_actions();
+        assert!(actions
+            .iter()
+            .any(|a| matches!(a, Action::Commit { op: o, .. } if *o == op)));
+        // No reply before the result is known.
+        assert!(!actions.iter().any(|a| matches!(a, Action::Reply { .. })));
+        op
+    };
+    let reply_of = |frame: &Frame| -> (u32, Vec<u8>) {
+        match decode(frame.as_bytes(), &Default::default()) {
+            Ok(Message::Reply(header, body)) => (header.status, body.to_vec()),
+            other => panic!("not a reply: {other:?}"),
+        }
+    };
+    let retry = |primary: &mut Replica, request_number: u64| -> RequestOutcome {
+        let create = request(0xb, Operation::CreateStream, 1, request_number);
+        primary.on_request(create.as_bytes())
+    };
+    primary.on_request(request(0xb, Operation::Register, 0, 0).as_bytes());
+    let _ = primary.drain_actions();
+    primary.on_journal_durable(1, primary.log().identity(1).expect("held"));
+    let _ = primary.drain_actions();
+    let registered = Applied {
+        status: 0,
+        body: b"",
+        keep_body: true,
+    };
+    assert!(primary.on_applied(1, registered).is_some());
+    // Committed, not applied: a retry is in progress, not answered without its result.
+    let op = commit(&mut primary, 1);
+    assert_eq!(retry(&mut primary, 1), RequestOutcome::InProgress);
+    let applied = Applied {
+        status: 5,
+        body: b"the stream",
+        keep_body: true,
+    };
+    let (client, frame) = primary
+        .on_applied(op, applied)
+        .expect("the primary replies");
+    assert_eq!(client, 0xb);
+    assert_eq!(reply_of(&frame), (5, b"the stream".to_vec()));
+    assert!(primary.on_applied(op, applied).is_none(), "reported twice");
+    // A retry gets the same reply from the client table, and so does a checkpoint's copy.
+    assert_eq!(retry(&mut primary, 1), RequestOutcome::Replied);
+    let resent = primary.drain_actions().into_iter().find_map(|a| match a {
+        Action::Reply { frame, .. } => Some(frame),
+        _ => None,
+    });
+    assert_eq!(
+        resent.map(|f| reply_of(&f)),
+        Some((5, b"the stream".to_vec()))
+    );
+    let table =
+        replication::vsr::ClientTable::decode(&primary.clients().encode(), 64).expect("decodes");
+    let kept = table.get(0xb).map(|s| reply_of(&s.reply));
+    assert_eq!(kept, Some((5, b"the stream".to_vec())));
+    // A secret, or a body past the bound, is kept as its status alone.
+    let big = vec![7u8; REPLY_BODY_KEPT_MAX + 1];
+    for (request_number, body, keep_body) in [(2, &b"token"[..], false), (3, &big[..], true)] {
+        let op = commit(&mut primary, request_number);
+        let applied = Applied {
+            status: 0,
+            body,
+            keep_body,
+        };
+        let (_, frame) = primary.on_applied(op, applied).expect("replied");
+        assert_eq!(reply_of(&frame).1, body, "the first reply carries the body");
+        assert_eq!(retry(&mut primary, request_number), RequestOutcome::Replied);
+        let resent = primary.drain_actions().into_iter().find_map(|a| match a {
+            Action::Reply { frame, .. } => Some(frame),
+            _ => None,
+        });
+        assert_eq!(resent.map(|f| reply_of(&f)), Some((0, Vec::new())));
+    }
 }
 
 #[test]

@@ -17,7 +17,7 @@ use journal::data_dir::DataDir;
 use journal::segment::PartitionConfig;
 use journal::Durability;
 use replication::bus::{Bus, ClientId, Handler, VerifiedFrame};
-use replication::vsr::{self, Action, Groups, JournalEntry, Replica};
+use replication::vsr::{self, Action, Applied, Groups, JournalEntry, Replica};
 use replication::wire::{
     batch, Command, Frame, FrameBuf, Header, Operation, PartitionKey, PrepareHeader, ReplyHeader,
     RequestHeader, METADATA_GROUP,
@@ -37,14 +37,6 @@ use crate::protocol::users::RawTokenReply;
 use crate::protocol::{Credentials, Status};
 use crate::state::{Caller, MetadataOp, MetadataState};
 use journal::segment::offsets::CONSUMERS_MAX;
-
-/// Replies remembered per (group, client) so a reply built by the consensus core gets
-/// the state machine's status and body.
-pub(super) struct CachedReply {
-    pub op: u64,
-    pub status: Status,
-    pub body: Vec<u8>,
-}
 
 /// What the node needs to know about itself and the cluster.
 #[derive(Clone, Debug)]
@@ -263,9 +255,6 @@ const OPENING_MAX: usize = 4;
 /// A request unanswered for this long no longer counts toward the request latency.
 const REQUEST_LATENCY_AGE_MAX: Duration = Duration::from_secs(60);
 
-/// Bound of remembered reply bodies (one per client per group).
-const REPLIES_MAX: usize = 100_000;
-
 pub struct Node {
     pub(super) settings: Settings,
     pub(super) bus: Bus,
@@ -279,7 +268,6 @@ pub struct Node {
     /// Personal access tokens this node prepared, by hash, until their op commits: the
     /// reply carries the token, the replicated op only its hash.
     pub(super) pending_tokens: super::client::PendingTokens,
-    pub(super) replies: HashMap<(u64, u128), CachedReply>,
     /// When a request was received, by (group, client), for the request latency.
     pub(super) request_started: HashMap<(u64, u128), Instant>,
     pub(super) prepared_at: HashMap<(u64, u64), Instant>,
@@ -473,7 +461,6 @@ impl Node {
             connections: HashMap::new(),
             client_connections: HashMap::new(),
             pending_tokens: Default::default(),
-            replies: HashMap::new(),
             request_started: HashMap::new(),
             prepared_at: HashMap::new(),
             latencies: Latencies::new(),
@@ -962,19 +949,7 @@ impl Node {
                     self.commit_partition(group, op, &prepare).await?;
                 }
             }
-            Action::Reply { client, frame } => {
-                let frame = self.complete_reply(group, client, frame);
-                if group == METADATA_GROUP && self.forward_reply(client, &frame) {
-                    return Ok(());
-                }
-                if let Some(at) = self.request_started.remove(&(group, client)) {
-                    let _ = self
-                        .latencies
-                        .request
-                        .record(at.elapsed().as_micros() as u64);
-                }
-                self.reply_to_waiting(client, frame);
-            }
+            Action::Reply { client, frame } => self.send_reply(group, client, frame),
             Action::Evict { client, frame } => self.send_to_client(client, frame),
             Action::StateTransfer { from, op_min } => {
                 tracing::info!(group, from, op_min, "group needs state transfer");
@@ -1117,7 +1092,7 @@ impl Node {
             },
             None => (Status::InvalidRequest, Vec::new()),
         };
-        self.remember_reply(METADATA_GROUP, header.client, op, status, reply_body);
+        self.on_applied(METADATA_GROUP, op, header.operation, status, reply_body);
         self.metadata_applied = op;
         self.partitions_pending = true;
         self.sync_partitions(PARTITION_START_BUDGET).await
@@ -1133,7 +1108,7 @@ impl Node {
             return Err(not_a_prepare(group, op));
         };
         if !self.partitions.by_group.contains_key(&group) {
-            self.remember_reply(group, header.client, op, Status::NotFound, Vec::new());
+            self.on_applied(group, op, header.operation, Status::NotFound, Vec::new());
             return Ok(());
         }
         // Normally journaled at prepare time (its write may still be in flight: reads
@@ -1184,7 +1159,7 @@ impl Node {
             _ => (Status::InvalidRequest, Vec::new()),
         };
         partition.committed_op = op;
-        self.remember_reply(group, header.client, op, status, reply_body);
+        self.on_applied(group, op, header.operation, status, reply_body);
         // Committed prepares are in the segment log now: keep only a repair window of
         // them in memory (older ones are answered RangeEvicted).
         let ops_min = self.settings.vsr.pipeline_max + 1;
@@ -1200,45 +1175,47 @@ impl Node {
         Ok(())
     }
 
-    fn remember_reply(&mut self, group: u64, client: u128, op: u64, status: Status, body: Vec<u8>) {
-        if client == 0 {
-            return;
+    /// Hands a committed op's result to its group's core (every committed op, in
+    /// order): the core seals the reply with it, keeps it in the client table for
+    /// retries (checkpointed with the table), and returns it when this node is the
+    /// primary. The status and body are the client's: its own operation's wire code and
+    /// result section. A token's secret is not kept (a retry gets the status alone).
+    fn on_applied(&mut self, group: u64, op: u64, operation: u8, status: Status, body: Vec<u8>) {
+        let operation = client_operation(operation);
+        let body = if status == Status::Ok {
+            with_result_section(operation, &body).into_owned()
+        } else {
+            body
+        };
+        let applied = Applied {
+            status: status.wire_code(operation),
+            body: &body,
+            keep_body: operation != Operation::CreatePersonalAccessToken as u8,
+        };
+        let reply = self
+            .groups
+            .get_mut(group)
+            .and_then(|replica| replica.on_applied(op, applied));
+        if let Some((client, frame)) = reply {
+            self.send_reply(group, client, frame);
         }
-        if self.replies.len() >= REPLIES_MAX && !self.replies.contains_key(&(group, client)) {
-            // Bounded: the oldest op goes (its client gets an empty-bodied retry reply).
-            if let Some(oldest) = self
-                .replies
-                .iter()
-                .min_by_key(|(_, r)| r.op)
-                .map(|(key, _)| *key)
-            {
-                self.replies.remove(&oldest);
-            }
-        }
-        self.replies
-            .insert((group, client), CachedReply { op, status, body });
     }
 
-    /// The core builds replies without a body; the state machine's result is added here.
-    fn complete_reply(&self, group: u64, client: u128, frame: Frame) -> Frame {
-        let Ok((mut header, _)) = ReplyHeader::read_from_prefix(frame.as_bytes()) else {
-            return frame;
-        };
-        // The client asked with its own operation; the prepare may carry the internal one.
-        header.operation = client_operation(header.operation);
-        if group != METADATA_GROUP {
-            header.request = super::client::client_request_number(header.request);
+    /// A reply of the core (sealed at apply, or a retry's copy from the client table),
+    /// to the client waiting for it: a forwarded session's result goes back to the
+    /// backup that forwarded it.
+    fn send_reply(&mut self, group: u64, client: u128, frame: Frame) {
+        let frame = client_reply(group, frame);
+        if group == METADATA_GROUP && self.forward_reply(client, &frame) {
+            return;
         }
-        let (status, body) = match self.replies.get(&(group, client)) {
-            Some(cached) if cached.op == header.op => (cached.status, cached.body.as_slice()),
-            _ => (Status::Ok, frame.as_bytes().get(256..).unwrap_or(&[])),
-        };
-        header.status = status.wire_code(header.operation);
-        if status == Status::Ok {
-            let body = with_result_section(header.operation, body);
-            return Frame::build(&header, &body);
+        if let Some(at) = self.request_started.remove(&(group, client)) {
+            let _ = self
+                .latencies
+                .request
+                .record(at.elapsed().as_micros() as u64);
         }
-        Frame::build(&header, body)
+        self.reply_to_waiting(client, frame);
     }
 
     /// Sends a reply only where the client waits for it: on its connection with that
@@ -1771,6 +1748,19 @@ fn apply_offset_op(
 
 /// The client-facing operation of a prepared one (docs/protocol.md, "Replication": the
 /// primary replaces some requests with internal operations).
+/// A reply as the client reads it: its own operation, and on a partition group its own
+/// request number (the core numbers a partition's requests per session).
+fn client_reply(group: u64, frame: Frame) -> Frame {
+    let Ok((mut header, body)) = ReplyHeader::read_from_prefix(frame.as_bytes()) else {
+        return frame;
+    };
+    header.operation = client_operation(header.operation);
+    if group != METADATA_GROUP {
+        header.request = super::client::client_request_number(header.request);
+    }
+    Frame::build(&header, body)
+}
+
 fn client_operation(operation: u8) -> u8 {
     match Operation::from_u8(operation) {
         Some(Operation::CreateTopicWithAssignments) => Operation::CreateTopic as u8,

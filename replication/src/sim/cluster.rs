@@ -7,12 +7,13 @@ use std::collections::VecDeque;
 use zerocopy::FromBytes;
 
 use crate::vsr::{
-    Action, Config, PeerLiveness, Prng, Replica, RequestOutcome, Sleep, Status, Superblock, Woke,
+    Action, Applied, Config, PeerLiveness, Prng, Replica, RequestOutcome, Sleep, Status,
+    Superblock, Woke,
 };
 use crate::wire::batch::{BatchBuilder, NewMessage};
 use crate::wire::{
     cluster_id, decode, Frame, FrameBuf, Header, Limits, Message, Operation, PrepareHeader,
-    RequestHeader, METADATA_GROUP,
+    ReplyHeader, RequestHeader, METADATA_GROUP,
 };
 
 use super::checker::Checker;
@@ -771,6 +772,23 @@ impl Cluster {
                         .map(|(h, _)| h)
                         .map_err(|_| format!("r{r} committed a frame that is not a prepare"))?;
                     self.checker.on_commit(r, op, &header)?;
+                    let (status, body) = applied_result(&header);
+                    let replica = self.replicas[usize::from(r)].as_mut();
+                    let reply = replica.and_then(|replica| {
+                        let applied = Applied {
+                            status,
+                            body: &body,
+                            keep_body: true,
+                        };
+                        replica.on_applied(op, applied)
+                    });
+                    if let Some((client, frame)) = reply.filter(|_| !self.drop_replies) {
+                        if let Some(c) = self.client_index(client) {
+                            let (bytes, to) = (frame.into_buf(), Node::Client(c));
+                            self.network
+                                .send_between(self.now, r, to, bytes, &mut self.prng);
+                        }
+                    }
                 }
                 Action::Reply { client, frame } => {
                     if self.drop_replies {
@@ -1053,9 +1071,13 @@ impl Cluster {
         if self.replicas[usize::from(r)].is_none() {
             return Ok(());
         }
-        if self.superblock_writes[usize::from(r)].is_some() {
+        if self.superblock_writes[usize::from(r)].is_some()
+            || self.superblock_writes[usize::from(from)].is_some()
+        {
             // As the appliance: no install while the replica's superblock write is in
-            // flight (the restart would read the superblock without it); later.
+            // flight (the restart would read the superblock without it), and no offer
+            // from a source whose Commit actions wait behind one (its state is not yet
+            // at its commit point); later.
             self.transfers.push((r, from));
             return Ok(());
         }
@@ -1072,7 +1094,8 @@ impl Cluster {
     }
 
     /// Every live replica checkpoints its state at its commit point (the simulator's
-    /// state machine is the checker's history, already applied up to there).
+    /// state machine is the checker's history and the replies' results, applied up to
+    /// there unless Commit actions wait behind a superblock write: then it does not).
     /// With `evict`, it then drops what the checkpoint covers from memory.
     fn take_checkpoints(&mut self) {
         for i in 0..self.replicas.len() {
@@ -1080,6 +1103,10 @@ impl Cluster {
                 .as_ref()
                 .is_none_or(|replica| replica.status() != Status::Normal)
             {
+                continue;
+            }
+            if self.superblock_writes[i].is_some() {
+                // Its Commit actions wait behind the write: not yet applied.
                 continue;
             }
             let Some(checkpoint) = self.checkpoint_of(i) else {
@@ -1194,11 +1221,12 @@ impl Cluster {
         let limits = Limits::default();
         let c = usize::from(c);
         match decode(bytes.as_bytes(), &limits) {
-            Ok(Message::Reply(reply, _)) => {
+            Ok(Message::Reply(reply, body)) => {
                 let client = &mut self.clients[c];
                 if client.outstanding.is_none() || reply.client != client.id {
                     return Ok(());
                 }
+                check_reply_result(reply, body)?;
                 if client.session == 0 {
                     if reply.operation != Operation::Register as u8 {
                         return Ok(());
@@ -1259,6 +1287,39 @@ pub(super) fn request_frame(mut header: RequestHeader, body: &[u8], now: u64) ->
     header.request_checksum = u128::from(header.request) | (header.client << 64);
     header.timestamp = now;
     Frame::build(&header, body).into_buf()
+}
+
+/// The result the simulator's state machine gives an op: a status and a body that
+/// name the request, so a client can tell a reply carrying its own result from one
+/// without it (an empty body) or with another op's.
+pub(super) fn applied_result(prepare: &PrepareHeader) -> (u32, Vec<u8>) {
+    result_of(prepare.client, prepare.request, prepare.op)
+}
+
+fn result_of(client: u128, request: u64, op: u64) -> (u32, Vec<u8>) {
+    let mut body = Vec::with_capacity(32);
+    body.extend_from_slice(&client.to_le_bytes());
+    body.extend_from_slice(&request.to_le_bytes());
+    body.extend_from_slice(&op.to_le_bytes());
+    ((op % 3) as u32, body)
+}
+
+/// A reply must carry the result its op was applied with (retries included, from any
+/// replica's client table, after restarts, checkpoints and state transfers).
+pub(super) fn check_reply_result(reply: &ReplyHeader, body: &[u8]) -> Result<(), String> {
+    let (status, expected) = result_of(reply.client, reply.request, reply.op);
+    if reply.status != status || body != expected.as_slice() {
+        return Err(format!(
+            "client {:x} got the reply of request {} at op {} with status {} and a \
+             {}-byte body, not the result the op was applied with",
+            reply.client,
+            reply.request,
+            reply.op,
+            reply.status,
+            body.len()
+        ));
+    }
+    Ok(())
 }
 
 /// A replica that may not vote sends no vote: no PrepareOk, StartViewChange,

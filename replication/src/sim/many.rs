@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use zerocopy::FromBytes;
 
-use crate::vsr::{Action, Config, Groups, Prng, Replica, RequestOutcome, Status};
+use crate::vsr::{Action, Applied, Config, Groups, Prng, Replica, RequestOutcome, Status};
 use crate::wire::{
     cluster_id, decode, FrameBuf, Header, Limits, Message, Operation, PartitionKey, PrepareHeader,
     RequestHeader, METADATA_GROUP,
@@ -28,8 +28,8 @@ use crate::wire::{
 
 use super::checker::Checker;
 use super::cluster::{
-    check_non_voter, describe, one_message_batch, request_frame, Failure, Faults, Trace,
-    TRACE_LINES_MAX,
+    applied_result, check_non_voter, check_reply_result, describe, one_message_batch,
+    request_frame, Failure, Faults, Trace, TRACE_LINES_MAX,
 };
 use super::faults::cut_links;
 use super::network::{Network, NetworkFaults, Node, Packet};
@@ -906,6 +906,22 @@ impl ManyCluster {
                     checker
                         .on_commit(r, op, &header)
                         .map_err(|e| format!("group {group:x}: {e}"))?;
+                    let (status, body) = applied_result(&header);
+                    let applied = Applied {
+                        status,
+                        body: &body,
+                        keep_body: true,
+                    };
+                    let replica = self.nodes[i].as_mut().and_then(|node| node.get_mut(group));
+                    if let Some((client, frame)) =
+                        replica.and_then(|replica| replica.on_applied(op, applied))
+                    {
+                        if let Some(c) = self.clients.iter().position(|x| x.id == client) {
+                            let (bytes, to) = (frame.into_buf(), Node::Client(c as u16));
+                            self.network
+                                .send_between(self.now, r, to, bytes, &mut self.prng);
+                        }
+                    }
                 }
                 Action::Reply { client, frame } | Action::Evict { client, frame } => {
                     if let Some(c) = self.clients.iter().position(|x| x.id == client) {
@@ -1024,7 +1040,7 @@ impl ManyCluster {
     fn client_receive(&mut self, c: u16, bytes: FrameBuf) -> Result<(), String> {
         let c = usize::from(c);
         match decode(bytes.as_bytes(), &Limits::default()) {
-            Ok(Message::Reply(reply, _)) => {
+            Ok(Message::Reply(reply, body)) => {
                 let client = &mut self.clients[c];
                 if client.outstanding.is_none()
                     || reply.client != client.id
@@ -1032,6 +1048,7 @@ impl ManyCluster {
                 {
                     return Ok(());
                 }
+                check_reply_result(reply, body)?;
                 client.outstanding = None;
                 client.target = reply.frame.replica;
                 let (group, id, request, op) = (client.group, client.id, reply.request, reply.op);

@@ -2,6 +2,10 @@
 //! committed it), request numbers deduplicate retries so a retried request is answered
 //! from the table instead of being applied twice, and the oldest session is evicted past
 //! a bound. Every replica updates the table on commit, so a new primary has it.
+//!
+//! A session's reply is sealed once the committed op is applied (`apply`): the status and
+//! body the state machine gave, kept for retries and in checkpoints. Until then a retry
+//! of that request is in progress, never answered without its result.
 
 use std::collections::BTreeMap;
 
@@ -11,6 +15,10 @@ use crate::wire::{Frame, ReplyHeader, HEADER_SIZE};
 
 /// Sessions kept by default before the oldest is evicted.
 pub const CLIENTS_MAX_DEFAULT: usize = 64;
+
+/// The largest reply body a session keeps for retries (and checkpoints); a larger one
+/// is kept as its header alone (the status, no body).
+pub const REPLY_BODY_KEPT_MAX: usize = 4 << 10;
 
 /// One client's session.
 #[derive(Clone, Debug)]
@@ -23,6 +31,9 @@ pub struct Session {
     pub op: u64,
     /// The reply to `request`, resent verbatim to a retry.
     pub reply: Frame,
+    /// Whether `reply` carries the applied result (else the op committed and waits to
+    /// be applied: a retry is in progress).
+    pub applied: bool,
 }
 
 /// What the table says about an incoming request.
@@ -32,6 +43,8 @@ pub enum Lookup<'a> {
     Fresh,
     /// Already committed: resend this reply.
     Replied(&'a Frame),
+    /// Committed, not yet applied: the reply comes when it is.
+    Applying,
     /// Older than the latest committed request: drop.
     Stale,
     /// No such session (never registered, or evicted): evict the client.
@@ -77,7 +90,7 @@ impl ClientTable {
                 if request > s.request {
                     Lookup::Fresh
                 } else if request == s.request {
-                    Lookup::Replied(&s.reply)
+                    s.replied()
                 } else {
                     Lookup::Stale
                 }
@@ -90,7 +103,7 @@ impl ClientTable {
     /// deduplicates by client and request number alone.
     pub fn lookup_request(&self, client: u128, request: u64) -> Lookup<'_> {
         match self.sessions.get(&client) {
-            Some(s) if request == s.request => Lookup::Replied(&s.reply),
+            Some(s) if request == s.request => s.replied(),
             Some(s) if request < s.request => Lookup::Stale,
             _ => Lookup::Fresh,
         }
@@ -140,6 +153,7 @@ impl ClientTable {
                 request: 0,
                 op,
                 reply,
+                applied: false,
             },
         );
         assert!(self.sessions.len() <= self.clients_max);
@@ -154,6 +168,20 @@ impl ClientTable {
                 s.request = request;
                 s.op = op;
                 s.reply = reply;
+                s.applied = false;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Seals the reply of `client`'s op `op` once the op is applied; false when the
+    /// session is gone or has moved on to a later op.
+    pub fn apply(&mut self, client: u128, op: u64, reply: Frame) -> bool {
+        match self.sessions.get_mut(&client) {
+            Some(s) if s.op == op => {
+                s.reply = reply;
+                s.applied = true;
                 true
             }
             _ => false,
@@ -165,24 +193,49 @@ impl ClientTable {
         self.sessions.remove(&client);
     }
 
+    /// The table as a checkpoint keeps it: a reply not applied yet is taken as applied
+    /// with its header alone (an op below a checkpoint is never applied again, so a
+    /// session waiting for it would wait for good). A driver checkpoints once every
+    /// Commit action is executed, when there is none.
+    pub fn settled(&self) -> ClientTable {
+        let mut table = self.clone();
+        for session in table.sessions.values_mut() {
+            session.applied = true;
+        }
+        table
+    }
+
     /// The table as bytes for a checkpoint: a count, then per session client, epoch,
-    /// request, op (little endian) and the 256-byte sealed reply header.
+    /// request, op (little endian) and the reply frame (its 256-byte sealed header, then
+    /// the body the header's size gives). A reply not yet applied is stored as its
+    /// header alone and reads back as applied (an op below a checkpoint is never applied
+    /// again).
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(4 + self.sessions.len() * SESSION_ENCODED_LEN);
+        let bodies: usize = self
+            .sessions
+            .values()
+            .map(|s| s.reply.as_bytes().len())
+            .sum();
+        let mut out = Vec::with_capacity(4 + self.sessions.len() * SESSION_HEAD_LEN + bodies);
         out.extend_from_slice(&(self.sessions.len() as u32).to_le_bytes());
         for (client, s) in &self.sessions {
             out.extend_from_slice(&client.to_le_bytes());
             out.extend_from_slice(&s.session.to_le_bytes());
             out.extend_from_slice(&s.request.to_le_bytes());
             out.extend_from_slice(&s.op.to_le_bytes());
-            out.extend_from_slice(&s.reply.as_bytes()[..HEADER_SIZE]);
+            if s.applied {
+                out.extend_from_slice(s.reply.as_bytes());
+            } else {
+                out.extend_from_slice(&s.reply.as_bytes()[..HEADER_SIZE]);
+            }
         }
         out
     }
 
-    /// Decodes `encode`'s bytes; every reply must be a Reply header as built and the
-    /// sessions must fit `clients_max`. (Replies are client frames, which carry no
-    /// checksum: the file holding the table must checksum it.)
+    /// Decodes `encode`'s bytes; every reply must be a Reply frame as built, with a body
+    /// of at most `REPLY_BODY_KEPT_MAX`, and the sessions must fit `clients_max`.
+    /// (Replies are client frames, which carry no checksum: the file holding the table
+    /// must checksum it.)
     pub fn decode(bytes: &[u8], clients_max: usize) -> Result<ClientTable, &'static str> {
         let count = bytes
             .get(..4)
@@ -192,43 +245,61 @@ impl ClientTable {
         if count > clients_max {
             return Err("client table: more sessions than clients_max");
         }
-        if bytes.len() != 4 + count * SESSION_ENCODED_LEN {
-            return Err("client table: length does not match the session count");
-        }
         let mut table = ClientTable::new(clients_max);
-        for record in bytes[4..].chunks_exact(SESSION_ENCODED_LEN) {
+        let mut rest = &bytes[4..];
+        for _ in 0..count {
+            let head = rest
+                .get(..SESSION_HEAD_LEN)
+                .ok_or("client table: truncated session")?;
             let u64_at =
-                |at: usize| u64::from_le_bytes(record[at..at + 8].try_into().unwrap_or([0; 8]));
-            let client = u128::from_le_bytes(record[..16].try_into().unwrap_or([0; 16]));
-            let reply = &record[40..];
-            // The header as sealed when it was built: rebuilding it must give the same
+                |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().unwrap_or([0; 8]));
+            let client = u128::from_le_bytes(head[..16].try_into().unwrap_or([0; 16]));
+            let header = ReplyHeader::read_from_bytes(&head[40..])
+                .map_err(|_| "client table: a reply is not a sealed Reply header")?;
+            let size = header.frame.size as usize;
+            if !(HEADER_SIZE..=HEADER_SIZE + REPLY_BODY_KEPT_MAX).contains(&size) {
+                return Err("client table: a reply's size is out of range");
+            }
+            let reply = rest
+                .get(40..40 + size)
+                .ok_or("client table: truncated reply")?;
+            // The frame as sealed when it was built: rebuilding it must give the same
             // bytes (command, size and both checksums included).
-            let rebuilt = ReplyHeader::read_from_bytes(reply)
-                .ok()
-                .map(|header| Frame::build(&header, &[]))
-                .filter(|frame| frame.as_bytes() == reply);
-            let Some(reply) = rebuilt else {
-                return Err("client table: a reply is not a sealed Reply header");
+            let rebuilt = Frame::build(&header, &reply[HEADER_SIZE..]);
+            if rebuilt.as_bytes() != reply {
+                return Err("client table: a reply is not a sealed Reply frame");
+            }
+            let session = Session {
+                session: u64_at(16),
+                request: u64_at(24),
+                op: u64_at(32),
+                reply: rebuilt,
+                applied: true,
             };
-            table.sessions.insert(
-                client,
-                Session {
-                    session: u64_at(16),
-                    request: u64_at(24),
-                    op: u64_at(32),
-                    reply,
-                },
-            );
+            if table.sessions.insert(client, session).is_some() {
+                return Err("client table: a client appears twice");
+            }
+            rest = &rest[40 + size..];
         }
-        if table.sessions.len() != count {
-            return Err("client table: a client appears twice");
+        if !rest.is_empty() {
+            return Err("client table: bytes after the last session");
         }
         Ok(table)
     }
 }
 
-/// Bytes of one encoded session.
-const SESSION_ENCODED_LEN: usize = 16 + 8 + 8 + 8 + HEADER_SIZE;
+impl Session {
+    fn replied(&self) -> Lookup<'_> {
+        if self.applied {
+            Lookup::Replied(&self.reply)
+        } else {
+            Lookup::Applying
+        }
+    }
+}
+
+/// Bytes of one encoded session before its reply's body.
+const SESSION_HEAD_LEN: usize = 16 + 8 + 8 + 8 + HEADER_SIZE;
 
 #[cfg(test)]
 mod tests {
@@ -241,6 +312,14 @@ mod tests {
         Frame::build(&header, &[])
     }
 
+    /// `reply(op)` with the status and body of the applied op.
+    fn applied(op: u64, body: &[u8]) -> Frame {
+        let mut header = ReplyHeader::new();
+        header.op = op;
+        header.status = 7;
+        Frame::build(&header, body)
+    }
+
     #[test]
     fn register_mints_the_session_epoch_and_retries_are_answered_from_the_table() {
         let mut table = ClientTable::new(4);
@@ -248,13 +327,18 @@ mod tests {
         assert_eq!(table.get(7).map(|s| s.session), Some(10));
         assert!(matches!(table.lookup(7, 10, 1), Lookup::Fresh));
         assert!(table.commit(7, 1, 11, reply(11)));
+        // Committed, not applied yet: a retry waits for the result.
+        assert!(matches!(table.lookup(7, 10, 1), Lookup::Applying));
+        assert!(!table.apply(7, 10, applied(10, b"old")), "an earlier op");
+        assert!(table.apply(7, 11, applied(11, b"result")));
         assert!(
-            matches!(table.lookup(7, 10, 1), Lookup::Replied(r) if r.checksum() == reply(11).checksum())
+            matches!(table.lookup(7, 10, 1), Lookup::Replied(r) if r.checksum() == applied(11, b"result").checksum())
         );
         assert!(matches!(table.lookup(7, 10, 0), Lookup::Stale));
         assert!(matches!(table.lookup(7, 9, 2), Lookup::NoSession));
         // A retry of an already committed request is not applied again.
         assert!(!table.commit(7, 1, 12, reply(12)));
+        assert!(!table.apply(8, 11, applied(11, b"result")), "no session");
     }
 
     #[test]
@@ -262,18 +346,33 @@ mod tests {
         let mut table = ClientTable::new(4);
         table.register(7, 10, reply(10));
         assert!(table.commit(7, 3, 11, reply(11)));
+        assert!(table.apply(7, 11, applied(11, b"the result of op 11")));
         table.commit_request(9, 5, 12, reply(12));
         let bytes = table.encode();
         let back = ClientTable::decode(&bytes, 4).expect("decodes");
         assert_eq!(back.len(), 2);
         let s = back.get(7).expect("client 7");
         assert_eq!((s.session, s.request, s.op), (10, 3, 11));
-        assert_eq!(s.reply.checksum(), reply(11).checksum());
-        assert!(matches!(back.lookup_request(9, 5), Lookup::Replied(_)));
+        assert_eq!(
+            s.reply.as_bytes(),
+            applied(11, b"the result of op 11").as_bytes()
+        );
+        // One not applied when the table was taken reads back applied, header only.
+        assert!(
+            matches!(back.lookup_request(9, 5), Lookup::Replied(r) if r.as_bytes() == reply(12).as_bytes())
+        );
         assert!(ClientTable::decode(&bytes, 1).is_err(), "over the bound");
-        assert!(ClientTable::decode(&bytes[..bytes.len() - 1], 4).is_err());
-        let mut twice = bytes.clone();
-        twice.copy_within(4..4 + SESSION_ENCODED_LEN, 4 + SESSION_ENCODED_LEN);
+        for cut in [1, 5, 300] {
+            assert!(ClientTable::decode(&bytes[..bytes.len() - cut], 4).is_err());
+        }
+        let mut trailing = bytes.clone();
+        trailing.push(0);
+        assert!(ClientTable::decode(&trailing, 4).is_err(), "trailing bytes");
+        // Client 7 sorts first: its record is the head and the 19-byte body.
+        let first = SESSION_HEAD_LEN + 19;
+        let mut twice = bytes[..4].to_vec();
+        twice.extend_from_slice(&bytes[4..4 + first]);
+        twice.extend_from_slice(&bytes[4..4 + first]);
         assert!(ClientTable::decode(&twice, 4).is_err(), "a client twice");
         let mut not_reply = bytes.clone();
         not_reply[4 + 40 + 60] = 9; // the command byte: Commit
@@ -281,6 +380,36 @@ mod tests {
             ClientTable::decode(&not_reply, 4).is_err(),
             "not a Reply header"
         );
+    }
+
+    #[test]
+    fn a_settled_table_answers_a_session_that_waited_for_its_result() {
+        let mut table = ClientTable::new(4);
+        table.register(7, 10, reply(10));
+        assert!(table.apply(7, 10, reply(10)));
+        assert!(table.commit(7, 1, 11, reply(11)));
+        assert!(matches!(table.lookup(7, 10, 1), Lookup::Applying));
+        let settled = table.settled();
+        assert!(
+            matches!(settled.lookup(7, 10, 1), Lookup::Replied(r) if r.as_bytes() == reply(11).as_bytes())
+        );
+        // The live table still waits for the result.
+        assert!(matches!(table.lookup(7, 10, 1), Lookup::Applying));
+    }
+
+    #[test]
+    fn a_table_of_header_only_replies_reads_as_before() {
+        // Tables written when replies kept no body: fixed-size sessions.
+        let mut table = ClientTable::new(4);
+        table.register(7, 10, reply(10));
+        assert!(table.apply(7, 10, reply(10)));
+        table.commit_request(9, 5, 12, reply(12));
+        let bytes = table.encode();
+        assert_eq!(bytes.len(), 4 + 2 * SESSION_HEAD_LEN);
+        let back = ClientTable::decode(&bytes, 4).expect("decodes");
+        assert!(back
+            .get(7)
+            .is_some_and(|s| s.applied && s.reply.as_bytes() == reply(10).as_bytes()));
     }
 
     #[test]

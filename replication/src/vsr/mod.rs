@@ -27,6 +27,7 @@
 //!   never prepared by the sender; the window ends below the lowest op it cannot vouch
 //!   for, which stays unclaimed (never nacked) while repair fetches it.
 
+mod applied;
 mod client_table;
 mod groups;
 mod hibernate;
@@ -41,7 +42,8 @@ mod slow;
 mod timeout;
 mod view_change;
 
-pub use client_table::{ClientTable, Session, CLIENTS_MAX_DEFAULT};
+pub use applied::Applied;
+pub use client_table::{ClientTable, Session, CLIENTS_MAX_DEFAULT, REPLY_BODY_KEPT_MAX};
 pub use groups::{Groups, RouteError, SleepStats};
 pub use hibernate::{PeerLiveness, Sleep, Woke, BROADCASTS_BEFORE_SLEEP, REFRESH_HEARTBEATS};
 pub use log::{Log, Slot};

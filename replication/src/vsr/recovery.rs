@@ -247,7 +247,7 @@ impl Replica {
             op,
             anchor,
             position,
-            clients: self.clients.clone(),
+            clients: self.clients.settled(),
         })
     }
 

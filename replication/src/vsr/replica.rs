@@ -32,7 +32,8 @@ pub enum RequestOutcome {
     Prepared { op: u64 },
     /// Already committed: the cached reply was queued.
     Replied,
-    /// Already in the pipeline; the reply follows the commit.
+    /// Already in the pipeline, or committed and not applied yet; the reply follows
+    /// the apply.
     InProgress,
     /// This replica is not the primary of a normal view; `primary` is its best guess.
     NotPrimary { primary: u8 },
@@ -117,6 +118,8 @@ pub struct Replica {
     /// Primary: backups the chain skips because they do not keep up (`slow.rs`).
     pub(crate) slow: super::slow::SlowPeers,
     pub(crate) clients: ClientTable,
+    /// Committed ops whose result the driver has not reported yet (`applied.rs`).
+    pub(crate) applying: VecDeque<super::applied::Applying>,
     pub(crate) svc_from: u32,
     pub(crate) dvcs: BTreeMap<u8, Dvc>,
     pub(crate) dvc_sent: bool,
@@ -209,6 +212,7 @@ impl Replica {
             connected: all & !(1u32 << config.replica),
             slow: Default::default(),
             clients: ClientTable::new(config.clients_max),
+            applying: VecDeque::new(),
             svc_from: 0,
             dvcs: BTreeMap::new(),
             dvc_sent: false,
@@ -741,7 +745,8 @@ impl Replica {
         let primary = self.status == Status::Normal && self.is_primary();
         let client = header.client;
         if header.operation == Operation::Register as u8 {
-            if let Some(evicted) = self.clients.register(client, op, reply.clone()) {
+            let frame = Frame::build(&reply, &[]);
+            if let Some(evicted) = self.clients.register(client, op, frame) {
                 if primary {
                     self.evict(evicted, EvictionReason::StaleClient);
                 }
@@ -749,24 +754,21 @@ impl Replica {
         } else if header.operation == Operation::Logout as u8 {
             self.clients.remove(client);
         } else if self.config.group == METADATA_GROUP {
-            self.clients
-                .commit(client, header.request, op, reply.clone());
+            let frame = Frame::build(&reply, &[]);
+            self.clients.commit(client, header.request, op, frame);
         } else if client != 0 {
-            if let Some(evicted) =
-                self.clients
-                    .commit_request(client, header.request, op, reply.clone())
+            let frame = Frame::build(&reply, &[]);
+            if let Some(evicted) = self
+                .clients
+                .commit_request(client, header.request, op, frame)
             {
                 if primary {
                     self.evict(evicted, EvictionReason::StaleClient);
                 }
             }
         }
-        if primary && client != 0 {
-            self.actions.push_back(Action::Reply {
-                client,
-                frame: reply,
-            });
-        }
+        // The reply is sealed and sent once the driver reports the op applied.
+        self.await_applied(op, reply);
     }
 
     pub(crate) fn on_commit_broadcast_timeout(&mut self) {

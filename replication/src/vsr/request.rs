@@ -96,6 +96,9 @@ impl Replica {
             // that registers again after requests lost its session and gets a new one.
             if let Some(session) = self.clients.get(request.client) {
                 if session.request == 0 {
+                    if !session.applied {
+                        return RequestOutcome::InProgress;
+                    }
                     let frame = session.reply.clone();
                     self.actions.push_back(Action::Reply {
                         client: request.client,
@@ -121,6 +124,7 @@ impl Replica {
                     });
                     return RequestOutcome::Replied;
                 }
+                Lookup::Applying => return RequestOutcome::InProgress,
                 Lookup::Stale => return RequestOutcome::Stale,
                 Lookup::NoSession => {
                     if self.in_pipeline(request.client, 0) {
@@ -226,7 +230,7 @@ impl Replica {
         RequestOutcome::Prepared { op }
     }
 
-    pub(crate) fn build_reply(&self, prepare: &PrepareHeader) -> Frame {
+    pub(crate) fn build_reply(&self, prepare: &PrepareHeader) -> ReplyHeader {
         let mut header = ReplyHeader::new();
         header.frame.cluster = self.config.cluster;
         header.frame.view = self.view;
@@ -238,6 +242,6 @@ impl Replica {
         header.timestamp = prepare.timestamp;
         header.request = prepare.request;
         header.operation = prepare.operation;
-        Frame::build(&header, &[])
+        header
     }
 }

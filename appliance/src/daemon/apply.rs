@@ -1,0 +1,307 @@
+//! Committed ops applied to the node's state (the metadata state machine, a partition's
+//! segment log and consumer offsets) and their results handed back to the group's core,
+//! which seals each reply and keeps it in the client table; the reply goes to the client
+//! waiting for it, in the client's own operation and request number.
+
+use replication::vsr::Applied;
+use replication::wire::{
+    batch, Frame, Operation, PartitionKey, PrepareHeader, ReplyHeader, METADATA_GROUP,
+};
+use zerocopy::FromBytes;
+
+use super::partitions::{self};
+use super::DaemonError;
+use crate::protocol::codec::Reader;
+use crate::protocol::reply::{
+    with_result_section, RegisterReply, SendConfirmation, SendConfirmations,
+};
+use crate::protocol::users::RawTokenReply;
+use crate::protocol::Status;
+use crate::state::{Caller, MetadataOp};
+use journal::segment::offsets::CONSUMERS_MAX;
+
+use super::node::{Node, PARTITION_START_BUDGET};
+
+impl Node {
+    pub(super) async fn commit_metadata(
+        &mut self,
+        op: u64,
+        prepare: &Frame,
+    ) -> Result<(), DaemonError> {
+        let Ok((header, _)) = PrepareHeader::read_from_prefix(prepare.as_bytes()) else {
+            return Err(not_a_prepare(METADATA_GROUP, op));
+        };
+        let body = prepare.as_bytes().get(256..).unwrap_or(&[]);
+        let (status, reply_body) = match Operation::from_u8(header.operation) {
+            Some(Operation::Register) => (
+                Status::Ok,
+                RegisterReply::of_this_server(header.user_id, op).encode(),
+            ),
+            Some(Operation::Logout) => {
+                // A client that logs out leaves its consumer groups: its partitions go to
+                // the members that remain.
+                self.state.leave_groups(header.client);
+                (Status::Ok, Vec::new())
+            }
+            Some(operation) => match MetadataOp::decode(operation, body) {
+                Ok(metadata_op) => {
+                    let caller = Caller {
+                        user_id: header.user_id,
+                        client: header.client,
+                    };
+                    let mut applied = self.state.apply(caller, &metadata_op);
+                    if let MetadataOp::CreateToken { hash, .. } = &metadata_op {
+                        if let Some(token) = self.pending_tokens.take(hash) {
+                            if applied.status == Status::Ok {
+                                applied.body = RawTokenReply { token }.encode();
+                            }
+                        }
+                    }
+                    let truncated: Vec<PartitionKey> = match &metadata_op {
+                        MetadataOp::TruncatePartition { partition, .. } => vec![*partition],
+                        MetadataOp::Purge { partitions } => {
+                            partitions.iter().map(|(key, _)| *key).collect()
+                        }
+                        _ => Vec::new(),
+                    };
+                    for partition in truncated {
+                        self.on_retention_commit(partition);
+                        if let Ok(group) = partition.pack() {
+                            self.delete_retained(group)?;
+                        }
+                    }
+                    (applied.status, applied.body)
+                }
+                Err(error) => {
+                    // Every replica decodes the same bytes the same way: a refusal here
+                    // is deterministic and leaves the state unchanged everywhere.
+                    tracing::error!(op, %error, "committed metadata op does not decode");
+                    (Status::InvalidRequest, Vec::new())
+                }
+            },
+            None => (Status::InvalidRequest, Vec::new()),
+        };
+        self.on_applied(METADATA_GROUP, op, header.operation, status, reply_body);
+        self.metadata_applied = op;
+        self.partitions_pending = true;
+        self.sync_partitions(PARTITION_START_BUDGET).await
+    }
+
+    pub(super) async fn commit_partition(
+        &mut self,
+        group: u64,
+        op: u64,
+        prepare: &Frame,
+    ) -> Result<(), DaemonError> {
+        let Ok((header, _)) = PrepareHeader::read_from_prefix(prepare.as_bytes()) else {
+            return Err(not_a_prepare(group, op));
+        };
+        if !self.partitions.by_group.contains_key(&group) {
+            self.on_applied(group, op, header.operation, Status::NotFound, Vec::new());
+            return Ok(());
+        }
+        // Normally journaled at prepare time (its write may still be in flight: reads
+        // serve what is committed, so it lands first); an op whose append was deferred
+        // (a gap) is journaled now, in order, before it is applied.
+        self.wait_written(group, op).await?;
+        if !self.journaled(group, op, prepare.checksum())
+            && self.partition_journal(group, op, prepare).await?.is_none()
+        {
+            return Err(DaemonError::Internal {
+                group,
+                op: Some(op),
+                detail: "the committed op cannot be journaled",
+            });
+        }
+        let Some(partition) = self.partitions.by_group.get_mut(&group) else {
+            return Ok(());
+        };
+        let body = prepare.as_bytes().get(256..).unwrap_or(&[]);
+        let invalid = |source| DaemonError::Batch {
+            group,
+            op,
+            what: "committed batch",
+            source,
+        };
+        let offsets_failed = DaemonError::journal(group, Some(op), "consumer offsets");
+        let (status, reply_body) = match Operation::from_u8(header.operation) {
+            Some(Operation::SendMessages) => {
+                // Verified when it was received or stamped, and again when journaled.
+                let info = batch::info_of_verified(body).map_err(invalid)?;
+                partition.committed_end = info.next_offset();
+                let key = partition.key;
+                let reply = SendConfirmations {
+                    confirmations: vec![SendConfirmation {
+                        stream_id: key.stream,
+                        topic_id: key.topic,
+                        partition_id: key.partition,
+                        base_offset: info.base_offset,
+                    }],
+                };
+                (Status::Ok, reply.encode())
+            }
+            Some(Operation::StoreConsumerOffset) | Some(Operation::DeleteConsumerOffset) => {
+                self.partitions.unsynced.insert(group);
+                self.partitions.grown = true;
+                apply_offset_op(partition, header.operation, body).map_err(offsets_failed)?
+            }
+            _ => (Status::InvalidRequest, Vec::new()),
+        };
+        partition.committed_op = op;
+        self.on_applied(group, op, header.operation, status, reply_body);
+        // Committed prepares are in the segment log now: keep only a repair window of
+        // them in memory (older ones are answered RangeEvicted).
+        let ops_min = self.settings.vsr.pipeline_max + 1;
+        let bytes = prepare.as_bytes().len() as u64;
+        for (group, floor) in self.repair_windows.push(group, op, bytes, ops_min) {
+            if let Some(replica) = self.groups.get_mut(group) {
+                let floor = floor.min(replica.commit());
+                if floor > replica.log().op_min() {
+                    replica.on_checkpoint(floor);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands a committed op's result to its group's core (every committed op, in
+    /// order): the core seals the reply with it, keeps it in the client table for
+    /// retries (checkpointed with the table), and returns it when this node is the
+    /// primary. The status and body are the client's: its own operation's wire code and
+    /// result section. A token's secret is not kept (a retry gets the status alone).
+    fn on_applied(&mut self, group: u64, op: u64, operation: u8, status: Status, body: Vec<u8>) {
+        let operation = client_operation(operation);
+        let body = if status == Status::Ok {
+            with_result_section(operation, &body).into_owned()
+        } else {
+            body
+        };
+        let applied = Applied {
+            status: status.wire_code(operation),
+            body: &body,
+            keep_body: operation != Operation::CreatePersonalAccessToken as u8,
+        };
+        let reply = self
+            .groups
+            .get_mut(group)
+            .and_then(|replica| replica.on_applied(op, applied));
+        if let Some((client, frame)) = reply {
+            self.send_reply(group, client, frame);
+        }
+    }
+
+    /// A reply of the core (sealed at apply, or a retry's copy from the client table),
+    /// to the client waiting for it: a forwarded session's result goes back to the
+    /// backup that forwarded it.
+    pub(super) fn send_reply(&mut self, group: u64, client: u128, frame: Frame) {
+        let frame = client_reply(group, frame);
+        if group == METADATA_GROUP && self.forward_reply(client, &frame) {
+            return;
+        }
+        if let Some(at) = self.request_started.remove(&(group, client)) {
+            let _ = self
+                .latencies
+                .request
+                .record(at.elapsed().as_micros() as u64);
+        }
+        self.reply_to_waiting(client, frame);
+    }
+
+    /// Sends a reply only where the client waits for it: on its connection with that
+    /// request pending. A commit reached while the request is only on its way (a new
+    /// primary committing the old view's pipeline) is not sent: the request, when it
+    /// arrives, gets the client table's copy, the one reply the client reads for it. Sent
+    /// twice, the second would be read as the answer to the client's next request.
+    fn reply_to_waiting(&mut self, client: u128, frame: Frame) {
+        let Ok((header, _)) = ReplyHeader::read_from_prefix(frame.as_bytes()) else {
+            return;
+        };
+        let waiting = self
+            .client_connections
+            .get(&client)
+            .and_then(|connection| self.connections.get(connection))
+            .is_some_and(|entry| entry.pending.get(&client) == Some(&header.request));
+        if waiting {
+            self.send_to_client(client, frame);
+        }
+    }
+
+    pub(super) fn send_to_client(&mut self, client: u128, frame: Frame) {
+        if let Some(connection) = self.client_connections.get(&client) {
+            if let Some(entry) = self.connections.get_mut(connection) {
+                entry.pending.remove(&client);
+            }
+            let _ = self.bus.send_to_client(*connection, frame);
+        }
+    }
+}
+
+/// A committed frame of `group` at `op` that is not a prepare.
+fn not_a_prepare(group: u64, op: u64) -> DaemonError {
+    DaemonError::Corrupt {
+        group,
+        op: Some(op),
+        detail: "the committed frame is not a prepare".into(),
+    }
+}
+
+/// Applies a committed StoreConsumerOffset or DeleteConsumerOffset: a delete of an
+/// offset that is not stored is NotFound; a store for a consumer past the partition's
+/// `CONSUMERS_MAX` is LimitReached.
+fn apply_offset_op(
+    partition: &mut partitions::Partition,
+    operation: u8,
+    body: &[u8],
+) -> journal::Result<(Status, Vec<u8>)> {
+    let mut r = Reader::new(body);
+    let kind = r.u8("consumer_kind");
+    let id = r.u32("consumer_id");
+    let consumer = match (kind, id) {
+        (Ok(0), Ok(id)) => crate::protocol::Consumer::Single(id),
+        (Ok(1), Ok(id)) => crate::protocol::Consumer::Group(id),
+        _ => return Ok((Status::InvalidRequest, Vec::new())),
+    };
+    let key = partitions::consumer_key(consumer);
+    // Decided from the applied state alone, so every replica answers alike (what
+    // store and delete return is whether the table is synced now, not the outcome).
+    let known = partition.offsets.get(key).is_some();
+    if operation == Operation::StoreConsumerOffset as u8 {
+        let Ok(offset) = r.u64("offset") else {
+            return Ok((Status::InvalidRequest, Vec::new()));
+        };
+        if !known && partition.offsets.all().len() >= CONSUMERS_MAX {
+            return Ok((Status::LimitReached, b"consumers".to_vec()));
+        }
+        partition.offsets.store(key, offset)?;
+    } else {
+        if !known {
+            return Ok((Status::NotFound, Vec::new()));
+        }
+        partition.offsets.delete(key)?;
+    }
+    Ok((Status::Ok, Vec::new()))
+}
+
+/// The client-facing operation of a prepared one (docs/protocol.md, "Replication": the
+/// primary replaces some requests with internal operations).
+/// A reply as the client reads it: its own operation, and on a partition group its own
+/// request number (the core numbers a partition's requests per session).
+fn client_reply(group: u64, frame: Frame) -> Frame {
+    let Ok((mut header, body)) = ReplyHeader::read_from_prefix(frame.as_bytes()) else {
+        return frame;
+    };
+    header.operation = client_operation(header.operation);
+    if group != METADATA_GROUP {
+        header.request = super::client::client_request_number(header.request);
+    }
+    Frame::build(&header, body)
+}
+
+fn client_operation(operation: u8) -> u8 {
+    match Operation::from_u8(operation) {
+        Some(Operation::CreateTopicWithAssignments) => Operation::CreateTopic as u8,
+        Some(Operation::CreatePartitionsWithAssignments) => Operation::CreatePartitions as u8,
+        Some(Operation::TruncatePartition) => Operation::DeleteSegments as u8,
+        _ => operation,
+    }
+}

@@ -35,12 +35,19 @@ impl Replica {
     /// Records the reply of the op `header` committed, to be sealed when it is applied.
     pub(crate) fn await_applied(&mut self, op: u64, reply: ReplyHeader) {
         if self.applying.len() >= APPLYING_MAX {
-            if let Some(oldest) = self.applying.pop_front() {
-                let frame = Frame::build(&oldest.reply, &[]);
-                self.clients.apply(oldest.reply.client, oldest.op, frame);
-            }
+            self.settle_oldest_unreported();
         }
         self.applying.push_back(Applying { op, reply });
+    }
+
+    /// The oldest op waiting for its result, taken as applied with its status alone:
+    /// its result will not come (the driver does not report it, or a state installed
+    /// over it).
+    fn settle_oldest_unreported(&mut self) {
+        if let Some(oldest) = self.applying.pop_front() {
+            let frame = Frame::build(&oldest.reply, &[]);
+            self.clients.apply(oldest.reply.client, oldest.op, frame);
+        }
     }
 
     /// The driver applied committed op `op` (every op of an `Action::Commit`, in commit
@@ -51,20 +58,18 @@ impl Replica {
     pub fn on_applied(&mut self, op: u64, applied: Applied<'_>) -> Option<(u128, Frame)> {
         while self.applying.front().is_some_and(|a| a.op < op) {
             // Never reported: skipped by a state installed over them.
-            let skipped = self.applying.pop_front()?;
-            let frame = Frame::build(&skipped.reply, &[]);
-            self.clients.apply(skipped.reply.client, skipped.op, frame);
+            self.settle_oldest_unreported();
         }
         if self.applying.front().is_none_or(|a| a.op != op) {
             return None;
         }
         let Applying { mut reply, .. } = self.applying.pop_front()?;
-        reply.status = applied.status;
-        let frame = Frame::build(&reply, applied.body);
         let client = reply.client;
         if client == 0 {
             return None;
         }
+        reply.status = applied.status;
+        let frame = Frame::build(&reply, applied.body);
         let kept = if applied.keep_body && applied.body.len() <= REPLY_BODY_KEPT_MAX {
             frame.clone()
         } else {

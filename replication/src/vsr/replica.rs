@@ -744,9 +744,10 @@ impl Replica {
         let reply = self.build_reply(&header);
         let primary = self.status == Status::Normal && self.is_primary();
         let client = header.client;
+        // Until the op is applied the session holds the reply's header alone.
+        let unapplied = Frame::build(&reply, &[]);
         if header.operation == Operation::Register as u8 {
-            let frame = Frame::build(&reply, &[]);
-            if let Some(evicted) = self.clients.register(client, op, frame) {
+            if let Some(evicted) = self.clients.register(client, op, unapplied) {
                 if primary {
                     self.evict(evicted, EvictionReason::StaleClient);
                 }
@@ -754,13 +755,11 @@ impl Replica {
         } else if header.operation == Operation::Logout as u8 {
             self.clients.remove(client);
         } else if self.config.group == METADATA_GROUP {
-            let frame = Frame::build(&reply, &[]);
-            self.clients.commit(client, header.request, op, frame);
+            self.clients.commit(client, header.request, op, unapplied);
         } else if client != 0 {
-            let frame = Frame::build(&reply, &[]);
-            if let Some(evicted) = self
-                .clients
-                .commit_request(client, header.request, op, frame)
+            if let Some(evicted) =
+                self.clients
+                    .commit_request(client, header.request, op, unapplied)
             {
                 if primary {
                     self.evict(evicted, EvictionReason::StaleClient);

@@ -36,79 +36,13 @@ use super::node::Node;
 use super::partitions::Partition;
 use super::prepares;
 use super::DaemonError;
-
-/// Prepares staged in one lane at most before the node waits for the lane to write
-/// them (bounds the memory one partition's prepares hold while its disk is slow).
-const STAGED_OPS_MAX: usize = 1024;
+use crate::node_core::{Append, Io, JournalAt, Lane};
 
 /// A lane's IO that completed.
 pub(super) struct IoDone {
     group: u64,
-    kind: IoKind,
+    kind: Io,
     result: Result<(), DaemonError>,
-}
-
-enum IoKind {
-    Write,
-    Sync,
-}
-
-/// One partition group's journal work not yet reported durable.
-#[derive(Default)]
-pub(super) struct Lane {
-    /// Prepares not yet planned into a write, in op order.
-    staged: Vec<(u64, Frame)>,
-    /// The ops (and identities) of the write in flight, and when it started.
-    writing: Option<(Vec<(u64, u128)>, Instant)>,
-    /// Ops written, for the next sync; when the oldest of their writes started.
-    written: Vec<(u64, u128)>,
-    written_since: Option<Instant>,
-    /// The ops the sync in flight covers, and when the oldest of their writes started.
-    syncing: Option<(Vec<(u64, u128)>, Instant)>,
-    /// A write or sync met a full disk: the files no longer match what was planned, so
-    /// nothing more is written and the group stops (storage.rs).
-    failed: bool,
-}
-
-impl Lane {
-    /// A write or a sync of the lane is in flight.
-    fn io_in_flight(&self) -> bool {
-        self.writing.is_some() || self.syncing.is_some()
-    }
-
-    /// A write can start: prepares are staged and no write is in flight.
-    fn write_startable(&self) -> bool {
-        self.writing.is_none() && !self.staged.is_empty()
-    }
-
-    /// A sync can start: ops are written and no sync is in flight.
-    fn sync_startable(&self) -> bool {
-        self.syncing.is_none() && !self.written.is_empty()
-    }
-
-    pub(super) fn idle(&self) -> bool {
-        self.staged.is_empty()
-            && self.writing.is_none()
-            && self.written.is_empty()
-            && self.syncing.is_none()
-    }
-
-    /// Whether `op` is staged or in the write in flight (not yet in the segment file).
-    fn unwritten(&self, op: u64) -> bool {
-        self.staged.iter().any(|(o, _)| *o == op)
-            || self
-                .writing
-                .as_ref()
-                .is_some_and(|(ops, _)| ops.iter().any(|(o, _)| *o == op))
-    }
-
-    /// Whether `op` is written or being written but not yet reported durable.
-    fn in_flight(&self, op: u64) -> bool {
-        let holds = |ops: &[(u64, u128)]| ops.iter().any(|(o, _)| *o == op);
-        self.writing.as_ref().is_some_and(|(ops, _)| holds(ops))
-            || holds(&self.written)
-            || self.syncing.as_ref().is_some_and(|(ops, _)| holds(ops))
-    }
 }
 
 /// What planning a lane's staged prepares produced.
@@ -136,43 +70,31 @@ impl Node {
         let Some(partition) = self.partitions.by_group.get(&group) else {
             return Ok(());
         };
+        let journal = JournalAt {
+            head: partition.prepares.head(),
+            empty: partition.prepares.is_empty(),
+            committed_op: partition.committed_op,
+            identity: partition.prepares.get(op).map(|e| e.identity),
+        };
         let checksum = frame.checksum();
-        let lane = self.lanes.entry(group).or_default();
-        if let Some(at) = lane.staged.iter().position(|(staged, _)| *staged >= op) {
-            if lane.staged[at].0 == op && lane.staged[at].1.checksum() == checksum {
-                // Asked again for a staged prepare: it is reported with its write.
-                return Ok(());
-            }
-            // Replaces staged prepares never written (nor reported): they go.
-            lane.staged.truncate(at);
-        }
-        if partition
-            .prepares
-            .get(op)
-            .is_some_and(|e| e.identity == checksum)
+        match self
+            .lanes
+            .entry(group)
+            .or_default()
+            .append(op, frame.clone(), journal)
         {
-            // Journaled already (the core asks again for ops it never saw reported):
-            // reported when its sync completes, or now if that happened.
-            if !lane.in_flight(op) {
-                if let Some(replica) = self.groups.get_mut(group) {
+            Append::StagedAlready | Append::Staged { full: false } => Ok(()),
+            Append::Staged { full: true } => self.drain_lane(group).await,
+            Append::Journaled { report_now } => {
+                // The core asks again for ops it never saw reported: now, or when the
+                // sync in flight for it completes.
+                if let (true, Some(replica)) = (report_now, self.groups.get_mut(group)) {
                     replica.on_journal_durable(op, checksum);
                 }
+                Ok(())
             }
-            return Ok(());
+            Append::OnItsOwn => self.partition_journal(group, op, &frame).await.map(|_| ()),
         }
-        let head = lane
-            .staged
-            .last()
-            .map_or(partition.prepares.head(), |(staged, _)| *staged);
-        let follows = op == head + 1 || (head == 0 && partition.prepares.is_empty() && op == 1);
-        if follows && op > partition.committed_op {
-            lane.staged.push((op, frame));
-            if lane.staged.len() >= STAGED_OPS_MAX {
-                self.drain_lane(group).await?;
-            }
-            return Ok(());
-        }
-        self.partition_journal(group, op, &frame).await.map(|_| ())
     }
 
     /// Before a commit of `op` is applied: its batch must be in the segment file (reads
@@ -220,7 +142,7 @@ impl Node {
 
     /// Whether the lane of `group` met a full disk.
     pub(super) fn lane_failed(&self, group: u64) -> bool {
-        self.lanes.get(&group).is_some_and(|lane| lane.failed)
+        self.lanes.get(&group).is_some_and(Lane::failed)
     }
 
     fn no_space(&self, group: u64) -> DaemonError {
@@ -233,7 +155,7 @@ impl Node {
     /// A lane's IO met a full disk: the lane fails, the node learns its disk is full.
     fn fail_lane(&mut self, group: u64, error: &DaemonError) {
         if let Some(lane) = self.lanes.get_mut(&group) {
-            lane.failed = true;
+            lane.fail();
         }
         self.storage.on_no_space(error);
         self.stopping.insert(group);
@@ -325,26 +247,24 @@ impl Node {
             self.lanes.remove(&group);
             return Ok(());
         };
-        if lane.failed {
+        if lane.failed() {
             return Ok(());
         }
         if lane.sync_startable() {
-            let ops = std::mem::take(&mut lane.written);
-            let since = lane.written_since.take().unwrap_or_else(Instant::now);
+            lane.start_sync(Instant::now());
             let io = partition.journal_syncer(group);
-            spawn_io(&self.io_done_tx, group, IoKind::Sync, io);
-            lane.syncing = Some((ops, since));
+            spawn_io(&self.io_done_tx, group, Io::Sync, io);
         }
         if !lane.write_startable() {
             return Ok(());
         }
         self.partitions.unsynced.insert(group);
         self.partitions.grown = true;
-        let planned = match plan_lane(partition, group, &lane.staged)? {
+        let planned = match plan_lane(partition, group, lane.staged())? {
             Some(planned) => planned,
             None => {
                 // The first batch starts a new segment: roll with nothing in flight.
-                if lane.syncing.is_some() {
+                if lane.io_in_flight() {
                     return Ok(());
                 }
                 if let Err(error) = partition.log.roll().await {
@@ -355,22 +275,16 @@ impl Node {
                     }
                     return Err(error);
                 }
-                plan_lane(partition, group, &lane.staged)?.ok_or(DaemonError::Internal {
+                plan_lane(partition, group, lane.staged())?.ok_or(DaemonError::Internal {
                     group,
                     op: None,
                     detail: "roll did not make room",
                 })?
             }
         };
-        let planned_ops = planned.ops.len();
-        if planned.drop_rest {
-            lane.staged.clear();
-        } else {
-            lane.staged.drain(..planned_ops);
-        }
+        lane.planned(planned.ops, planned.drop_rest, Instant::now());
         if let Some(io) = planned.io {
-            spawn_io(&self.io_done_tx, group, IoKind::Write, io);
-            lane.writing = Some((planned.ops, Instant::now()));
+            spawn_io(&self.io_done_tx, group, Io::Write, io);
         }
         for reason in planned.refused {
             self.bus.stats().reject(reason);
@@ -383,7 +297,7 @@ impl Node {
     fn waits_for_prepare_file(&self, group: u64) -> bool {
         self.lanes
             .get(&group)
-            .is_some_and(|lane| !lane.failed && lane.write_startable())
+            .is_some_and(|lane| !lane.failed() && lane.write_startable())
             && self
                 .partitions
                 .by_group
@@ -456,54 +370,40 @@ impl Node {
         let no_space = done.result.as_ref().is_err_and(|e| e.is_no_space());
         if let (true, Some(lane)) = (failed || no_space, self.lanes.get_mut(&group)) {
             // A failed lane reports nothing durable, this completion included.
-            match done.kind {
-                IoKind::Write => lane.writing = None,
-                IoKind::Sync => lane.syncing = None,
-            }
+            lane.failed_done(done.kind);
             if let (false, Err(error)) = (failed, &done.result) {
                 self.fail_lane(group, error);
             }
             return Ok(());
         }
         done.result?;
-        let internal = |detail| DaemonError::Internal {
-            group,
-            op: None,
-            detail,
-        };
         let (Some(lane), Some(partition)) = (
             self.lanes.get_mut(&group),
             self.partitions.by_group.get_mut(&group),
         ) else {
-            return Err(internal("journal IO completed for no lane"));
+            return Err(DaemonError::Internal {
+                group,
+                op: None,
+                detail: "journal IO completed for no lane",
+            });
         };
         let durable = match done.kind {
-            IoKind::Write => {
-                let Some((ops, since)) = lane.writing.take() else {
-                    return Err(internal("a write completed that was not in flight"));
-                };
-                if partition.log.syncs_every_batch() {
-                    lane.written.extend(ops);
-                    lane.written_since.get_or_insert(since);
-                    return Ok(());
-                }
-                (ops, since)
-            }
-            IoKind::Sync => {
-                let Some(synced) = lane.syncing.take() else {
-                    return Err(internal("a sync completed that was not in flight"));
-                };
+            Io::Write => match lane.write_done(partition.log.syncs_every_batch()) {
+                Some(written) => written,
+                None => return Ok(()),
+            },
+            Io::Sync => {
+                let synced = lane.sync_done();
                 partition.log.note_synced();
                 synced
             }
         };
-        let (ops, since) = durable;
         let _ = self
             .latencies
             .journal_fsync
-            .record(since.elapsed().as_micros() as u64);
+            .record(durable.since.elapsed().as_micros() as u64);
         if let Some(replica) = self.groups.get_mut(group) {
-            for (op, checksum) in ops {
+            for (op, checksum) in durable.ops {
                 replica.on_journal_durable(op, checksum);
             }
         }
@@ -562,8 +462,7 @@ impl Node {
         self.lanes
             .entry(group)
             .or_default()
-            .staged
-            .push((op, frame.clone()));
+            .stage_alone(op, frame.clone());
         self.wait_written(group, op).await?;
         Ok(self.journaled(group, op, checksum).then_some(checksum))
     }
@@ -583,7 +482,7 @@ impl Node {
 fn spawn_io(
     done: &Rc<LocalSender<IoDone>>,
     group: u64,
-    kind: IoKind,
+    kind: Io,
     io: impl std::future::Future<Output = Result<(), DaemonError>> + 'static,
 ) {
     let done = done.clone();

@@ -217,7 +217,7 @@ pub struct Node {
     /// Per topic (stream id, topic id): the round-robin position of Balanced sends.
     pub(super) balanced: HashMap<(u32, u32), u32>,
     /// Each partition group's journal work in flight (group_commit.rs).
-    pub(super) lanes: BTreeMap<u64, super::group_commit::Lane>,
+    pub(super) lanes: BTreeMap<u64, crate::node_core::Lane>,
     /// Completions of the lanes' IO tasks.
     pub(super) io_done_tx: Rc<LocalSender<super::group_commit::IoDone>>,
     pub(super) io_done: LocalReceiver<super::group_commit::IoDone>,

@@ -1,0 +1,13 @@
+//! The node core: what a node decides, as plain values driven by events, with no IO of
+//! its own. The daemon (`crate::daemon`) performs what these values ask for (writes,
+//! syncs, sends) and feeds the completions back; the values never read a clock or touch
+//! a file, so each is tested by driving it with events, exhaustive or random, and asserts
+//! its own invariants: a transition that cannot happen is a bug and panics, it is never
+//! reported as a runtime error.
+//!
+//! - `lane`: one partition group's journal work between the consensus asking for a
+//!   JournalAppend and the prepare being reported durable (group commit).
+
+pub mod lane;
+
+pub use lane::{Append, InFlight, Io, JournalAt, Lane, STAGED_OPS_MAX};

@@ -224,7 +224,7 @@ impl Node {
         let Some(partition) = self.partitions.by_group.get_mut(&group) else {
             return Ok(());
         };
-        if op_max < partition.committed_op {
+        if op_max < partition.state.committed_op {
             self.bus.stats().reject("partition_truncate_committed");
             tracing::error!(group, op_max, "refused to truncate committed partition ops");
             return Ok(());

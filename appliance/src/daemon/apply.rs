@@ -5,20 +5,16 @@
 
 use replication::vsr::Applied;
 use replication::wire::{
-    batch, Frame, Operation, PartitionKey, PrepareHeader, ReplyHeader, METADATA_GROUP,
+    Frame, Operation, PartitionKey, PrepareHeader, ReplyHeader, METADATA_GROUP,
 };
 use zerocopy::FromBytes;
 
-use super::partitions::{self};
 use super::DaemonError;
-use crate::protocol::codec::Reader;
-use crate::protocol::reply::{
-    with_result_section, RegisterReply, SendConfirmation, SendConfirmations,
-};
+use crate::protocol::reply::{with_result_section, RegisterReply};
 use crate::protocol::users::RawTokenReply;
 use crate::protocol::Status;
+use crate::state::partition::Effect;
 use crate::state::{Caller, MetadataOp};
-use journal::segment::offsets::CONSUMERS_MAX;
 
 use super::node::{Node, PARTITION_START_BUDGET};
 
@@ -117,37 +113,34 @@ impl Node {
             return Ok(());
         };
         let body = prepare.as_bytes().get(256..).unwrap_or(&[]);
-        let invalid = |source| DaemonError::Batch {
-            group,
-            op,
-            what: "committed batch",
-            source,
-        };
+        let key = partition.key;
+        let applied = partition
+            .state
+            .apply(key, op, header.operation, body, &partition.offsets)
+            .map_err(|source| DaemonError::Batch {
+                group,
+                op,
+                what: "committed batch",
+                source,
+            })?;
         let offsets_failed = DaemonError::journal(group, Some(op), "consumer offsets");
-        let (status, reply_body) = match Operation::from_u8(header.operation) {
-            Some(Operation::SendMessages) => {
-                // Verified when it was received or stamped, and again when journaled.
-                let info = batch::info_of_verified(body).map_err(invalid)?;
-                partition.committed_end = info.next_offset();
-                let key = partition.key;
-                let reply = SendConfirmations {
-                    confirmations: vec![SendConfirmation {
-                        stream_id: key.stream,
-                        topic_id: key.topic,
-                        partition_id: key.partition,
-                        base_offset: info.base_offset,
-                    }],
-                };
-                (Status::Ok, reply.encode())
+        match applied.effect {
+            Effect::None => {}
+            Effect::StoreOffset { consumer, offset } => {
+                partition
+                    .offsets
+                    .store(consumer, offset)
+                    .map_err(offsets_failed)?;
             }
-            Some(Operation::StoreConsumerOffset) | Some(Operation::DeleteConsumerOffset) => {
-                self.partitions.unsynced.insert(group);
-                self.partitions.grown = true;
-                apply_offset_op(partition, header.operation, body).map_err(offsets_failed)?
+            Effect::DeleteOffset { consumer } => {
+                partition.offsets.delete(consumer).map_err(offsets_failed)?;
             }
-            _ => (Status::InvalidRequest, Vec::new()),
-        };
-        partition.committed_op = op;
+        }
+        if is_offset_op(header.operation) {
+            self.partitions.unsynced.insert(group);
+            self.partitions.grown = true;
+        }
+        let (status, reply_body) = (applied.status, applied.body);
         self.on_applied(group, op, header.operation, status, reply_body);
         // Committed prepares are in the segment log now: keep only a repair window of
         // them in memory (older ones are answered RangeEvicted).
@@ -245,41 +238,10 @@ fn not_a_prepare(group: u64, op: u64) -> DaemonError {
     }
 }
 
-/// Applies a committed StoreConsumerOffset or DeleteConsumerOffset: a delete of an
-/// offset that is not stored is NotFound; a store for a consumer past the partition's
-/// `CONSUMERS_MAX` is LimitReached.
-fn apply_offset_op(
-    partition: &mut partitions::Partition,
-    operation: u8,
-    body: &[u8],
-) -> journal::Result<(Status, Vec<u8>)> {
-    let mut r = Reader::new(body);
-    let kind = r.u8("consumer_kind");
-    let id = r.u32("consumer_id");
-    let consumer = match (kind, id) {
-        (Ok(0), Ok(id)) => crate::protocol::Consumer::Single(id),
-        (Ok(1), Ok(id)) => crate::protocol::Consumer::Group(id),
-        _ => return Ok((Status::InvalidRequest, Vec::new())),
-    };
-    let key = partitions::consumer_key(consumer);
-    // Decided from the applied state alone, so every replica answers alike (what
-    // store and delete return is whether the table is synced now, not the outcome).
-    let known = partition.offsets.get(key).is_some();
-    if operation == Operation::StoreConsumerOffset as u8 {
-        let Ok(offset) = r.u64("offset") else {
-            return Ok((Status::InvalidRequest, Vec::new()));
-        };
-        if !known && partition.offsets.all().len() >= CONSUMERS_MAX {
-            return Ok((Status::LimitReached, b"consumers".to_vec()));
-        }
-        partition.offsets.store(key, offset)?;
-    } else {
-        if !known {
-            return Ok((Status::NotFound, Vec::new()));
-        }
-        partition.offsets.delete(key)?;
-    }
-    Ok((Status::Ok, Vec::new()))
+/// Whether a partition group's `operation` writes the consumer offsets.
+fn is_offset_op(operation: u8) -> bool {
+    operation == Operation::StoreConsumerOffset as u8
+        || operation == Operation::DeleteConsumerOffset as u8
 }
 
 /// The client-facing operation of a prepared one (docs/protocol.md, "Replication": the

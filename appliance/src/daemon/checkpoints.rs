@@ -63,10 +63,10 @@ impl Node {
                 // Applied past its checkpoint before the group is looked up: an idle
                 // partition costs no lookup among thousands of groups.
                 to_delete.contains(group)
-                    || (partition.applied_past_checkpoint()
-                        && groups
-                            .get(**group)
-                            .is_some_and(|replica| partition.needs_checkpoint(replica.commit())))
+                    || (partition.state.applied_past_checkpoint()
+                        && groups.get(**group).is_some_and(|replica| {
+                            partition.state.needs_checkpoint(replica.commit())
+                        }))
             })
             .map(|(group, _)| *group)
             .collect();
@@ -86,9 +86,9 @@ impl Node {
                 if !self.repair_windows.over_bound() {
                     break;
                 }
-                let op = partition.checkpoint_op;
+                let op = partition.state.checkpoint_op;
                 if op == 0
-                    || partition.committed_op != op
+                    || partition.state.committed_op != op
                     || !self.repair_windows.releasable(group, op)
                 {
                     continue;
@@ -155,7 +155,7 @@ impl Node {
             else {
                 continue;
             };
-            if !partition.needs_checkpoint(replica.commit()) {
+            if !partition.state.needs_checkpoint(replica.commit()) {
                 continue;
             }
             let Some(checkpoint) = replica.checkpoint() else {
@@ -256,7 +256,7 @@ impl Node {
         let Some(partition) = self.partitions.by_group.get_mut(&group) else {
             return Ok(());
         };
-        partition.checkpoint_op = op;
+        partition.state.on_checkpoint(op);
         if partition.prepares.len() > PREPARE_RECORDS_KEPT {
             if let Err(error) = partition.prepares.compact(op).await {
                 let error = DaemonError::prepare_log(group, Some(op))(error);

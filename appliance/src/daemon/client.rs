@@ -350,7 +350,7 @@ impl Node {
                 };
                 match self.offset_target(target) {
                     Ok((key, consumer)) => {
-                        let prepare = Node::offset_prepare_body(consumer, offset);
+                        let prepare = crate::state::partition::offset_op_body(consumer, offset);
                         self.partition_request(connection, header, user, key, &prepare);
                     }
                     Err(status) => self.answer_unresolved(connection, header, status),
@@ -412,7 +412,7 @@ impl Node {
                 let group = key.pack().ok();
                 *offset = group
                     .and_then(|g| self.partitions.by_group.get(&g))
-                    .map_or(0, |p| p.committed_end);
+                    .map_or(0, |p| p.state.committed_end);
             }
         }
         if let Ok(MetadataOp::CreateTopic { first_primary, .. }) = &mut prepared {

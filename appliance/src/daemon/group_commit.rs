@@ -73,7 +73,7 @@ impl Node {
         let journal = JournalAt {
             head: partition.prepares.head(),
             empty: partition.prepares.is_empty(),
-            committed_op: partition.committed_op,
+            committed_op: partition.state.committed_op,
             identity: partition.prepares.get(op).map(|e| e.identity),
         };
         let checksum = frame.checksum();
@@ -433,7 +433,7 @@ impl Node {
         {
             return Ok(Some(checksum));
         }
-        if op <= partition.committed_op {
+        if op <= partition.state.committed_op {
             self.bus.stats().reject("partition_rewrite_committed");
             tracing::error!(group, op, "refused to rewrite a committed partition op");
             return Ok(None);

@@ -9,10 +9,10 @@ use super::client::{now_us, AUTO_COMMIT_CLIENT};
 use super::node::Node;
 use super::partitions::{self, POLL_BYTES_MAX};
 use super::polls::{AutoCommit, PollRead};
-use crate::protocol::codec::Writer;
 use crate::protocol::reply::{ConsumerOffsetReply, PollRoutingReply};
 use crate::protocol::request::{ConsumerRef, Identifier, OffsetTarget, Partitioning};
 use crate::protocol::{Consumer, PollStrategy, Status};
+use crate::state::partition::{consumer_key, offset_op_body};
 use crate::state::Right;
 use journal::segment::ReadFrom;
 
@@ -85,21 +85,6 @@ impl Node {
         Ok((key, consumer))
     }
 
-    /// The prepare body of a StoreConsumerOffset (with `offset`) or DeleteConsumerOffset:
-    /// consumer kind u8 (0 single, 1 group), id u32, then the offset u64.
-    pub(super) fn offset_prepare_body(consumer: Consumer, offset: Option<u64>) -> Vec<u8> {
-        let (kind, id) = match consumer {
-            Consumer::Single(id) => (0u8, id),
-            Consumer::Group(id) => (1u8, id),
-        };
-        let mut body = Writer::default();
-        body.u8(kind).u32(id);
-        if let Some(offset) = offset {
-            body.u64(offset);
-        }
-        body.finish()
-    }
-
     /// Iggy's GetConsumerOffset, from committed state: an empty body when the consumer
     /// stores no offset there.
     pub(super) fn get_consumer_offset(
@@ -111,11 +96,11 @@ impl Node {
             Ok(found) => found,
             Err(status) => return (status, Vec::new()),
         };
-        match stored.offsets.get(partitions::consumer_key(consumer)) {
+        match stored.offsets.get(consumer_key(consumer)) {
             Some(offset) => {
                 let reply = ConsumerOffsetReply {
                     partition_id: key.partition,
-                    current_offset: stored.committed_end.saturating_sub(1),
+                    current_offset: stored.state.committed_end.saturating_sub(1),
                     stored_offset: offset,
                 };
                 (Status::Ok, reply.encode())
@@ -240,7 +225,7 @@ impl Node {
         }
         // The log also holds prepared, uncommitted batches: reads stop at the commit
         // point. Reads start at the first retained offset (retention).
-        let end = stored.committed_end;
+        let end = stored.state.committed_end;
         let first = self.state.retained_from(key).max(stored.log.start_offset());
         let from = match strategy {
             PollStrategy::Offset(offset) => offset.max(first),
@@ -248,7 +233,7 @@ impl Node {
             PollStrategy::Last => end.saturating_sub(u64::from(count)).max(first),
             PollStrategy::Next => stored
                 .offsets
-                .get(partitions::consumer_key(consumer))
+                .get(consumer_key(consumer))
                 .map_or(0, |o| o + 1)
                 .max(first),
         };
@@ -287,7 +272,7 @@ impl Node {
     /// (its reply goes nowhere). It commits after the poll is answered; if the pipeline
     /// is full the offset is not stored (counted) and the next poll stores a later one.
     pub(super) fn auto_commit(&mut self, group: u64, user: u32, consumer: Consumer, offset: u64) {
-        let body = Self::offset_prepare_body(consumer, Some(offset));
+        let body = offset_op_body(consumer, Some(offset));
         // Request numbers must grow across restarts (the partition's client table
         // outlives the process): microseconds since the epoch, strictly increasing.
         self.auto_commits = now_us().max(self.auto_commits + 1);

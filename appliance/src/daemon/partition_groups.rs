@@ -129,9 +129,9 @@ impl Node {
         tracing::info!(
             ?key,
             group,
-            checkpoint = opened.partition.checkpoint_op,
+            checkpoint = opened.partition.state.checkpoint_op,
             journaled = opened.records.len(),
-            end = opened.partition.committed_end,
+            end = opened.partition.state.committed_end,
             "partition group started"
         );
         // The prepare of its checkpoint, read back, counts against the repair windows'

@@ -14,7 +14,7 @@ use zerocopy::IntoBytes;
 use super::files::{self, StoredCheckpoint};
 use super::prepares::{self, PrepareLog, Record};
 use super::DaemonError;
-use crate::protocol::Consumer;
+use crate::state::partition::PartitionState;
 
 /// Bytes of log a poll reads at most (whole batches; the reply stays far below the
 /// frame limit).
@@ -25,31 +25,17 @@ pub struct Partition {
     pub key: PartitionKey,
     pub dir: PathBuf,
     /// Batches of every journaled prepare, committed or not (reads stop at
-    /// `committed_end`).
+    /// `state.committed_end`).
     pub log: PartitionLog,
     pub offsets: ConsumerOffsets,
     /// The group's prepare records (prepares.rs).
     pub prepares: PrepareLog,
-    /// The highest op applied here, and the log offset it ends at.
-    pub committed_op: u64,
-    pub committed_end: u64,
-    /// The op of the last durable checkpoint (0: none).
-    pub checkpoint_op: u64,
+    /// What its committed ops made of it: the op and log offset applied up to, the
+    /// last durable checkpoint's op.
+    pub state: PartitionState,
 }
 
 impl Partition {
-    /// Whether a checkpoint at the group's commit point `commit` would move this
-    /// partition's: it committed past its checkpoint and applied every committed op.
-    pub fn needs_checkpoint(&self, commit: u64) -> bool {
-        commit == self.committed_op && self.applied_past_checkpoint()
-    }
-
-    /// Whether it applied an op its checkpoint does not hold: what `needs_checkpoint`
-    /// asks first, answered without the group's commit point.
-    pub fn applied_past_checkpoint(&self) -> bool {
-        self.committed_op > self.checkpoint_op
-    }
-
     /// Forces the segment log and the prepare records to stable storage, as a task that
     /// holds only the files (the two fdatasyncs overlap, and many partitions' can run at
     /// once). Once it succeeded, call `log.note_synced()`. `group` is the partition's.
@@ -126,14 +112,6 @@ pub fn partition_dir(data_dir: &Path, key: PartitionKey) -> PathBuf {
     data_dir
         .join(journal::data_dir::PARTITIONS_DIR)
         .join(format!("{}-{}-{}", key.stream, key.topic, key.partition))
-}
-
-/// The consumer-offset table key: kind in the high half, id in the low.
-pub fn consumer_key(consumer: Consumer) -> u64 {
-    match consumer {
-        Consumer::Single(id) => u64::from(id),
-        Consumer::Group(id) => (1 << 32) | u64::from(id),
-    }
 }
 
 /// Opens (creating if absent) one partition's log, offsets, prepare records, VSR
@@ -241,9 +219,7 @@ pub async fn open(
         log,
         offsets,
         prepares,
-        committed_op,
-        committed_end,
-        checkpoint_op: committed_op,
+        state: PartitionState::opened(committed_op, committed_end),
     };
     Ok(Opened {
         partition,

@@ -181,7 +181,7 @@ impl Node {
         Some(Stored {
             key,
             first_offset,
-            committed_end: partition.committed_end,
+            committed_end: partition.state.committed_end,
             sealed,
             bytes,
         })
@@ -360,7 +360,7 @@ impl Node {
             self.retention.to_delete.remove(&group);
             return Ok(());
         };
-        let anchor = match partition.checkpoint_op {
+        let anchor = match partition.state.checkpoint_op {
             0 => 0,
             op => partition.prepares.get(op).map_or(0, |e| e.base_offset),
         };

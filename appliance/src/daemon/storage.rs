@@ -317,13 +317,14 @@ impl Node {
             // again from what is on disk, and keeps serving what was committed (every
             // committed batch was written before it was applied). Its files are dropped,
             // not closed: closing would write the planned state.
-            let (key, committed_op, committed_end) = (old.key, old.committed_op, old.committed_end);
+            let (key, committed_op, committed_end) =
+                (old.key, old.state.committed_op, old.state.committed_end);
             drop(old);
             match self.open_partition(key, group).await {
                 Ok(opened) => {
                     let mut partition = opened.partition;
-                    partition.committed_op = committed_op;
-                    partition.committed_end = committed_end.min(partition.log.next_offset());
+                    partition.state.committed_op = committed_op;
+                    partition.state.committed_end = committed_end.min(partition.log.next_offset());
                     self.partitions.by_group.insert(group, partition);
                 }
                 Err(error) => {

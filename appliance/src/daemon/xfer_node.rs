@@ -108,7 +108,7 @@ impl Node {
             let staging = partition
                 .dir
                 .with_file_name(format!("{}{name}", xfer::STAGING_PREFIX));
-            if let Ok(segments) = partition.log.segments_until(partition.committed_end) {
+            if let Ok(segments) = partition.log.segments_until(partition.state.committed_end) {
                 committed_segments = segments
                     .iter()
                     .map(|(base, _, len)| (*base, *len))
@@ -250,14 +250,14 @@ impl Node {
             });
         }
         let partition = self.partitions.by_group.get(&group).ok_or(false)?;
-        if partition.committed_op != checkpoint.op
-            || partition.committed_end != checkpoint.position.next_offset
+        if partition.state.committed_op != checkpoint.op
+            || partition.state.committed_end != checkpoint.position.next_offset
         {
             return Err(true);
         }
         let segments = partition
             .log
-            .segments_until(partition.committed_end)
+            .segments_until(partition.state.committed_end)
             .map_err(|error| {
                 tracing::warn!(group, %error, "state transfer: cannot list segments");
                 true
@@ -319,10 +319,10 @@ impl Node {
         let Some(partition) = self.partitions.by_group.get(&group) else {
             return Err(Refusal::Skip("the partition is gone".into()));
         };
-        if partition.committed_op >= commit_op {
+        if partition.state.committed_op >= commit_op {
             return Err(Refusal::Skip(format!(
                 "already committed op {} here",
-                partition.committed_op
+                partition.state.committed_op
             )));
         }
         if partition.prepares.head() > commit_op {

@@ -1,9 +1,10 @@
-//! The replicated state machines. So far: the metadata plane (streams, topics,
-//! partitions, users, consumer groups) and password hashing.
+//! The replicated state machines: the metadata plane (streams, topics, partitions,
+//! users, consumer groups) with password hashing, and each partition's applied state.
 
 pub mod auth;
 pub mod metadata;
 pub mod ops;
+pub mod partition;
 
 pub use metadata::{Applied, Caller, MetadataState, PasswordWork, Right};
 pub use ops::MetadataOp;

@@ -1,7 +1,8 @@
 //! The groups' actions executed in order (vsr/mod.rs, "Ordering contract"): sends,
 //! journal appends (the metadata group's awaited here, a partition group's staged in its
-//! lane), truncations, superblock writes (a partition group's beside the loop), commits
-//! and replies; and the metadata group's checkpoint once half its journal ring is used.
+//! lane), truncations, superblock writes (a partition group's beside the loop, in
+//! superblocks.rs' rounds, their completions taken here), commits and replies; and the
+//! metadata group's checkpoint once half its journal ring is used.
 
 use std::time::Instant;
 
@@ -11,7 +12,9 @@ use replication::wire::{Frame, METADATA_GROUP};
 use super::files;
 use super::DaemonError;
 
-use super::node::{slow_step, Node};
+use super::node::Node;
+use super::superblocks::RoundDone;
+use super::system::slow_step;
 
 impl Node {
     /// Executes queued actions until every group is quiet. A partition group's VSR
@@ -297,6 +300,56 @@ impl Node {
             if floor > replica.log().op_min() && floor <= replica.commit() {
                 replica.on_checkpoint(floor);
             }
+        }
+        Ok(())
+    }
+}
+
+impl Node {
+    /// A round of superblock writes completed: the groups written go on (their held
+    /// actions run at the next pump); a write that met a full disk runs once more after
+    /// the reserve went back to the file system, and a group whose write failed loses
+    /// its held actions (the messages that promise what was not written).
+    pub(super) fn on_superblocks_done(&mut self, done: RoundDone) -> Result<(), DaemonError> {
+        for ((group, dir, superblock), outcome) in self.superblocks.complete(done) {
+            if !self.superblocks.holds(group) {
+                continue;
+            }
+            let fail = DaemonError::file(group, "partition VSR superblock");
+            let outcome = outcome.map_err(fail).or_else(|error| {
+                if !error.is_no_space() {
+                    return Err(error);
+                }
+                // As `with_room`: the reserve goes back to the file system, once more.
+                self.storage.on_no_space(&error);
+                files::write_vsr_superblock(&dir, &superblock).map_err(fail)
+            });
+            match outcome {
+                Ok(()) => self.superblocks.release(group),
+                Err(error) => {
+                    self.superblocks.drop_held(group);
+                    self.absorb_no_space(Err(error.stops_group_when_full()))?;
+                }
+            }
+        }
+        // What queued meanwhile is the lane's next round.
+        self.superblocks.start_rounds();
+        Ok(())
+    }
+
+    /// Waits until `group` has no superblock write in flight (before its replica is
+    /// stopped or replaced). Its held actions run at the next pump, if it still runs.
+    pub(super) async fn settle_superblock(&mut self, group: u64) -> Result<(), DaemonError> {
+        while self.superblocks.holds(group) {
+            self.superblocks.start_rounds();
+            let Some(done) = self.superblocks.done.recv().await else {
+                return Err(DaemonError::Internal {
+                    group,
+                    op: None,
+                    detail: "superblock completions closed",
+                });
+            };
+            self.on_superblocks_done(done)?;
         }
         Ok(())
     }

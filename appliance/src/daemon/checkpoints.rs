@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::files::{self, FileError, StoredCheckpoint};
-use super::node::{slow_step, Node, PREPARE_RECORDS_KEPT};
+use super::node::{Node, PREPARE_RECORDS_KEPT};
+use super::system::slow_step;
 use super::DaemonError;
 
 /// Partitions checkpointed in one round (one tick) at most: bounds how long a round

@@ -19,6 +19,7 @@ use replication::wire::{
 use zerocopy::FromBytes;
 
 use super::node::Node;
+use super::pending::{Forwarded, PendingForward};
 use crate::protocol::reply::RegisterReply;
 use crate::protocol::Status;
 
@@ -44,24 +45,6 @@ mod logout_outcome {
     pub const PIPELINE_FULL: u8 = 2;
     pub const IN_PROGRESS: u8 = 3;
     pub const CANCELED: u8 = 4;
-}
-
-/// A request this backup forwarded and still owes its client an answer for.
-pub(super) struct PendingForward {
-    pub connection: ClientId,
-    pub request: RequestHeader,
-    pub sent: Instant,
-    /// The primary's Ok, waiting for this node's commit to reach `watermark`.
-    pub ok: Option<(u64, u64)>,
-}
-
-/// A client whose Register or Logout this primary prepared for a backup.
-#[derive(Clone, Copy)]
-pub(super) struct Forwarded {
-    pub backup: u8,
-    pub nonce: u128,
-    pub logout: bool,
-    pub at: Instant,
 }
 
 impl Node {

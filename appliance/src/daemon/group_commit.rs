@@ -32,18 +32,11 @@ use replication::vsr::Action;
 use replication::wire::{Frame, Operation, PrepareHeader};
 use zerocopy::FromBytes;
 
-use super::node::Node;
+use super::node::{IoDone, Node};
 use super::partitions::Partition;
 use super::prepares;
 use super::DaemonError;
 use crate::node_core::{Append, Io, JournalAt, Lane};
-
-/// A lane's IO that completed.
-pub(super) struct IoDone {
-    group: u64,
-    kind: Io,
-    result: Result<(), DaemonError>,
-}
 
 /// What planning a lane's staged prepares produced.
 struct PlannedLane {

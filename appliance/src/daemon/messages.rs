@@ -1,14 +1,20 @@
 //! The messages path of the client plane: where a SendMessages goes (its stream and
 //! topic by identifier, its partition by Iggy's partitioning) and what a poll serves
 //! (Iggy's PollMessages: the messages of one partition from committed state, cut to
-//! the range asked, with auto-commit on the partition's primary).
+//! the range asked, with auto-commit on the partition's primary); a poll's read handed
+//! to the reader threads (polls.rs) or queued, and its reply sent.
 
+use std::rc::Rc;
+
+use replication::bus::ClientId;
 use replication::wire::{Frame, Header, Operation, PartitionKey, RequestHeader};
 
 use super::client::{now_us, AUTO_COMMIT_CLIENT};
-use super::node::Node;
+use super::node::{Event, Node};
 use super::partitions::{self, POLL_BYTES_MAX};
-use super::polls::{AutoCommit, PollRead};
+use super::polls::{
+    caught, start_readers, AutoCommit, Deliver, PollRead, PollReply, QueuedPoll, POLL_QUEUE_MAX,
+};
 use crate::protocol::reply::{ConsumerOffsetReply, PollRoutingReply};
 use crate::protocol::request::{ConsumerRef, Identifier, OffsetTarget, Partitioning};
 use crate::protocol::{Consumer, PollStrategy, Status};
@@ -294,6 +300,106 @@ impl Node {
             replication::vsr::RequestOutcome::Prepared { .. }
         ) {
             self.reject("auto_commit_not_prepared");
+        }
+    }
+}
+
+impl Node {
+    /// Starts `read` on a reader thread, or queues it while every reader is busy.
+    pub(super) fn start_poll_read(
+        &mut self,
+        connection: ClientId,
+        request: &RequestHeader,
+        read: PollRead,
+    ) {
+        let job = QueuedPoll {
+            connection,
+            request: Box::new(*request),
+            read,
+        };
+        if self.poll_reads.running < self.poll_reads.readers_max {
+            return self.spawn_poll_read(job);
+        }
+        if self.poll_reads.queued.len() >= POLL_QUEUE_MAX {
+            self.reject("poll_queue_full");
+            return self.answer(connection, request, Status::Unavailable, &[]);
+        }
+        self.poll_reads.queued.push_back(job);
+    }
+
+    fn spawn_poll_read(&mut self, job: QueuedPoll) {
+        self.poll_reads.running += 1;
+        if self.poll_reads.readers.is_none() {
+            let count = self.poll_reads.readers_max;
+            let events = self.events.clone();
+            let deliver: Deliver = Rc::new(move |connection, request, reply| {
+                let _ = events.try_send(Event::PollRead {
+                    connection,
+                    request,
+                    reply,
+                });
+            });
+            self.poll_reads.readers = start_readers(count, deliver);
+        }
+        let job = match &self.poll_reads.readers {
+            Some(readers) => match readers.send(job) {
+                Ok(()) => return,
+                Err(flume::SendError(job)) => job,
+            },
+            None => job,
+        };
+        let read = job.read;
+        let done = glommio::executor().spawn_blocking(move || caught(move || read.run()));
+        let events = self.events.clone();
+        let (connection, request) = (job.connection, job.request);
+        glommio::spawn_local(async move {
+            let reply = Box::new(done.await);
+            let _ = events.try_send(Event::PollRead {
+                connection,
+                request,
+                reply,
+            });
+        })
+        .detach();
+    }
+
+    /// A poll read finished: stores the offset (auto_commit), answers, and starts the
+    /// next queued read.
+    pub(super) fn on_poll_read(
+        &mut self,
+        connection: ClientId,
+        request: &RequestHeader,
+        reply: PollReply,
+    ) {
+        self.poll_reads.running = self.poll_reads.running.saturating_sub(1);
+        while self.poll_reads.running < self.poll_reads.readers_max {
+            let Some(next) = self.poll_reads.queued.pop_front() else {
+                break;
+            };
+            if self.connections.contains_key(&next.connection) {
+                self.spawn_poll_read(next);
+            }
+        }
+        if reply.invalid {
+            self.reject("segment_batch_invalid");
+        }
+        if reply.panicked {
+            self.reject("poll_read_panicked");
+        }
+        if let Some(error) = &reply.error {
+            tracing::warn!(%error, "poll read failed");
+        }
+        if !self.connections.contains_key(&connection) {
+            return; // closed meanwhile
+        }
+        if let (Some(commit), Some(last)) = (reply.commit, reply.last) {
+            self.auto_commit(commit.group, commit.user, commit.consumer, last);
+        }
+        match reply.frame {
+            Some(frame) => {
+                let _ = self.bus.send_to_client(connection, frame);
+            }
+            None => self.answer(connection, request, reply.status, &[]),
         }
     }
 }

@@ -29,11 +29,13 @@ mod checkpoints;
 mod client;
 mod error;
 mod forward;
+mod full_disk;
 mod group_commit;
 mod login;
 mod messages;
 mod metadata_reads;
 mod partition_groups;
+mod pending;
 mod polls;
 mod repair_windows;
 mod retention;
@@ -298,7 +300,7 @@ fn settings(config: &Config, replica_id: u8) -> Result<Settings, DaemonError> {
             max_used_bytes: config.storage.max_used_bytes.0,
             reserve_bytes: config.storage.reserve_bytes.0,
         },
-        retention: retention::RetentionSettings {
+        retention: crate::node_core::retention::RetentionSettings {
             message_expiry: config.retention.message_expiry.0,
             max_topic_size: config.retention.max_topic_size.0,
             check_ticks: (config.retention.check_interval.0.as_millis() as u64

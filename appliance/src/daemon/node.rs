@@ -22,9 +22,10 @@ use replication::wire::{
 };
 use zerocopy::FromBytes;
 
-use super::forward;
 use super::partitions::{self, Partitions};
+use super::pending::{Forwarded, PendingForward, PendingTokens};
 use super::repair_windows::RepairWindows;
+use super::system::{slow_step, SLOW_STEP};
 use super::DaemonError;
 use crate::protocol::{Credentials, Status};
 use crate::state::{MetadataOp, MetadataState};
@@ -80,10 +81,17 @@ pub enum Event {
     },
 }
 
+/// A lane's IO that completed.
+pub(super) struct IoDone {
+    pub(super) group: u64,
+    pub(super) kind: crate::node_core::Io,
+    pub(super) result: Result<(), DaemonError>,
+}
+
 /// What wakes the node loop.
 enum Input {
     Event(Event),
-    Io(super::group_commit::IoDone),
+    Io(IoDone),
     Superblocks(super::superblocks::RoundDone),
 }
 
@@ -193,7 +201,7 @@ pub struct Node {
     pub(super) client_connections: HashMap<u128, ClientId>,
     /// Personal access tokens this node prepared, by hash, until their op commits: the
     /// reply carries the token, the replicated op only its hash.
-    pub(super) pending_tokens: super::client::PendingTokens,
+    pub(super) pending_tokens: PendingTokens,
     /// When a request was received, by (group, client), for the request latency.
     pub(super) request_started: HashMap<(u64, u128), Instant>,
     pub(super) prepared_at: HashMap<(u64, u64), Instant>,
@@ -206,10 +214,10 @@ pub struct Node {
     pub(super) events: Rc<LocalSender<Event>>,
     pub(super) logins_in_flight: usize,
     /// Backup: Register/Logout requests forwarded to the primary, by nonce.
-    pub(super) forwards: HashMap<u128, forward::PendingForward>,
+    pub(super) forwards: HashMap<u128, PendingForward>,
     pub(super) forward_nonces: u64,
     /// Primary: clients whose forwarded Register/Logout is in flight here.
-    pub(super) forwarded: HashMap<u128, forward::Forwarded>,
+    pub(super) forwarded: HashMap<u128, Forwarded>,
     /// Request numbers of internal auto-commit writes.
     pub(super) auto_commits: u64,
     /// Poll reads running on the blocking pool and waiting for a slot.
@@ -219,13 +227,13 @@ pub struct Node {
     /// Each partition group's journal work in flight (group_commit.rs).
     pub(super) lanes: BTreeMap<u64, crate::node_core::Lane>,
     /// Completions of the lanes' IO tasks.
-    pub(super) io_done_tx: Rc<LocalSender<super::group_commit::IoDone>>,
-    pub(super) io_done: LocalReceiver<super::group_commit::IoDone>,
+    pub(super) io_done_tx: Rc<LocalSender<IoDone>>,
+    pub(super) io_done: LocalReceiver<IoDone>,
     /// Partition groups' superblock writes in flight, and the actions they hold back.
     pub(super) superblocks: super::superblocks::Superblocks,
     /// The statexfer executor's inbox (None: state transfer is off, e.g. in tools).
     pub(super) xfer: Option<Rc<ConnectedSender<super::xfer::ToXfer>>>,
-    pub(super) xfer_work: super::xfer_node::XferWork,
+    pub(super) xfer_work: super::xfer::XferWork,
     pub(super) xfer_freezes: u64,
     /// Groups fetching state, since when.
     pub(super) transferring: BTreeMap<u64, Instant>,
@@ -248,7 +256,7 @@ pub struct Node {
     pub(super) stopping: std::collections::BTreeSet<u64>,
     pub(super) paused: BTreeMap<u64, PartitionKey>,
     /// Retention proposals in flight and deletions waiting for a checkpoint.
-    pub(super) retention: super::retention::RetentionWork,
+    pub(super) retention: crate::node_core::retention::RetentionWork,
     /// Metadata ops up to this one were applied here before this node's metadata group
     /// voted again after losing its state (persisted before the group votes).
     pub(super) replaced_upto: u64,
@@ -390,7 +398,7 @@ impl Node {
     fn on_event(&mut self, event: Event) -> Result<(), DaemonError> {
         match event {
             Event::Replica(peer, frame) => {
-                if super::xfer_node::is_state_transfer(frame.command()) {
+                if super::xfer::is_state_transfer(frame.command()) {
                     self.route_to_xfer(peer, frame);
                     return Ok(());
                 }
@@ -621,17 +629,5 @@ impl Node {
             Ok(replication::wire::GroupKind::Partition(key)) => Some(key),
             _ => None,
         }
-    }
-}
-
-/// A step of the replica executor longer than this is logged at debug (what held up
-/// commits, when an operator looks for it).
-const SLOW_STEP: Duration = Duration::from_millis(15);
-
-/// Logs `step` at debug if it took SLOW_STEP or longer since `started`.
-pub(super) fn slow_step(step: &'static str, started: Instant) {
-    let took = started.elapsed();
-    if took >= SLOW_STEP {
-        tracing::debug!(step, ms = took.as_secs_f64() * 1e3, "slow step");
     }
 }

@@ -9,18 +9,16 @@
 //!
 //! One read runs per reader thread (`poll_readers`: one per core, 2 to 8); more wait
 //! in a queue of `POLL_QUEUE_MAX`, past which a poll is answered Unavailable (counted
-//! `poll_queue_full`).
+//! `poll_queue_full`). The node loop's side (a read started or queued, its reply sent)
+//! is in messages.rs.
 
 use std::collections::VecDeque;
 use std::rc::Rc;
-
-use glommio::channels::local_channel::LocalSender;
 
 use journal::segment::ReadPlan;
 use replication::bus::ClientId;
 use replication::wire::{batch, Frame, FrameBuf, ReplyHeader, RequestHeader, HEADER_SIZE};
 
-use super::node::{Event, Node};
 use crate::protocol::codec::Writer;
 use crate::protocol::reply::{result_section, PollHeader};
 use crate::protocol::{Consumer, Status};
@@ -180,10 +178,13 @@ fn write_header(body: &mut [u8], partition: u32, end: u64, served: u32) {
 
 /// A poll read waiting for a slot, with the request it answers.
 pub(super) struct QueuedPoll {
-    connection: ClientId,
-    request: Box<RequestHeader>,
-    read: PollRead,
+    pub connection: ClientId,
+    pub request: Box<RequestHeader>,
+    pub read: PollRead,
 }
+
+/// Hands a finished read's reply to the node loop (as its event).
+pub(super) type Deliver = Rc<dyn Fn(ClientId, Box<RequestHeader>, Box<PollReply>)>;
 
 /// The poll reads of a node: how many run, and those waiting.
 pub(super) struct PollReads {
@@ -192,7 +193,7 @@ pub(super) struct PollReads {
     pub running: usize,
     pub queued: VecDeque<QueuedPoll>,
     /// The reader threads, started with the first poll.
-    readers: Option<flume::Sender<QueuedPoll>>,
+    pub readers: Option<flume::Sender<QueuedPoll>>,
 }
 
 impl Default for PollReads {
@@ -211,11 +212,9 @@ impl Default for PollReads {
 const READER_NICE: libc::c_int = 10;
 
 /// Starts `count` reader threads and the task that hands their replies to the node
-/// loop. None when no thread could start (the reads then use the blocking pool).
-fn start_readers(
-    count: usize,
-    events: Rc<LocalSender<Event>>,
-) -> Option<flume::Sender<QueuedPoll>> {
+/// loop (`deliver`). None when no thread could start (the reads then use the blocking
+/// pool).
+pub(super) fn start_readers(count: usize, deliver: Deliver) -> Option<flume::Sender<QueuedPoll>> {
     let (jobs, inbox) = flume::unbounded::<QueuedPoll>();
     let (outbox, replies) = flume::unbounded::<(ClientId, Box<RequestHeader>, PollReply)>();
     let mut started = 0;
@@ -243,11 +242,7 @@ fn start_readers(
     }
     glommio::spawn_local(async move {
         while let Ok((connection, request, reply)) = replies.recv_async().await {
-            let _ = events.try_send(Event::PollRead {
-                connection,
-                request,
-                reply: Box::new(reply),
-            });
+            deliver(connection, request, Box::new(reply));
         }
     })
     .detach();
@@ -257,7 +252,7 @@ fn start_readers(
 /// Runs a poll read; a panic in it (a bug: every bound is checked when the read is
 /// planned) answers that poll Unavailable, counted `poll_read_panicked`, and the
 /// reader thread and its slot live on.
-fn caught(read: impl FnOnce() -> PollReply) -> PollReply {
+pub(super) fn caught(read: impl FnOnce() -> PollReply) -> PollReply {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|_| PollReply {
         panicked: true,
         ..PollReply::unavailable("the poll read panicked".to_owned())
@@ -278,98 +273,6 @@ fn unpin_and_lower_priority() {
         }
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &every);
         libc::setpriority(libc::PRIO_PROCESS, 0, READER_NICE);
-    }
-}
-
-impl Node {
-    /// Starts `read` on a reader thread, or queues it while every reader is busy.
-    pub(super) fn start_poll_read(
-        &mut self,
-        connection: ClientId,
-        request: &RequestHeader,
-        read: PollRead,
-    ) {
-        let job = QueuedPoll {
-            connection,
-            request: Box::new(*request),
-            read,
-        };
-        if self.poll_reads.running < self.poll_reads.readers_max {
-            return self.spawn_poll_read(job);
-        }
-        if self.poll_reads.queued.len() >= POLL_QUEUE_MAX {
-            self.reject("poll_queue_full");
-            return self.answer(connection, request, Status::Unavailable, &[]);
-        }
-        self.poll_reads.queued.push_back(job);
-    }
-
-    fn spawn_poll_read(&mut self, job: QueuedPoll) {
-        self.poll_reads.running += 1;
-        if self.poll_reads.readers.is_none() {
-            let count = self.poll_reads.readers_max;
-            self.poll_reads.readers = start_readers(count, self.events.clone());
-        }
-        let job = match &self.poll_reads.readers {
-            Some(readers) => match readers.send(job) {
-                Ok(()) => return,
-                Err(flume::SendError(job)) => job,
-            },
-            None => job,
-        };
-        let read = job.read;
-        let done = glommio::executor().spawn_blocking(move || caught(move || read.run()));
-        let events = self.events.clone();
-        let (connection, request) = (job.connection, job.request);
-        glommio::spawn_local(async move {
-            let reply = Box::new(done.await);
-            let _ = events.try_send(Event::PollRead {
-                connection,
-                request,
-                reply,
-            });
-        })
-        .detach();
-    }
-
-    /// A poll read finished: stores the offset (auto_commit), answers, and starts the
-    /// next queued read.
-    pub(super) fn on_poll_read(
-        &mut self,
-        connection: ClientId,
-        request: &RequestHeader,
-        reply: PollReply,
-    ) {
-        self.poll_reads.running = self.poll_reads.running.saturating_sub(1);
-        while self.poll_reads.running < self.poll_reads.readers_max {
-            let Some(next) = self.poll_reads.queued.pop_front() else {
-                break;
-            };
-            if self.connections.contains_key(&next.connection) {
-                self.spawn_poll_read(next);
-            }
-        }
-        if reply.invalid {
-            self.reject("segment_batch_invalid");
-        }
-        if reply.panicked {
-            self.reject("poll_read_panicked");
-        }
-        if let Some(error) = &reply.error {
-            tracing::warn!(%error, "poll read failed");
-        }
-        if !self.connections.contains_key(&connection) {
-            return; // closed meanwhile
-        }
-        if let (Some(commit), Some(last)) = (reply.commit, reply.last) {
-            self.auto_commit(commit.group, commit.user, commit.consumer, last);
-        }
-        match reply.frame {
-            Some(frame) => {
-                let _ = self.bus.send_to_client(connection, frame);
-            }
-            None => self.answer(connection, request, reply.status, &[]),
-        }
     }
 }
 

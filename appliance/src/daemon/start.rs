@@ -219,7 +219,7 @@ pub struct Settings {
     /// The storage budget ([storage]).
     pub budget: super::storage::Budget,
     /// The retention defaults and cadence ([retention]).
-    pub retention: super::retention::RetentionSettings,
+    pub retention: crate::node_core::retention::RetentionSettings,
     /// `limits.stats_groups_max`: groups a bounded `/stats` or `/metrics` lists.
     pub stats_groups_max: usize,
     /// `limits.repair_memory_max`: committed partition prepares kept for repair.

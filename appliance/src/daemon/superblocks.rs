@@ -25,8 +25,6 @@ use glommio::channels::local_channel::{LocalReceiver, LocalSender};
 use replication::vsr::{self, Action};
 
 use super::files;
-use super::node::Node;
-use super::DaemonError;
 
 /// A round with at least this many superblocks syncs them with one sync of the file
 /// system.
@@ -110,7 +108,13 @@ impl Superblocks {
         std::mem::take(&mut self.released)
     }
 
-    fn release(&mut self, group: u64) {
+    /// A group whose write failed loses its held actions (the messages that promise
+    /// what was not written).
+    pub(super) fn drop_held(&mut self, group: u64) {
+        self.held.remove(&group);
+    }
+
+    pub(super) fn release(&mut self, group: u64) {
         if let Some(after) = self.held.remove(&group) {
             self.released
                 .extend(after.into_iter().map(|action| (group, action)));
@@ -118,8 +122,11 @@ impl Superblocks {
     }
 
     /// A round completed: its lane may start the next one. Returns its outcomes.
-    fn complete(&mut self, done: RoundDone) -> Vec<(Write, Result<(), files::FileError>)> {
-        super::node::slow_step("superblock round", done.started);
+    pub(super) fn complete(
+        &mut self,
+        done: RoundDone,
+    ) -> Vec<(Write, Result<(), files::FileError>)> {
+        super::system::slow_step("superblock round", done.started);
         self.in_flight[done.lane] = false;
         done.outcomes
     }
@@ -177,56 +184,6 @@ async fn write_round(
         .into_iter()
         .map(|(write, _, outcome)| (write, outcome))
         .collect()
-}
-
-impl Node {
-    /// A round of superblock writes completed: the groups written go on (their held
-    /// actions run at the next pump); a write that met a full disk runs once more after
-    /// the reserve went back to the file system, and a group whose write failed loses
-    /// its held actions (the messages that promise what was not written).
-    pub(super) fn on_superblocks_done(&mut self, done: RoundDone) -> Result<(), DaemonError> {
-        for ((group, dir, superblock), outcome) in self.superblocks.complete(done) {
-            if !self.superblocks.holds(group) {
-                continue;
-            }
-            let fail = DaemonError::file(group, "partition VSR superblock");
-            let outcome = outcome.map_err(fail).or_else(|error| {
-                if !error.is_no_space() {
-                    return Err(error);
-                }
-                // As `with_room`: the reserve goes back to the file system, once more.
-                self.storage.on_no_space(&error);
-                files::write_vsr_superblock(&dir, &superblock).map_err(fail)
-            });
-            match outcome {
-                Ok(()) => self.superblocks.release(group),
-                Err(error) => {
-                    self.superblocks.held.remove(&group);
-                    self.absorb_no_space(Err(error.stops_group_when_full()))?;
-                }
-            }
-        }
-        // What queued meanwhile is the lane's next round.
-        self.superblocks.start_rounds();
-        Ok(())
-    }
-
-    /// Waits until `group` has no superblock write in flight (before its replica is
-    /// stopped or replaced). Its held actions run at the next pump, if it still runs.
-    pub(super) async fn settle_superblock(&mut self, group: u64) -> Result<(), DaemonError> {
-        while self.superblocks.holds(group) {
-            self.superblocks.start_rounds();
-            let Some(done) = self.superblocks.done.recv().await else {
-                return Err(DaemonError::Internal {
-                    group,
-                    op: None,
-                    detail: "superblock completions closed",
-                });
-            };
-            self.on_superblocks_done(done)?;
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
-//! Process plumbing: logging, the shutdown signal flag, systemd readiness, and the
-//! locked-memory limit glommio needs.
+//! Process plumbing: logging (and the replica executor's slow steps), the shutdown
+//! signal flag, systemd readiness, and the locked-memory limit glommio needs.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 static SHUTDOWN: AtomicBool = AtomicBool::new(false);
 
@@ -158,5 +159,17 @@ pub fn io_memory_bytes(configured: u64) -> usize {
         configured as usize
     } else {
         journal::runtime::IO_MEMORY_BYTES
+    }
+}
+
+/// A step of the replica executor longer than this is logged at debug (what held up
+/// commits, when an operator looks for it).
+pub(super) const SLOW_STEP: Duration = Duration::from_millis(15);
+
+/// Logs `step` at debug if it took SLOW_STEP or longer since `started`.
+pub(super) fn slow_step(step: &'static str, started: Instant) {
+    let took = started.elapsed();
+    if took >= SLOW_STEP {
+        tracing::debug!(step, ms = took.as_secs_f64() * 1e3, "slow step");
     }
 }

@@ -79,6 +79,25 @@ const COPY_BUFFER: usize = 64 << 10;
 /// install, and each write-back as short on the disk as a chunk).
 const STAGING_WRITE_BACK_BYTES: u64 = 64 << 10;
 
+/// Work the statexfer executor asked for, done after the round's actions (so a freeze
+/// sees the state exactly at the commit point).
+#[derive(Default)]
+pub(super) struct XferWork {
+    pub freezes: Vec<u64>,
+    pub installs: Vec<(u64, PathBuf, u64, Manifest)>,
+}
+
+/// Whether a replica-plane command belongs to state transfer.
+pub(super) fn is_state_transfer(command: Command) -> bool {
+    matches!(
+        command,
+        Command::RequestStateTransfer
+            | Command::StateTransferTarget
+            | Command::RequestStateChunk
+            | Command::StateChunk
+    )
+}
+
 /// What the replica executor sends this thread.
 pub enum ToXfer {
     /// A state-transfer frame (commands 22 to 25) from a peer.
@@ -257,16 +276,16 @@ pub fn start(
                     Some(Some(message)) => xfer.on_message(message),
                     None => {}
                 }
-                super::node::slow_step("statexfer message", started);
+                super::system::slow_step("statexfer message", started);
                 if Instant::now() >= next_tick {
                     ticked = Instant::now();
                     let started = Instant::now();
                     xfer.on_tick();
-                    super::node::slow_step("statexfer tick", started);
+                    super::system::slow_step("statexfer tick", started);
                 }
                 let started = Instant::now();
                 xfer.finish_fetches().await;
-                super::node::slow_step("statexfer finish", started);
+                super::system::slow_step("statexfer finish", started);
                 xfer.flush();
             }
         })

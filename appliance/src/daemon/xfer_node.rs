@@ -4,12 +4,12 @@
 //! installing a staged state (swap the directory, restart the group from the
 //! transferred checkpoint; it then repairs from there and rejoins).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use replication::bus::VerifiedFrame;
 use replication::vsr::{self, Replica};
-use replication::wire::{Command, Frame, PrepareHeader, METADATA_GROUP};
+use replication::wire::{Frame, PrepareHeader, METADATA_GROUP};
 use statexfer::install::artifact_file;
 use statexfer::{ArtifactKind, Manifest};
 use zerocopy::FromBytes;
@@ -19,25 +19,6 @@ use super::node::{Node, PARTITION_START_BUDGET};
 use super::xfer::{self, Arm, Content, FetchRequest, FromXfer, Frozen, ToXfer};
 use super::DaemonError;
 use crate::state::MetadataState;
-
-/// Work the statexfer executor asked for, done after the round's actions (so a freeze
-/// sees the state exactly at the commit point).
-#[derive(Default)]
-pub(super) struct XferWork {
-    pub freezes: Vec<u64>,
-    pub installs: Vec<(u64, PathBuf, u64, Manifest)>,
-}
-
-/// Whether a replica-plane command belongs to state transfer.
-pub(super) fn is_state_transfer(command: Command) -> bool {
-    matches!(
-        command,
-        Command::RequestStateTransfer
-            | Command::StateTransferTarget
-            | Command::RequestStateChunk
-            | Command::StateChunk
-    )
-}
 
 impl Node {
     fn to_xfer(&self, message: ToXfer) -> bool {

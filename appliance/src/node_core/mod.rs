@@ -7,7 +7,10 @@
 //!
 //! - `lane`: one partition group's journal work between the consensus asking for a
 //!   JournalAppend and the prepare being reported durable (group commit).
+//! - `retention`: which sealed segments retention deletes, and the metadata primary's
+//!   proposals in flight.
 
 pub mod lane;
+pub mod retention;
 
 pub use lane::{Append, InFlight, Io, JournalAt, Lane, STAGED_OPS_MAX};

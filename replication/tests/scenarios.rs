@@ -393,8 +393,12 @@ fn a_crash_never_tears_a_write_at_an_op_unreadable_on_another_replica() {
             .and_then(|s| s.frame.clone())
             .expect("held")
     };
-    // Far above every log: only the storage rule decides what lands there.
+    // Far above every log: only the storage rule decides what lands there (past the
+    // journals' heads, so with gaps written rather than deferred).
     let (unreadable_elsewhere, clean) = (10_000, 10_001);
+    for r in [0, 2] {
+        cluster.storages[r].defer_gaps = false;
+    }
     let mut prng = replication::vsr::Prng::new(7);
     cluster.storages[2].append(unreadable_elsewhere, &frame, 0);
     let _ = cluster.storages[2].sync(u64::MAX);

@@ -4,14 +4,27 @@
 
 use replication::sim::{partition_plane_group, run_seed, SimOptions};
 
-fn check(seed: u64, replicas: u8, ticks: u64, partition: bool) {
+/// A seed as the sweeps run it now.
+fn sweep(seed: u64, replicas: u8, ticks: u64, partition: bool) {
     run(SimOptions::from_seed(seed, replicas, ticks), partition);
+}
+
+/// A seed that found a bug, as it ran then: before journal appends past the head were
+/// deferred (`SimOptions::defer_gaps`), unless the seed was found with them.
+fn check(seed: u64, replicas: u8, ticks: u64, partition: bool) {
+    run(before_deferred_gaps(seed, replicas, ticks), partition);
+}
+
+fn before_deferred_gaps(seed: u64, replicas: u8, ticks: u64) -> SimOptions {
+    let mut options = SimOptions::from_seed(seed, replicas, ticks);
+    options.defer_gaps = false;
+    options
 }
 
 /// A seed as it ran before groups started in views other than 0 (the seeds that found
 /// bugs then replay the same run).
 fn check_in_view_zero(seed: u64, replicas: u8, ticks: u64, partition: bool) {
-    let mut options = SimOptions::from_seed(seed, replicas, ticks);
+    let mut options = before_deferred_gaps(seed, replicas, ticks);
     options.initial_view = 0;
     options.superblock_lag_max = 0;
     run(options, partition);
@@ -20,7 +33,7 @@ fn check_in_view_zero(seed: u64, replicas: u8, ticks: u64, partition: bool) {
 /// A seed with the fault mix it had before lost disks were simulated (the seeds that
 /// found bugs then replay the same run).
 fn check_without_wipes(seed: u64, replicas: u8, ticks: u64, partition: bool) {
-    let mut options = SimOptions::from_seed(seed, replicas, ticks);
+    let mut options = before_deferred_gaps(seed, replicas, ticks);
     options.initial_view = 0;
     options.wipe_percent = 0;
     options.formation = false;
@@ -32,7 +45,7 @@ fn check_without_wipes(seed: u64, replicas: u8, ticks: u64, partition: bool) {
 
 /// A seed with the fault mix it had before slow nodes were simulated.
 fn check_without_slow_nodes(seed: u64, replicas: u8, ticks: u64, partition: bool) {
-    let mut options = SimOptions::from_seed(seed, replicas, ticks);
+    let mut options = before_deferred_gaps(seed, replicas, ticks);
     options.initial_view = 0;
     options.slow_per_10k = 0;
     options.hibernate = false;
@@ -42,7 +55,7 @@ fn check_without_slow_nodes(seed: u64, replicas: u8, ticks: u64, partition: bool
 
 /// A seed as it ran before superblock writes took time (`SimOptions::superblock_lag_max`).
 fn check_before_superblock_lag(seed: u64, replicas: u8, ticks: u64, partition: bool) {
-    let mut options = SimOptions::from_seed(seed, replicas, ticks);
+    let mut options = before_deferred_gaps(seed, replicas, ticks);
     options.superblock_lag_max = 0;
     run(options, partition);
 }
@@ -56,11 +69,13 @@ fn run(mut options: SimOptions, partition: bool) {
     let slow = options.slow_per_10k > 0;
     let view = options.initial_view;
     let lag = options.superblock_lag_max > 0;
+    let gaps = options.defer_gaps;
     if let Err(failure) = run_seed(options) {
         panic!(
             "{failure}\nreplay: cargo run -p replication --release --bin appliance-sim -- \
-             --seed {seed} --replicas {replicas} --ticks {ticks} --initial-view {view}{}{}{}{}",
+             --seed {seed} --replicas {replicas} --ticks {ticks} --initial-view {view}{}{}{}{}{}",
             if partition { " --partition" } else { "" },
+            if gaps { "" } else { " --no-defer-gaps" },
             if wipes { "" } else { " --no-wipes" },
             if slow || !wipes { "" } else { " --no-slow" },
             if lag || !wipes || !slow {
@@ -75,21 +90,21 @@ fn run(mut options: SimOptions, partition: bool) {
 #[test]
 fn sweep_300_seeds_three_replicas() {
     for seed in 0..150 {
-        check(seed, 3, 2_000, false);
+        sweep(seed, 3, 2_000, false);
     }
 }
 
 #[test]
 fn sweep_300_seeds_five_replicas() {
     for seed in 1_000..1_100 {
-        check(seed, 5, 2_000, false);
+        sweep(seed, 5, 2_000, false);
     }
 }
 
 #[test]
 fn sweep_300_seeds_partition_plane() {
     for seed in 2_000..2_050 {
-        check(seed, 3, 2_000, true);
+        sweep(seed, 3, 2_000, true);
     }
 }
 
@@ -252,6 +267,19 @@ fn regression_seeds() {
     // state only once its Commit actions ran, as the appliance does.
     check(17757, 3, 5_000, false);
     check(1055, 5, 5_000, false);
+    // 7 and 30, once journals deferred appends past their head (`SimOptions::defer_gaps`):
+    // a lost-disk replacement got an op past its journal's head, deferred, then committed
+    // it from memory; the core asked again only for ops above the commit point, so the
+    // op stayed a hole in its journal and the replacement, which votes only once every
+    // op it stands in for is durable, never voted again. The core now asks again for
+    // every op it holds that was not reported durable. With the asking again removed
+    // altogether, 30 (both planes) finds the livelock first seen end to end: commit stuck
+    // at 15 while the group cycled through 200 views (a backup's deferred append was
+    // never journaled, so its PrepareOk never went out). The simulator found neither
+    // before it deferred appends as the appliance does.
+    sweep(7, 3, 5_000, false);
+    sweep(30, 3, 5_000, false);
+    sweep(30, 3, 5_000, true);
 }
 
 /// Sleeping idle replicas (`vsr/hibernate.rs`): seeds that found liveness bugs.
@@ -280,12 +308,12 @@ fn sleeping_replicas_regressions() {
 #[test]
 fn sweep_long_fault_phases() {
     for seed in 3_000..3_004 {
-        check(seed, 3, 50_000, false);
+        sweep(seed, 3, 50_000, false);
     }
     for seed in 3_100..3_102 {
-        check(seed, 3, 50_000, true);
+        sweep(seed, 3, 50_000, true);
     }
-    check(3_200, 5, 50_000, false);
+    sweep(3_200, 5, 50_000, false);
 }
 
 #[test]

@@ -46,6 +46,10 @@ struct Args {
     /// handling frames while its superblock write was in flight)
     #[arg(long)]
     no_superblock_lag: bool,
+    /// Journal appends past the head are written (seeds as they ran before the journals
+    /// deferred them as the appliance's do)
+    #[arg(long)]
+    no_defer_gaps: bool,
     /// The view every group starts in (by default drawn from the seed; 0 replays seeds
     /// as they ran before groups started in other views).
     #[arg(long)]
@@ -97,6 +101,9 @@ fn options(args: &Args, seed: u64) -> SimOptions {
     if let Some(view) = args.initial_view {
         options.initial_view = view;
     }
+    if args.no_defer_gaps {
+        options.defer_gaps = false;
+    }
     options
 }
 
@@ -139,6 +146,7 @@ fn main() -> ExitCode {
     let mut slow_skips = 0u64;
     let mut sleeps = 0u64;
     let mut silent_wakes = 0u64;
+    let mut deferred_appends = 0u64;
     for seed in from..to {
         match run_seed(options(&args, seed)) {
             Ok(summary) => {
@@ -154,6 +162,7 @@ fn main() -> ExitCode {
                 slow_skips += summary.slow_skips;
                 sleeps += summary.sleeps;
                 silent_wakes += summary.silent_wakes;
+                deferred_appends += summary.deferred_appends;
                 if to - from == 1 || args.trace {
                     println!("seed {seed}: ok {summary:?}");
                 }
@@ -163,8 +172,13 @@ fn main() -> ExitCode {
                 replay.trace = true;
                 replay.trace_lines = args.trace_lines;
                 let flags = format!(
-                    "{}{}{}",
+                    "{}{}{}{}",
                     if args.partition { " --partition" } else { "" },
+                    if args.no_defer_gaps {
+                        " --no-defer-gaps"
+                    } else {
+                        ""
+                    },
                     fault_mix_flags(&args),
                     if args.no_hibernate && !args.no_wipes && !args.no_slow {
                         " --no-hibernate"
@@ -184,7 +198,7 @@ fn main() -> ExitCode {
              \"checkpoint_restarts\": {checkpoint_restarts}, \"state_transfers\": \
              {state_transfers}, \"anchors_released\": {anchors_released}, \"wipes\": {wipes}, \"slow_stretches\": {slow_stretches}, \
              \"slow_skips\": {slow_skips}, \"sleeps\": {sleeps}, \"silent_wakes\": \
-             {silent_wakes}, \"seconds\": {:.1}}}",
+             {silent_wakes}, \"deferred_appends\": {deferred_appends}, \"seconds\": {:.1}}}",
             args.replicas,
             args.ticks,
             args.partition,
@@ -198,7 +212,8 @@ fn main() -> ExitCode {
          restarts from a checkpoint, {state_transfers} state transfers, {anchors_released} \
          commit points released from memory, {wipes} lost disks), \
          {slow_stretches} slow stretches ({slow_skips} backups skipped as slow), {sleeps} \
-         sleeps of idle replicas ({silent_wakes} woken by a silent primary), {:.1}s",
+         sleeps of idle replicas ({silent_wakes} woken by a silent primary), \
+         {deferred_appends} journal appends past the head deferred, {:.1}s",
         from,
         to,
         args.replicas,

@@ -79,6 +79,10 @@ pub struct SimOptions {
     /// later actions wait for the write, as the appliance's partition groups do; a crash
     /// loses the write and what waited for it.
     pub superblock_lag_max: u64,
+    /// A journal append past the head (the ops below it not journaled yet) is deferred,
+    /// neither written nor reported, as the appliance's journals do; the core asks for
+    /// it again (`sim/storage.rs`).
+    pub defer_gaps: bool,
 }
 
 /// A superblock write in flight, and the replica's actions that wait for it.
@@ -178,6 +182,7 @@ impl SimOptions {
                     0
                 }
             },
+            defer_gaps: true,
         }
     }
 }
@@ -204,6 +209,8 @@ pub struct Summary {
     /// Times a replica fell asleep, and woke because its primary's node went silent.
     pub sleeps: u64,
     pub silent_wakes: u64,
+    /// Journal appends past the head, deferred until the core asked again.
+    pub deferred_appends: u64,
 }
 
 /// The last lines of a run's trace (when traced), each stamped with its tick.
@@ -375,7 +382,7 @@ impl Cluster {
             prng: Prng::new(options.seed),
             now: 0,
             replicas,
-            storages: vec![Storage::default(); usize::from(n)],
+            storages: vec![Storage::new(options.defer_gaps); usize::from(n)],
             restart_at: vec![0; usize::from(n)],
             transfers: Vec::new(),
             checkpoint_restarts: 0,
@@ -474,6 +481,7 @@ impl Cluster {
                     slow_skips: self.slow_skips(),
                     sleeps: self.sleeps_count,
                     silent_wakes: self.silent_wakes,
+                    deferred_appends: self.storages.iter().map(|s| s.deferred).sum(),
                 });
             }
         }
@@ -511,8 +519,9 @@ impl Cluster {
         for (r, replica) in self.replicas.iter().enumerate() {
             match replica {
                 Some(x) => line.push_str(&format!(
-                    "[r{r} {:?} v{} lv{} op{} c{} cmax{}] ",
+                    "[r{r} {:?}{} v{} lv{} op{} c{} cmax{}] ",
                     x.status(),
+                    if x.is_voter() { "" } else { " non-voter" },
                     x.view(),
                     x.log_view(),
                     x.op(),
@@ -527,7 +536,10 @@ impl Cluster {
             .iter()
             .filter(|c| c.outstanding.is_some())
             .count();
-        line.push_str(&format!("clients pending {pending}"));
+        line.push_str(&format!(
+            "clients pending {pending}, highest op replied {}",
+            self.checker.reply_op_max
+        ));
         line
     }
 
@@ -741,7 +753,11 @@ impl Cluster {
                 }
                 Action::JournalAppend { op, frame } => {
                     let delay = 1 + self.prng.below(6) + self.write_lag(r);
-                    self.storages[usize::from(r)].append(op, &frame, self.now + delay);
+                    if !self.storages[usize::from(r)].append(op, &frame, self.now + delay) {
+                        self.log(|| {
+                            format!("r{r} journal append of op {op} past the head deferred")
+                        });
+                    }
                 }
                 Action::JournalTruncate { op_max } => {
                     self.storages[usize::from(r)].truncate(op_max);
@@ -1030,11 +1046,11 @@ impl Cluster {
             .wrapping_add(self.incarnations[i].wrapping_mul(0x9e37));
         let (replica, what) = match wipe {
             Wipe::Formatted => {
-                self.storages[i] = Storage::default();
+                self.storages[i] = Storage::new(self.options.defer_gaps);
                 (Replica::unformed(config), "formatted again")
             }
             Wipe::Replacement => {
-                self.storages[i] = Storage::default();
+                self.storages[i] = Storage::new(self.options.defer_gaps);
                 (Replica::replacement(config), "as a replacement")
             }
             Wipe::SuperblockLost => {

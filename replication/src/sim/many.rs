@@ -272,7 +272,8 @@ impl ManyCluster {
             for group in cluster.groups.clone() {
                 let config = cluster.configs[usize::from(r)][&group].clone();
                 node.insert(Replica::new(config));
-                cluster.storages[usize::from(r)].insert(group, Storage::default());
+                // Journals defer appends past their head, as the appliance's do.
+                cluster.storages[usize::from(r)].insert(group, Storage::new(true));
             }
             cluster.nodes[usize::from(r)] = Some(node);
         }
@@ -785,7 +786,7 @@ impl ManyCluster {
                 .wrapping_add(self.incarnations[i].wrapping_mul(0x9e37));
             let replica = match wipe {
                 Some(formatted) => {
-                    self.storages[i].insert(group, Storage::default());
+                    self.storages[i].insert(group, Storage::new(true));
                     if formatted {
                         Replica::unformed(config)
                     } else {
@@ -888,7 +889,8 @@ impl ManyCluster {
                 Action::JournalAppend { op, frame } => {
                     let delay = 1 + self.prng.below(6) + SlowStretch::write_lag(self.slow, r);
                     let storage = self.storages[i].get_mut(&group).expect("every group");
-                    storage.append(op, &frame, self.now + delay);
+                    // Past the head: deferred (the core asks again).
+                    let _ = storage.append(op, &frame, self.now + delay);
                 }
                 Action::JournalTruncate { op_max } => {
                     let storage = self.storages[i].get_mut(&group).expect("every group");

@@ -47,6 +47,7 @@ impl Cluster {
             initial_view: 0,
             evict: false,
             superblock_lag_max: 0,
+            defer_gaps: true,
         };
         let mut cluster = Cluster::new(options);
         cluster.faults_on = false;

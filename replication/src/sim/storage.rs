@@ -1,6 +1,11 @@
 //! Simulated storage of one replica: the superblock (written synchronously), and a journal
 //! whose writes become durable only after a sync delay. A crash loses unsynced writes and
 //! may tear the last one; corruption flips bytes of a durable entry.
+//!
+//! With `defer_gaps`, as the appliance's journals do (the metadata journal's ring and a
+//! partition's prepare records alike), the journal extends only at its head: an append
+//! past the head (the ops below it not journaled yet) is deferred, neither written nor
+//! reported durable, and the core asks for it again once repair brought the ops below.
 
 use std::collections::BTreeMap;
 
@@ -26,11 +31,37 @@ pub struct Storage {
     pub writes: u64,
     pub torn: u64,
     pub corrupted: u64,
+    /// Appends past the head are deferred (`SimOptions::defer_gaps`).
+    pub defer_gaps: bool,
+    /// Appends deferred because they were past the head.
+    pub deferred: u64,
 }
 
 impl Storage {
-    /// Starts a journal write that becomes durable at `sync_at`.
-    pub fn append(&mut self, op: u64, frame: &Frame, sync_at: u64) {
+    /// An empty disk; `defer_gaps` as `SimOptions::defer_gaps`.
+    pub fn new(defer_gaps: bool) -> Storage {
+        Storage {
+            defer_gaps,
+            ..Storage::default()
+        }
+    }
+
+    /// The highest op the journal holds or is writing (the checkpoint's at least: its
+    /// prepare is kept with it).
+    pub fn head(&self) -> u64 {
+        let durable = self.durable.keys().next_back().copied().unwrap_or(0);
+        let pending = self.pending.iter().map(|p| p.op).max().unwrap_or(0);
+        let checkpoint = self.checkpoint.as_ref().map_or(0, |c| c.op);
+        durable.max(pending).max(checkpoint)
+    }
+
+    /// Starts a journal write that becomes durable at `sync_at`; false (nothing written)
+    /// when `op` is past the head and gaps are deferred.
+    pub fn append(&mut self, op: u64, frame: &Frame, sync_at: u64) -> bool {
+        if self.defer_gaps && op > self.head() + 1 {
+            self.deferred += 1;
+            return false;
+        }
         self.writes += 1;
         // Writes complete in order: never before an earlier one.
         let sync_at = self
@@ -43,6 +74,7 @@ impl Storage {
             bytes: FrameBuf::from_bytes(frame.as_bytes()),
             sync_at,
         });
+        true
     }
 
     /// Durably drops every entry above `op_max` (synchronous).

@@ -69,30 +69,35 @@ impl Replica {
         self.request_prepares(from, to);
     }
 
-    /// Asks the driver again to journal ops above the commit point whose bodies are here
-    /// but not reported durable. A driver defers an append past its journal's head (the
-    /// prepare arrived before the ops below it); repair then brings the ops below, but
-    /// the deferred op has its body, so it would never be asked for again and never be
-    /// acknowledged: a view whose quorum needs it cannot commit. Journaling a held op
+    /// Asks the driver again to journal ops whose bodies are here but not reported
+    /// durable. A driver defers an append past its journal's head (the prepare arrived
+    /// before the ops below it); repair then brings the ops below, but the deferred op has
+    /// its body, so it would never be asked for again: above the commit point it is never
+    /// acknowledged (a view whose quorum needs it cannot commit), and at or below it, once
+    /// committed from memory, it stays a hole in the journal (a replacement waits for
+    /// every op it stands in for to be durable before it votes). Journaling a held op
     /// again is idempotent for the driver.
     fn journal_again(&mut self) {
         let mut asked = 0;
-        for op in self.commit + 1..=self.log.op {
+        for op in self.log.op_min()..=self.log.op {
             if asked == JOURNAL_AGAIN_MAX {
                 break;
             }
-            let Some(frame) = self
-                .log
-                .slot(op)
-                .filter(|s| !s.durable)
-                .and_then(|s| s.frame.clone().filter(|f| s.identity == Some(f.checksum())))
-            else {
+            let Some(frame) = self.held_undurable(op) else {
                 continue;
             };
             self.counters.journal_again += 1;
             self.actions.push_back(Action::JournalAppend { op, frame });
             asked += 1;
         }
+    }
+
+    /// The prepare of `op`, when it is held with its body but not reported durable.
+    fn held_undurable(&self, op: u64) -> Option<Frame> {
+        self.log
+            .slot(op)
+            .filter(|s| !s.durable)
+            .and_then(|s| s.frame.clone().filter(|f| s.identity == Some(f.checksum())))
     }
 
     fn request_prepares(&mut self, from: u64, to: u64) {

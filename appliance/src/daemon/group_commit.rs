@@ -36,7 +36,7 @@ use super::node::{IoDone, Node};
 use super::partitions::Partition;
 use super::prepares;
 use super::DaemonError;
-use crate::node_core::{Append, Io, JournalAt, Lane};
+use crate::node_core::{lane, Append, Io, JournalAt, Lane};
 
 /// What planning a lane's staged prepares produced.
 struct PlannedLane {
@@ -435,8 +435,7 @@ impl Node {
             partition.truncate_after(group, op - 1).await?;
         }
         let head = partition.prepares.head();
-        let follows = op == head + 1 || (partition.prepares.is_empty() && op == 1);
-        if !follows {
+        if !lane::extends(op, head, partition.prepares.is_empty()) {
             // Counted (`rejected.journal_append_gap` in /stats), logged at debug: a
             // group that is repairing or fetching its state defers every prepare its
             // primary sends, and the core asks again on each repair timeout (thousands

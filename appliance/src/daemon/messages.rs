@@ -331,15 +331,7 @@ impl Node {
         self.poll_reads.running += 1;
         if self.poll_reads.readers.is_none() {
             let count = self.poll_reads.readers_max;
-            let events = self.events.clone();
-            let deliver: Deliver = Rc::new(move |connection, request, reply| {
-                let _ = events.try_send(Event::PollRead {
-                    connection,
-                    request,
-                    reply,
-                });
-            });
-            self.poll_reads.readers = start_readers(count, deliver);
+            self.poll_reads.readers = start_readers(count, self.poll_deliver());
         }
         let job = match &self.poll_reads.readers {
             Some(readers) => match readers.send(job) {
@@ -350,17 +342,24 @@ impl Node {
         };
         let read = job.read;
         let done = glommio::executor().spawn_blocking(move || caught(move || read.run()));
-        let events = self.events.clone();
+        let deliver = self.poll_deliver();
         let (connection, request) = (job.connection, job.request);
         glommio::spawn_local(async move {
-            let reply = Box::new(done.await);
+            deliver(connection, request, Box::new(done.await));
+        })
+        .detach();
+    }
+
+    /// Hands a finished poll read's reply to the node loop, as its event.
+    fn poll_deliver(&self) -> Deliver {
+        let events = self.events.clone();
+        Rc::new(move |connection, request, reply| {
             let _ = events.try_send(Event::PollRead {
                 connection,
                 request,
                 reply,
             });
         })
-        .detach();
     }
 
     /// A poll read finished: stores the offset (auto_commit), answers, and starts the

@@ -111,8 +111,7 @@ impl Lane {
             .staged
             .last()
             .map_or(journal.head, |(staged, _)| *staged);
-        let follows = op == head + 1 || (head == 0 && journal.empty && op == 1);
-        if !follows || op <= journal.committed_op {
+        if !extends(op, head, journal.empty) || op <= journal.committed_op {
             return Append::OnItsOwn;
         }
         self.staged.push((op, frame));
@@ -249,6 +248,11 @@ impl Lane {
             || self.written.iter().any(|(o, _)| *o == op)
             || holds(self.syncing.as_ref(), op)
     }
+}
+
+/// Whether `op` extends a journal whose highest op is `head` (`empty`: it holds none).
+pub fn extends(op: u64, head: u64, empty: bool) -> bool {
+    op == head + 1 || (head == 0 && empty && op == 1)
 }
 
 fn holds(io: Option<&InFlight>, op: u64) -> bool {

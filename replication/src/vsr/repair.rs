@@ -83,21 +83,18 @@ impl Replica {
             if asked == JOURNAL_AGAIN_MAX {
                 break;
             }
-            let Some(frame) = self.held_undurable(op) else {
+            let Some(frame) = self
+                .log
+                .slot(op)
+                .filter(|s| !s.durable)
+                .and_then(|s| s.frame.clone().filter(|f| s.identity == Some(f.checksum())))
+            else {
                 continue;
             };
             self.counters.journal_again += 1;
             self.actions.push_back(Action::JournalAppend { op, frame });
             asked += 1;
         }
-    }
-
-    /// The prepare of `op`, when it is held with its body but not reported durable.
-    fn held_undurable(&self, op: u64) -> Option<Frame> {
-        self.log
-            .slot(op)
-            .filter(|s| !s.durable)
-            .and_then(|s| s.frame.clone().filter(|f| s.identity == Some(f.checksum())))
     }
 
     fn request_prepares(&mut self, from: u64, to: u64) {

@@ -7,9 +7,11 @@ pub mod artifact;
 pub mod fetcher;
 pub mod install;
 pub mod manifest;
+pub mod offers;
 pub mod server;
 
 pub use artifact::{ArtifactSink, ArtifactSource, MemoryArtifacts, Offer, Unavailable};
 pub use fetcher::{FetchError, Fetcher, FetcherConfig, Outcome, Progress};
 pub use manifest::{ArtifactKind, Manifest, ManifestEntry, ManifestError};
+pub use offers::{Content, Event as OfferEvent, Freeze, OfferPolicy, Offers, Ready};
 pub use server::{Server, ServerStats};

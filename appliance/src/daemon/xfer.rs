@@ -18,7 +18,7 @@
 //! `xfer/offers.rs`, the fetcher's staging and install in `xfer/staging.rs`.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -34,7 +34,7 @@ use replication::wire::{
     StateChunkHeader, StateTransferTargetHeader, HEADER_SIZE,
 };
 use statexfer::install::FileSink;
-use statexfer::{ArtifactKind, Fetcher, FetcherConfig, Manifest, Outcome, Server};
+use statexfer::{Fetcher, FetcherConfig, Manifest, Offers, Outcome, Server};
 use zerocopy::FromBytes;
 
 use super::files::{self};
@@ -45,7 +45,8 @@ use crate::stats::StateTransferStats;
 mod offers;
 mod staging;
 
-use offers::{Hashes, Hashing, ReadyOffer, Serving};
+pub use offers::Links;
+use offers::{offer_policy, Hashes};
 use staging::{materialize_partition, sync_staged, StagingSink};
 
 /// The statexfer executor's tick (fetcher stall detection, progress publishing).
@@ -158,7 +159,7 @@ pub enum Content {
     },
 }
 
-impl Content {
+impl statexfer::Content for Content {
     fn len(&self) -> u64 {
         match self {
             Content::Bytes(bytes) => bytes.len() as u64,
@@ -167,15 +168,9 @@ impl Content {
     }
 }
 
-/// One group frozen at its commit point.
-pub struct Frozen {
-    pub group: u64,
-    pub commit_op: u64,
-    pub commit_max: u64,
-    pub artifacts: Vec<(ArtifactKind, u64, Content)>,
-    /// The directory of hard links the offer owns (removed when it is released).
-    pub links: Option<PathBuf>,
-}
+/// One group frozen at its commit point; it owns the directory of hard links its files
+/// are read through (removed when the offer is released or the freeze abandoned).
+pub type Frozen = statexfer::Freeze<Content, Links>;
 
 /// Settings of the statexfer executor.
 #[derive(Clone, Debug)]
@@ -352,15 +347,8 @@ struct Xfer {
     stats: Arc<Mutex<StateTransferStats>>,
     server: Server,
     hashes: Rc<RefCell<Hashes>>,
-    /// The newest offer of each group.
-    offers: HashMap<u64, Rc<ReadyOffer>>,
-    /// Freezes asked of the replica executor and not yet answered (or being hashed).
-    freezing: HashMap<u64, Instant>,
-    hashing: std::collections::VecDeque<Hashing>,
-    /// A group the replica executor refused to freeze: (when, transient).
-    refused: HashMap<u64, (Instant, bool)>,
-    /// Transfers served, by (peer, nonce).
-    serving: HashMap<(u8, u128), Serving>,
+    /// Offers frozen, hashed, served and released.
+    offers: Offers<Content, Links>,
     fetches: BTreeMap<u64, Fetch>,
     ticks: u64,
     corrupt_left: u64,
@@ -372,8 +360,6 @@ struct Xfer {
     /// When the last tick ran: pacing and the fetch time count the time that passed,
     /// not ticks (a tick comes late when a step before it ran long).
     last_tick: Instant,
-    /// Stale freezes replaced by a fresh one, by group (reset once one is offered).
-    refreezes: HashMap<u64, u32>,
 }
 
 impl Xfer {
@@ -393,17 +379,13 @@ impl Xfer {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
         Xfer {
+            offers: Offers::new(offer_policy(&settings)),
             settings,
             outbox,
             pending: RefCell::new(Vec::new()),
             stats,
             server,
             hashes: Rc::new(RefCell::new(Hashes::default())),
-            offers: HashMap::new(),
-            freezing: HashMap::new(),
-            hashing: std::collections::VecDeque::new(),
-            refused: HashMap::new(),
-            serving: HashMap::new(),
             fetches: BTreeMap::new(),
             ticks: 0,
             corrupt_left,
@@ -411,7 +393,6 @@ impl Xfer {
             budget: 0.0,
             held: std::collections::VecDeque::new(),
             last_tick: Instant::now(),
-            refreezes: HashMap::new(),
         }
     }
 
@@ -446,9 +427,7 @@ impl Xfer {
             ToXfer::Frame { peer, frame } => self.on_frame(peer, frame),
             ToXfer::Frozen(frozen) => self.on_frozen(frozen),
             ToXfer::FreezeRefused { group, transient } => {
-                self.freezing.remove(&group);
-                self.refreezes.remove(&group);
-                self.refused.insert(group, (Instant::now(), transient));
+                self.offers.on_refused(group, transient, Instant::now());
             }
             ToXfer::Fetch(request) => self.start_fetch(request),
         }
@@ -603,12 +582,7 @@ impl Xfer {
 
     /// Nothing to pace, hash, verify, retry or release: the tick has no work.
     fn idle(&self) -> bool {
-        self.fetches.is_empty()
-            && self.serving.is_empty()
-            && self.hashing.is_empty()
-            && self.freezing.is_empty()
-            && self.offers.is_empty()
-            && self.held.is_empty()
+        self.fetches.is_empty() && self.offers.idle() && self.held.is_empty()
     }
 
     fn on_tick(&mut self) {
@@ -630,18 +604,9 @@ impl Xfer {
         }
         self.drain_fetchers();
         self.verify_step();
-        self.serving
-            .retain(|_, s| s.last.elapsed() < TRANSFER_IDLE_MAX);
         self.hash_step();
-        let hashing: Vec<u64> = self.hashing.iter().map(|h| h.frozen.group).collect();
-        self.freezing
-            .retain(|group, at| hashing.contains(group) || at.elapsed() < OFFER_FRESH);
         // An offer nobody uses is released (its hard links removed) once stale.
-        let serving = &self.serving;
-        self.offers.retain(|_, offer| {
-            offer.created.elapsed() < OFFER_FRESH
-                || serving.values().any(|s| Rc::ptr_eq(&s.offer, offer))
-        });
+        self.offers.expire(now);
         self.publish();
     }
 
@@ -769,8 +734,8 @@ impl Xfer {
         if rate_seconds > 0.0 {
             stats.rate_bytes_per_s = rate_bytes as f64 / rate_seconds;
         }
-        stats.offers = self.offers.len() as u64;
-        stats.transfers_serving = self.serving.len() as u64;
+        stats.offers = self.offers.offers_len() as u64;
+        stats.transfers_serving = self.offers.serving_len() as u64;
         stats.targets_offered = self.server.stats.targets_offered;
         stats.targets_refused = self.server.stats.targets_refused;
         stats.chunks_served = self.server.stats.chunks_served;

@@ -16,7 +16,7 @@ use zerocopy::FromBytes;
 
 use super::files::{self, ClientTableArtifact};
 use super::node::{Node, PARTITION_START_BUDGET};
-use super::xfer::{self, Arm, Content, FetchRequest, FromXfer, Frozen, ToXfer};
+use super::xfer::{self, Arm, Content, FetchRequest, FromXfer, Frozen, Links, ToXfer};
 use super::DaemonError;
 use crate::state::MetadataState;
 
@@ -227,7 +227,7 @@ impl Node {
                         Content::Bytes(self.state.snapshot()),
                     ),
                 ],
-                links: None,
+                keep: Links(None),
             });
         }
         let partition = self.partitions.by_group.get(&group).ok_or(false)?;
@@ -280,7 +280,7 @@ impl Node {
                 commit_op: checkpoint.op,
                 commit_max,
                 artifacts,
-                links: Some(links),
+                keep: Links(Some(links)),
             }),
             Err(error) => {
                 tracing::warn!(group, %error, "state transfer: cannot freeze segments");

@@ -3,6 +3,8 @@
 
 use super::*;
 use journal::Durability;
+use replication::wire::Header;
+use statexfer::ArtifactKind;
 
 fn settings(dir: &Path) -> XferSettings {
     XferSettings {
@@ -58,7 +60,7 @@ fn frozen(group: u64, commit_op: u64, file: &Path, len: u64) -> Frozen {
                 },
             ),
         ],
-        links: None,
+        keep: Links(None),
     }
 }
 
@@ -74,88 +76,95 @@ fn freezes_asked(xfer: &Xfer) -> Vec<u64> {
         .collect()
 }
 
-/// A job as `on_frozen` queues it, answered `age` ago.
-fn job(frozen: Frozen, age: Duration) -> Hashing {
-    Hashing {
-        entries: Vec::new(),
-        frozen,
-        frozen_at: Instant::now() - age,
-    }
+fn request(group: u64, nonce: u128) -> RequestStateTransferHeader {
+    let mut request = RequestStateTransferHeader::new();
+    request.group = group;
+    request.nonce = nonce;
+    request
 }
 
 #[test]
-fn a_freeze_hashed_within_the_freshness_bound_is_offered() {
+fn a_request_asks_for_a_freeze_and_the_hashed_files_are_offered() {
     with_xfer(|xfer, dir| {
         let file = dir.join("segment");
         std::fs::write(&file, vec![5u8; 100_000]).expect("segment");
+        xfer.on_request_transfer(2, &request(1, 77));
+        xfer.on_request_transfer(2, &request(1, 78));
+        assert_eq!(freezes_asked(xfer), vec![1], "asked once");
         xfer.on_frozen(frozen(1, 40, &file, 100_000));
-        let offer = xfer.offers.get(&1).expect("offered at once (unpaced)");
+        let offer = xfer.offers.offer(1).expect("offered at once (unpaced)");
         assert_eq!(offer.offer.commit_op, 40);
         assert_eq!(offer.offer.manifest.entries.len(), 2);
         assert_eq!(
             offer.offer.manifest.entries[1].checksum,
             xxhash_rust::xxh3::xxh3_64(&[5u8; 100_000])
         );
-        assert!(freezes_asked(xfer).is_empty());
-        assert!(!xfer.freezing.contains_key(&1));
-        assert_eq!(xfer.totals.refreezes, 0);
+        assert!(!xfer.offers.freezing(1));
+        let offered = xfer.server.stats.targets_offered;
+        xfer.on_request_transfer(2, &request(1, 79));
+        assert_eq!(xfer.server.stats.targets_offered, offered + 1);
+        assert_eq!(xfer.offers.serving_len(), 1);
     });
 }
 
 #[test]
-fn a_stale_freeze_is_frozen_again_and_a_second_stale_one_still_offered_after_the_bound() {
-    with_xfer(|xfer, dir| {
-        let file = dir.join("segment");
-        std::fs::write(&file, vec![9u8; 200_000]).expect("segment");
-        let stale = OFFER_FRESH + Duration::from_millis(200);
-        for round in 1..=REFREEZES_MAX {
-            xfer.finish_offer(job(frozen(3, 10 * u64::from(round), &file, 200_000), stale));
-            assert!(!xfer.offers.contains_key(&3), "round {round}: not offered");
-            assert_eq!(freezes_asked(xfer).len(), round as usize, "asked again");
-            assert!(
-                xfer.freezing.contains_key(&3),
-                "answered transient meanwhile"
-            );
-            assert_eq!(xfer.totals.refreezes, u64::from(round));
-        }
-        // Past the bound a stale freeze is offered as it is (a cluster that outgrows
-        // the paced hashing must still get an offer).
-        xfer.finish_offer(job(frozen(3, 99, &file, 200_000), stale));
-        assert_eq!(xfer.offers.get(&3).map(|o| o.offer.commit_op), Some(99));
-        assert!(!xfer.refreezes.contains_key(&3));
-        // And the count starts over for the next stale one.
-        xfer.finish_offer(job(frozen(3, 120, &file, 200_000), stale));
-        assert_eq!(freezes_asked(xfer).len(), REFREEZES_MAX as usize + 1);
-    });
-}
-
-#[test]
-fn a_refreeze_is_hashed_before_a_group_hashed_for_the_first_time() {
+fn paced_hashing_resumes_where_it_was_and_a_refreeze_reads_only_what_grew() {
     with_xfer(|xfer, dir| {
         xfer.settings.rate_max = 1 << 20; // 52 KiB per step: hashing spans steps
+        xfer.offers = Offers::new(offer_policy(&xfer.settings));
         let big = dir.join("big");
         std::fs::write(&big, vec![1u8; 4 << 20]).expect("big segment");
-        let small = dir.join("small");
-        std::fs::write(&small, vec![2u8; 200_000]).expect("small segment");
-        // Group 5's first freeze is being hashed, a step at a time.
-        xfer.on_frozen(frozen(5, 50, &big, 4 << 20));
-        assert!(!xfer.offers.contains_key(&5));
-        // Group 6's stale freeze was replaced; the fresh one arrives.
-        xfer.finish_offer(job(frozen(6, 60, &small, 150_000), OFFER_FRESH * 2));
-        xfer.on_frozen(frozen(6, 61, &small, 200_000));
-        for _ in 0..4 {
+        xfer.on_frozen(frozen(5, 50, &big, 3 << 20));
+        let mut steps = 0;
+        while xfer.offers.offer(5).is_none() {
             xfer.hash_step();
+            steps += 1;
         }
-        assert_eq!(xfer.offers.get(&6).map(|o| o.offer.commit_op), Some(61));
-        assert!(!xfer.offers.contains_key(&5), "group 5 still hashing");
-        // Group 5 resumes where it was and completes with the right checksum.
-        for _ in 0..200 {
-            xfer.hash_step();
-        }
-        let offer = xfer.offers.get(&5).expect("group 5 offered");
+        assert!(steps >= 55, "3 MiB at 52 KiB a step: {steps} steps");
         assert_eq!(
-            offer.offer.manifest.entries[1].checksum,
-            xxhash_rust::xxh3::xxh3_64(&vec![1u8; 4 << 20])
+            xfer.offers
+                .offer(5)
+                .map(|o| o.offer.manifest.entries[1].checksum),
+            Some(xxhash_rust::xxh3::xxh3_64(&vec![1u8; 3 << 20]))
         );
+        // The segment grew by 100 KiB: a new freeze hashes that, not the whole file.
+        xfer.on_frozen(frozen(5, 60, &big, (3 << 20) + 100_000));
+        let mut steps = 0;
+        while xfer.offers.offer(5).map(|o| o.offer.commit_op) != Some(60) {
+            xfer.hash_step();
+            steps += 1;
+        }
+        assert!(steps <= 2, "{steps} steps for 100 KB");
+        assert_eq!(
+            xfer.offers
+                .offer(5)
+                .map(|o| o.offer.manifest.entries[1].checksum),
+            Some(xxhash_rust::xxh3::xxh3_64(&vec![1u8; (3 << 20) + 100_000]))
+        );
+    });
+}
+
+#[test]
+fn an_unreadable_freeze_removes_its_links_and_a_released_offer_too() {
+    with_xfer(|xfer, dir| {
+        let links = dir.join("links-1");
+        std::fs::create_dir_all(&links).expect("links");
+        let mut bad = frozen(1, 10, &links.join("gone"), 10);
+        bad.keep = Links(Some(links.clone()));
+        xfer.on_frozen(bad);
+        assert!(xfer.offers.offer(1).is_none());
+        assert!(!links.exists(), "abandoned freeze's links removed");
+
+        let links = dir.join("links-2");
+        std::fs::create_dir_all(&links).expect("links");
+        let file = links.join("segment");
+        std::fs::write(&file, vec![3u8; 1000]).expect("segment");
+        let mut good = frozen(2, 20, &file, 1000);
+        good.keep = Links(Some(links.clone()));
+        xfer.on_frozen(good);
+        assert!(xfer.offers.offer(2).is_some());
+        xfer.offers.expire(Instant::now() + OFFER_FRESH);
+        assert!(xfer.offers.offer(2).is_none());
+        assert!(!links.exists(), "released offer's links removed");
     });
 }

@@ -36,7 +36,7 @@ use super::node::{IoDone, Node};
 use super::partitions::Partition;
 use super::prepares;
 use super::DaemonError;
-use crate::node_core::{lane, Append, Io, JournalAt, Lane};
+use crate::node_core::{lane, Alone, Append, Io, Lane};
 
 /// What planning a lane's staged prepares produced.
 struct PlannedLane {
@@ -63,12 +63,7 @@ impl Node {
         let Some(partition) = self.partitions.by_group.get(&group) else {
             return Ok(());
         };
-        let journal = JournalAt {
-            head: partition.prepares.head(),
-            empty: partition.prepares.is_empty(),
-            committed_op: partition.state.committed_op,
-            identity: partition.prepares.get(op).map(|e| e.identity),
-        };
+        let journal = partition.journal_at(op);
         let checksum = frame.checksum();
         match self
             .lanes
@@ -415,39 +410,37 @@ impl Node {
         frame: &Frame,
     ) -> Result<Option<u128>, DaemonError> {
         self.drain_lane(group).await?;
-        let Some(partition) = self.partitions.by_group.get_mut(&group) else {
-            return Ok(None);
-        };
         let checksum = frame.checksum();
-        if partition
-            .prepares
-            .get(op)
-            .is_some_and(|e| e.identity == checksum)
-        {
-            return Ok(Some(checksum));
-        }
-        if op <= partition.state.committed_op {
-            self.bus.stats().reject("partition_rewrite_committed");
-            tracing::error!(group, op, "refused to rewrite a committed partition op");
-            return Ok(None);
-        }
-        if op <= partition.prepares.head() {
-            partition.truncate_after(group, op - 1).await?;
-        }
-        let head = partition.prepares.head();
-        if !lane::extends(op, head, partition.prepares.is_empty()) {
-            // Counted (`rejected.journal_append_gap` in /stats), logged at debug: a
-            // group that is repairing or fetching its state defers every prepare its
-            // primary sends, and the core asks again on each repair timeout (thousands
-            // of lines a second at warn, into the journal of the host).
-            self.bus.stats().reject("journal_append_gap");
-            tracing::debug!(
-                group,
-                op,
-                head,
-                "partition journal append past the head deferred"
-            );
-            return Ok(None);
+        loop {
+            let Some(partition) = self.partitions.by_group.get_mut(&group) else {
+                return Ok(None);
+            };
+            let journal = partition.journal_at(op);
+            match lane::alone(op, checksum, journal) {
+                Alone::Journaled => return Ok(Some(checksum)),
+                Alone::Committed => {
+                    self.bus.stats().reject("partition_rewrite_committed");
+                    tracing::error!(group, op, "refused to rewrite a committed partition op");
+                    return Ok(None);
+                }
+                Alone::Truncate => partition.truncate_after(group, op - 1).await?,
+                Alone::Deferred => {
+                    // Counted (`rejected.journal_append_gap` in /stats), logged at
+                    // debug: a group that is repairing or fetching its state defers
+                    // every prepare its primary sends, and the core asks again on each
+                    // repair timeout (thousands of lines a second at warn, into the
+                    // journal of the host).
+                    self.bus.stats().reject("journal_append_gap");
+                    tracing::debug!(
+                        group,
+                        op,
+                        head = journal.head,
+                        "partition journal append past the head deferred"
+                    );
+                    return Ok(None);
+                }
+                Alone::Append => break,
+            }
         }
         // Through the lane, which is empty: planned, written, then synced and reported
         // like any other.

@@ -14,6 +14,7 @@ use zerocopy::IntoBytes;
 use super::files::{self, StoredCheckpoint};
 use super::prepares::{self, PrepareLog, Record};
 use super::DaemonError;
+use crate::node_core::JournalAt;
 use crate::state::partition::PartitionState;
 
 /// Bytes of log a poll reads at most (whole batches; the reply stays far below the
@@ -36,6 +37,16 @@ pub struct Partition {
 }
 
 impl Partition {
+    /// Where the group's journal stands, for the JournalAppend of `op`.
+    pub fn journal_at(&self, op: u64) -> JournalAt {
+        JournalAt {
+            head: self.prepares.head(),
+            empty: self.prepares.is_empty(),
+            committed_op: self.state.committed_op,
+            identity: self.prepares.get(op).map(|e| e.identity),
+        }
+    }
+
     /// Forces the segment log and the prepare records to stable storage, as a task that
     /// holds only the files (the two fdatasyncs overlap, and many partitions' can run at
     /// once). Once it succeeded, call `log.note_synced()`. `group` is the partition's.

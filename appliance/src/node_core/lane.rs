@@ -21,7 +21,7 @@
 //!   ordering contract of a JournalAppend that completes asynchronously.
 //!
 //! A prepare that does not extend the journal (a rewrite below the head, a gap) is
-//! journaled on its own once the lane is idle. A write or sync that meets a full disk
+//! journaled on its own once the lane is idle, as `alone` decides. A write or sync that meets a full disk
 //! fails the lane: the files no longer match what was planned, so it reports nothing
 //! more. The daemon plans the writes and runs them (`daemon::group_commit`); this value
 //! decides, and panics on a transition that cannot happen.
@@ -247,6 +247,41 @@ impl Lane {
         holds(self.writing.as_ref(), op)
             || self.written.iter().any(|(o, _)| *o == op)
             || holds(self.syncing.as_ref(), op)
+    }
+}
+
+/// What journaling a prepare on its own (the lane idle) does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Alone {
+    /// The journal holds this prepare already.
+    Journaled,
+    /// The op is applied: its record is never rewritten (refused and counted).
+    Committed,
+    /// The journal holds other prepares from `op` up, none applied: truncate them (after
+    /// `op - 1`) and decide again.
+    Truncate,
+    /// It would leave a gap above the head: deferred (the core asks again).
+    Deferred,
+    /// Stage it in the idle lane and write it.
+    Append,
+}
+
+/// Decides the fate of the prepare of `op` (identity `checksum`) journaled on its own,
+/// with the journal at `journal`.
+pub fn alone(op: u64, checksum: u128, journal: JournalAt) -> Alone {
+    if journal.identity == Some(checksum) {
+        return Alone::Journaled;
+    }
+    if op <= journal.committed_op {
+        return Alone::Committed;
+    }
+    if !journal.empty && op <= journal.head {
+        return Alone::Truncate;
+    }
+    if extends(op, journal.head, journal.empty) {
+        Alone::Append
+    } else {
+        Alone::Deferred
     }
 }
 

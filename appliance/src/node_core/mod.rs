@@ -13,4 +13,4 @@
 pub mod lane;
 pub mod retention;
 
-pub use lane::{Append, InFlight, Io, JournalAt, Lane, STAGED_OPS_MAX};
+pub use lane::{Alone, Append, InFlight, Io, JournalAt, Lane, STAGED_OPS_MAX};

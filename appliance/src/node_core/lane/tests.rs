@@ -336,3 +336,46 @@ fn random_interleavings_report_each_op_once_after_a_sync_that_followed_its_write
         assert_eq!(reported, (1..=OPS).collect::<Vec<_>>(), "seed {seed}");
     }
 }
+
+#[test]
+fn a_prepare_on_its_own_is_journaled_truncated_for_deferred_or_refused_as_its_journal_says() {
+    let id = 0xabc;
+    let held = JournalAt {
+        identity: Some(id),
+        ..at(9)
+    };
+    assert_eq!(alone(5, id, held), Alone::Journaled);
+    assert_eq!(alone(10, id, at(9)), Alone::Append);
+    assert_eq!(
+        alone(1, id, at(0)),
+        Alone::Append,
+        "the first op of an empty journal"
+    );
+    assert_eq!(
+        alone(12, id, at(9)),
+        Alone::Deferred,
+        "a gap above the head"
+    );
+    assert_eq!(
+        alone(5, id, at(9)),
+        Alone::Truncate,
+        "another prepare of op 5"
+    );
+    let committed = JournalAt {
+        committed_op: 6,
+        ..at(9)
+    };
+    assert_eq!(alone(5, id, committed), Alone::Committed);
+    assert_eq!(alone(7, id, committed), Alone::Truncate);
+    // Truncated after op 4 with the journal's records starting above it: empty now, and
+    // op 5 leaves a gap below it.
+    let emptied = JournalAt {
+        head: 0,
+        empty: true,
+        committed_op: 0,
+        identity: None,
+    };
+    assert_eq!(alone(5, id, emptied), Alone::Deferred);
+    // Truncated after op 4 with op 4 kept: op 5 extends it.
+    assert_eq!(alone(5, id, at(4)), Alone::Append);
+}

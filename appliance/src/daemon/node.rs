@@ -23,10 +23,11 @@ use replication::wire::{
 use zerocopy::FromBytes;
 
 use super::partitions::{self, Partitions};
-use super::pending::{Forwarded, PendingForward, PendingTokens};
+use super::pending::PendingTokens;
 use super::repair_windows::RepairWindows;
 use super::system::{slow_step, SLOW_STEP};
 use super::DaemonError;
+use crate::node_core::forward::{ForwardedClients, Forwards};
 use crate::protocol::{Credentials, Status};
 use crate::state::{MetadataOp, MetadataState};
 
@@ -214,10 +215,9 @@ pub struct Node {
     pub(super) events: Rc<LocalSender<Event>>,
     pub(super) logins_in_flight: usize,
     /// Backup: Register/Logout requests forwarded to the primary, by nonce.
-    pub(super) forwards: HashMap<u128, PendingForward>,
-    pub(super) forward_nonces: u64,
+    pub(super) forwards: Forwards<ClientId>,
     /// Primary: clients whose forwarded Register/Logout is in flight here.
-    pub(super) forwarded: HashMap<u128, Forwarded>,
+    pub(super) forwarded: ForwardedClients,
     /// Request numbers of internal auto-commit writes.
     pub(super) auto_commits: u64,
     /// Poll reads running on the blocking pool and waiting for a slot.

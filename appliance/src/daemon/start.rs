@@ -21,6 +21,7 @@ use super::files;
 use super::partitions::Partitions;
 use super::repair_windows::RepairWindows;
 use super::DaemonError;
+use crate::node_core::forward::{ForwardedClients, Forwards};
 use crate::state::MetadataState;
 
 use super::node::{Event, Latencies, Node};
@@ -142,6 +143,7 @@ impl Node {
             tracing::error!(%error, "metadata-replaced-upto unreadable");
             u64::MAX
         });
+        let forwards = Forwards::new(settings.cluster, settings.replica);
         let mut node = Node {
             settings,
             bus,
@@ -160,9 +162,8 @@ impl Node {
             restarted,
             events,
             logins_in_flight: 0,
-            forwards: HashMap::new(),
-            forward_nonces: 0,
-            forwarded: HashMap::new(),
+            forwards,
+            forwarded: ForwardedClients::default(),
             auto_commits: 0,
             poll_reads: Default::default(),
             balanced: HashMap::new(),

@@ -5,11 +5,14 @@
 //! its own invariants: a transition that cannot happen is a bug and panics, it is never
 //! reported as a runtime error.
 //!
+//! - `forward`: session forwarding's bookkeeping: what a backup owes the clients whose
+//!   Register or Logout it forwarded, and which clients the primary prepared for one.
 //! - `lane`: one partition group's journal work between the consensus asking for a
 //!   JournalAppend and the prepare being reported durable (group commit).
 //! - `retention`: which sealed segments retention deletes, and the metadata primary's
 //!   proposals in flight.
 
+pub mod forward;
 pub mod lane;
 pub mod retention;
 

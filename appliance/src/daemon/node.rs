@@ -508,6 +508,31 @@ impl Node {
         }
         self.checkpoint_round().await?;
         self.retention_tick();
+        self.close_idle_prepare_logs().await?;
+        let started = Instant::now();
+        self.checkpoint_metadata().await?;
+        slow_step("metadata checkpoint", started);
+        // Redundant headers of the last appends ride on the next append's flush; an idle
+        // journal writes them within two ticks (once per tick: a second call would always
+        // find the journal idle and flush a busy journal every tick).
+        self.data
+            .journal
+            .tick()
+            .await
+            .map_err(DaemonError::journal(
+                METADATA_GROUP,
+                None,
+                "journal header flush",
+            ))?;
+        self.groups.on_tick();
+        self.sync_partitions(PARTITION_START_BUDGET).await?;
+        self.sync_partition_files().await
+    }
+
+    /// Closes the prepare logs of groups idle for `PREPARES_IDLE_CLOSE` (a few a tick;
+    /// the candidates are gathered every `CHECKPOINT_TICKS`), so idle partitions hold no
+    /// descriptor.
+    async fn close_idle_prepare_logs(&mut self) -> Result<(), DaemonError> {
         if self.ticks.is_multiple_of(CHECKPOINT_TICKS) && self.prepares_closing.is_empty() {
             self.partitions.forget_closed_prepares();
             let (lanes, by_group) = (&self.lanes, &self.partitions.by_group);
@@ -532,23 +557,12 @@ impl Node {
             let closed = self.close_idle_prepares(group, PREPARES_IDLE_CLOSE).await;
             self.absorb_no_space(closed.map(|_| ()))?;
         }
-        let started = Instant::now();
-        self.checkpoint_metadata().await?;
-        slow_step("metadata checkpoint", started);
-        // Redundant headers of the last appends ride on the next append's flush; an idle
-        // journal writes them within two ticks (once per tick: a second call would always
-        // find the journal idle and flush a busy journal every tick).
-        self.data
-            .journal
-            .tick()
-            .await
-            .map_err(DaemonError::journal(
-                METADATA_GROUP,
-                None,
-                "journal header flush",
-            ))?;
-        self.groups.on_tick();
-        self.sync_partitions(PARTITION_START_BUDGET).await?;
+        Ok(())
+    }
+
+    /// The tick's syncs of partition logs and consumer offsets not synced per write; a
+    /// group that meets a full disk stops, the others go on.
+    async fn sync_partition_files(&mut self) -> Result<(), DaemonError> {
         let mut full = Vec::new();
         if self.ticks.is_multiple_of(CHECKPOINT_TICKS) {
             // Every write marks its group (the lanes, applied offsets); this sweep only

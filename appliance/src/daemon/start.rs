@@ -38,88 +38,10 @@ impl Node {
         xfer: Option<Rc<ConnectedSender<super::xfer::ToXfer>>>,
     ) -> Result<Node, DaemonError> {
         let repair_windows = RepairWindows::new(settings.repair_memory_max);
-        let superblock = match files::read_vsr_superblock(&settings.data_dir) {
-            Ok(superblock) => superblock,
-            Err(error) if settings.replica_count > 1 => {
-                // The promises the superblock held (views, the suffix it installed) are
-                // unknown: rejoin as a replacement that votes once it caught up.
-                tracing::error!(
-                    %error,
-                    "VSR superblock unreadable: the metadata group rejoins as a replacement"
-                );
-                bus.stats().reject("vsr_superblock_unreadable");
-                vsr::Superblock {
-                    replacement: true,
-                    ..vsr::Superblock::default()
-                }
-            }
-            Err(error) => return Err(DaemonError::file(METADATA_GROUP, "VSR superblock")(error)),
-        };
-        let journal = &data.journal;
-        let mut entries = Vec::new();
-        for op in journal.op_min().max(1)..=journal.op_head() {
-            let bytes = journal.entry(op).ok().map(FrameBuf::from_bytes);
-            entries.push(JournalEntry { op, bytes });
-        }
-        let fresh = entries.is_empty()
-            && superblock == vsr::Superblock::default()
-            && data.checkpoint.is_none();
+        let superblock = read_superblock(&settings, &bus)?;
+        let (state, replica, entries, fresh) = open_metadata(&settings, &superblock, &data)?;
         let restarted = !fresh;
         let metadata_applied = data.checkpoint.as_ref().map_or(0, |(info, _)| info.op);
-        let (state, replica) = match &data.checkpoint {
-            // The state at the last checkpoint, then the journal above it.
-            Some((info, payload)) => {
-                let fail = |e: String| DaemonError::Corrupt {
-                    group: METADATA_GROUP,
-                    op: Some(info.op),
-                    detail: format!("metadata checkpoint: {e}"),
-                };
-                let (state, clients, anchor) =
-                    files::decode_metadata_checkpoint(payload).map_err(|e| fail(e.into()))?;
-                let state = MetadataState::restore(state).map_err(fail)?;
-                let clients = vsr::ClientTable::decode(clients, settings.vsr.clients_max)
-                    .map_err(|e| fail(e.into()))?;
-                let anchor = PrepareHeader::read_from_prefix(anchor)
-                    .map(|(header, body)| Frame::build(&header, body))
-                    .map_err(|_| fail("anchor is not a prepare".into()))?;
-                let checkpoint = vsr::Checkpoint {
-                    op: info.op,
-                    anchor,
-                    // The metadata plane stamps no batches.
-                    position: replication::wire::batch::PartitionPosition {
-                        partition_id: METADATA_GROUP,
-                        next_offset: 0,
-                        last_timestamp: 0,
-                    },
-                    clients,
-                };
-                let replica = Replica::restart_from_checkpoint(
-                    settings.vsr.clone(),
-                    &superblock,
-                    checkpoint,
-                    &entries,
-                )
-                .ok_or_else(|| fail("anchor is not the prepare of the op".into()))?;
-                (state, replica)
-            }
-            None => {
-                let genesis = files::read_genesis(&settings.data_dir)
-                    .map_err(DaemonError::file(METADATA_GROUP, "genesis"))?;
-                let state = MetadataState::restore(&genesis).map_err(|e| DaemonError::Corrupt {
-                    group: METADATA_GROUP,
-                    op: None,
-                    detail: format!("metadata genesis: {e}"),
-                })?;
-                let replica = if fresh {
-                    // A formatted member: it forms a new cluster with the others only if
-                    // none of them remembers anything, else it rejoins as a replacement.
-                    Replica::unformed(settings.vsr.clone())
-                } else {
-                    Replica::restart(settings.vsr.clone(), &superblock, &entries)
-                };
-                (state, replica)
-            }
-        };
         tracing::info!(
             ops = entries.len(),
             view = superblock.view,
@@ -267,6 +189,102 @@ pub(super) fn partitions_within(files: usize) -> usize {
         usize::MAX => usize::MAX,
         files => files.saturating_sub(prepare_files_min(files)),
     }
+}
+
+/// The metadata group's VSR superblock; unreadable on a member of a cluster, the node
+/// rejoins as a replacement (counted), since the promises it held are unknown.
+fn read_superblock(settings: &Settings, bus: &Bus) -> Result<vsr::Superblock, DaemonError> {
+    match files::read_vsr_superblock(&settings.data_dir) {
+        Ok(superblock) => Ok(superblock),
+        Err(error) if settings.replica_count > 1 => {
+            // The promises the superblock held (views, the suffix it installed) are
+            // unknown: rejoin as a replacement that votes once it caught up.
+            tracing::error!(
+                %error,
+                "VSR superblock unreadable: the metadata group rejoins as a replacement"
+            );
+            bus.stats().reject("vsr_superblock_unreadable");
+            Ok(vsr::Superblock {
+                replacement: true,
+                ..vsr::Superblock::default()
+            })
+        }
+        Err(error) => Err(DaemonError::file(METADATA_GROUP, "VSR superblock")(error)),
+    }
+}
+
+/// The metadata state and replica as the data directory holds them: the state at the
+/// last checkpoint (or the genesis) and the journal's entries above it. Also the
+/// entries, and whether the node is fresh (formatted, never started).
+fn open_metadata(
+    settings: &Settings,
+    superblock: &vsr::Superblock,
+    data: &DataDir,
+) -> Result<(MetadataState, Replica, Vec<JournalEntry>, bool), DaemonError> {
+    let journal = &data.journal;
+    let mut entries = Vec::new();
+    for op in journal.op_min().max(1)..=journal.op_head() {
+        let bytes = journal.entry(op).ok().map(FrameBuf::from_bytes);
+        entries.push(JournalEntry { op, bytes });
+    }
+    let fresh = entries.is_empty()
+        && *superblock == vsr::Superblock::default()
+        && data.checkpoint.is_none();
+    let (state, replica) = match &data.checkpoint {
+        // The state at the last checkpoint, then the journal above it.
+        Some((info, payload)) => {
+            let fail = |e: String| DaemonError::Corrupt {
+                group: METADATA_GROUP,
+                op: Some(info.op),
+                detail: format!("metadata checkpoint: {e}"),
+            };
+            let (state, clients, anchor) =
+                files::decode_metadata_checkpoint(payload).map_err(|e| fail(e.into()))?;
+            let state = MetadataState::restore(state).map_err(fail)?;
+            let clients = vsr::ClientTable::decode(clients, settings.vsr.clients_max)
+                .map_err(|e| fail(e.into()))?;
+            let anchor = PrepareHeader::read_from_prefix(anchor)
+                .map(|(header, body)| Frame::build(&header, body))
+                .map_err(|_| fail("anchor is not a prepare".into()))?;
+            let checkpoint = vsr::Checkpoint {
+                op: info.op,
+                anchor,
+                // The metadata plane stamps no batches.
+                position: replication::wire::batch::PartitionPosition {
+                    partition_id: METADATA_GROUP,
+                    next_offset: 0,
+                    last_timestamp: 0,
+                },
+                clients,
+            };
+            let replica = Replica::restart_from_checkpoint(
+                settings.vsr.clone(),
+                superblock,
+                checkpoint,
+                &entries,
+            )
+            .ok_or_else(|| fail("anchor is not the prepare of the op".into()))?;
+            (state, replica)
+        }
+        None => {
+            let genesis = files::read_genesis(&settings.data_dir)
+                .map_err(DaemonError::file(METADATA_GROUP, "genesis"))?;
+            let state = MetadataState::restore(&genesis).map_err(|e| DaemonError::Corrupt {
+                group: METADATA_GROUP,
+                op: None,
+                detail: format!("metadata genesis: {e}"),
+            })?;
+            let replica = if fresh {
+                // A formatted member: it forms a new cluster with the others only if
+                // none of them remembers anything, else it rejoins as a replacement.
+                Replica::unformed(settings.vsr.clone())
+            } else {
+                Replica::restart(settings.vsr.clone(), superblock, &entries)
+            };
+            (state, replica)
+        }
+    };
+    Ok((state, replica, entries, fresh))
 }
 
 #[cfg(test)]

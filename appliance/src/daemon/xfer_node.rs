@@ -230,10 +230,22 @@ impl Node {
                 keep: Links(None),
             });
         }
+        let (op, position) = (checkpoint.op, checkpoint.position.next_offset);
+        self.freeze_partition(group, op, position, commit_max, client_table)
+    }
+
+    /// A partition group's artifacts at its checkpoint (`op`, log end `end`): the client
+    /// table, the consumer offsets and hard links of its segments up to `end`.
+    fn freeze_partition(
+        &mut self,
+        group: u64,
+        op: u64,
+        end: u64,
+        commit_max: u64,
+        client_table: Vec<u8>,
+    ) -> Result<Frozen, bool> {
         let partition = self.partitions.by_group.get(&group).ok_or(false)?;
-        if partition.state.committed_op != checkpoint.op
-            || partition.state.committed_end != checkpoint.position.next_offset
-        {
+        if partition.state.committed_op != op || partition.state.committed_end != end {
             return Err(true);
         }
         let segments = partition
@@ -252,14 +264,10 @@ impl Node {
         let linked = (|| -> std::io::Result<Vec<(ArtifactKind, u64, Content)>> {
             std::fs::create_dir_all(&links)?;
             let mut artifacts = vec![
-                (
-                    ArtifactKind::ClientTable,
-                    checkpoint.op,
-                    Content::Bytes(client_table),
-                ),
+                (ArtifactKind::ClientTable, op, Content::Bytes(client_table)),
                 (
                     ArtifactKind::ConsumerOffsets,
-                    checkpoint.op,
+                    op,
                     Content::Bytes(journal::segment::offsets::encode(partition.offsets.all())),
                 ),
             ];
@@ -277,7 +285,7 @@ impl Node {
         match linked {
             Ok(artifacts) => Ok(Frozen {
                 group,
-                commit_op: checkpoint.op,
+                commit_op: op,
                 commit_max,
                 artifacts,
                 keep: Links(Some(links)),

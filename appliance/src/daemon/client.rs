@@ -296,6 +296,28 @@ impl Node {
                 let status = self.attach_status(*client, *session, *metadata_watermark);
                 self.answer(connection, header, status, &[]);
             }
+            ClientRequest::SendMessages { .. }
+            | ClientRequest::StoreConsumerOffset { .. }
+            | ClientRequest::DeleteConsumerOffset { .. } => {
+                self.on_partition_write(connection, header, user, request)
+            }
+            ClientRequest::Logout => {
+                self.metadata_request(connection, header, user, operation, &[]);
+            }
+            _ => self.on_metadata_write(connection, header, user, caller, request),
+        }
+    }
+
+    /// A write to a partition (messages, a consumer offset stored or deleted): verified,
+    /// routed to its partition's group and proposed there.
+    fn on_partition_write(
+        &mut self,
+        connection: ClientId,
+        header: &RequestHeader,
+        user: u32,
+        request: &ClientRequest<'_>,
+    ) {
+        match request {
             ClientRequest::SendMessages {
                 stream,
                 topic,
@@ -328,10 +350,7 @@ impl Node {
                     Err(status) => self.answer_unresolved(connection, header, status),
                 }
             }
-            ClientRequest::Logout => {
-                self.metadata_request(connection, header, user, operation, &[]);
-            }
-            _ => self.on_metadata_write(connection, header, user, caller, request),
+            _ => unreachable!("not a partition write"),
         }
     }
 

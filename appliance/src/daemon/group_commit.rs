@@ -411,6 +411,7 @@ impl Node {
     ) -> Result<Option<u128>, DaemonError> {
         self.drain_lane(group).await?;
         let checksum = frame.checksum();
+        let mut truncated = false;
         loop {
             let Some(partition) = self.partitions.by_group.get_mut(&group) else {
                 return Ok(None);
@@ -423,7 +424,17 @@ impl Node {
                     tracing::error!(group, op, "refused to rewrite a committed partition op");
                     return Ok(None);
                 }
-                Alone::Truncate => partition.truncate_after(group, op - 1).await?,
+                Alone::Truncate if truncated => {
+                    // Truncating from `op` leaves it unheld; held still, the journal did
+                    // not truncate: not journaled (never acked), rather than ask forever.
+                    self.bus.stats().reject("journal_truncate_failed");
+                    tracing::error!(group, op, "prepare still held after truncation");
+                    return Ok(None);
+                }
+                Alone::Truncate => {
+                    partition.truncate_after(group, op - 1).await?;
+                    truncated = true;
+                }
                 Alone::Deferred => {
                     // Counted (`rejected.journal_append_gap` in /stats), logged at
                     // debug: a group that is repairing or fetching its state defers

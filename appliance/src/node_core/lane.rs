@@ -257,8 +257,8 @@ pub enum Alone {
     Journaled,
     /// The op is applied: its record is never rewritten (refused and counted).
     Committed,
-    /// The journal holds other prepares from `op` up, none applied: truncate them (after
-    /// `op - 1`) and decide again.
+    /// The journal holds another prepare of `op` (and others above it), none applied:
+    /// truncate them (after `op - 1`) and decide again.
     Truncate,
     /// It would leave a gap above the head: deferred (the core asks again).
     Deferred,
@@ -275,7 +275,10 @@ pub fn alone(op: u64, checksum: u128, journal: JournalAt) -> Alone {
     if op <= journal.committed_op {
         return Alone::Committed;
     }
-    if !journal.empty && op <= journal.head {
+    if journal.identity.is_some() {
+        // Another prepare of `op`: truncating from it leaves the head below `op`, so
+        // the decision after it is never a second truncation. An op below the journal's
+        // first record is not held and truncates nothing: it is a gap, deferred.
         return Alone::Truncate;
     }
     if extends(op, journal.head, journal.empty) {

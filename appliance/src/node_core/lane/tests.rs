@@ -356,17 +356,32 @@ fn a_prepare_on_its_own_is_journaled_truncated_for_deferred_or_refused_as_its_jo
         Alone::Deferred,
         "a gap above the head"
     );
+    let other = JournalAt {
+        identity: Some(0xdef),
+        ..at(9)
+    };
     assert_eq!(
-        alone(5, id, at(9)),
+        alone(5, id, other),
         Alone::Truncate,
         "another prepare of op 5"
     );
+    // After truncating after op 4 the journal's head is 4 and op 5 is not held.
+    assert_eq!(alone(5, id, at(4)), Alone::Append);
     let committed = JournalAt {
         committed_op: 6,
-        ..at(9)
+        ..other
     };
     assert_eq!(alone(5, id, committed), Alone::Committed);
     assert_eq!(alone(7, id, committed), Alone::Truncate);
+    // Below the journal's first record (records 50..=60 after a checkpoint): nothing
+    // to truncate, a gap. Asking to truncate here would ask again forever.
+    let above = JournalAt {
+        head: 60,
+        empty: false,
+        committed_op: 40,
+        identity: None,
+    };
+    assert_eq!(alone(45, id, above), Alone::Deferred);
     // Truncated after op 4 with the journal's records starting above it: empty now, and
     // op 5 leaves a gap below it.
     let emptied = JournalAt {

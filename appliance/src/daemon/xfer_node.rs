@@ -230,8 +230,8 @@ impl Node {
                 keep: Links(None),
             });
         }
-        let (op, position) = (checkpoint.op, checkpoint.position.next_offset);
-        self.freeze_partition(group, op, position, commit_max, client_table)
+        let (op, end) = (checkpoint.op, checkpoint.position.next_offset);
+        self.freeze_partition(group, op, end, commit_max, client_table)
     }
 
     /// A partition group's artifacts at its checkpoint (`op`, log end `end`): the client
@@ -256,13 +256,15 @@ impl Node {
                 true
             })?;
         self.xfer_freezes += 1;
-        let links = self
+        let dir = self
             .settings
             .data_dir
             .join(xfer::OUT_DIR)
             .join(format!("{group}-{}", self.xfer_freezes));
+        // Owned from here: dropped, and the directory removed, unless the freeze is made.
+        let links = Links(Some(dir.clone()));
         let linked = (|| -> std::io::Result<Vec<(ArtifactKind, u64, Content)>> {
-            std::fs::create_dir_all(&links)?;
+            std::fs::create_dir_all(&dir)?;
             let mut artifacts = vec![
                 (ArtifactKind::ClientTable, op, Content::Bytes(client_table)),
                 (
@@ -272,7 +274,7 @@ impl Node {
                 ),
             ];
             for (base, path, len) in segments {
-                let link = links.join(path.file_name().unwrap_or_default());
+                let link = dir.join(path.file_name().unwrap_or_default());
                 std::fs::hard_link(&path, &link)?;
                 artifacts.push((
                     ArtifactKind::SegmentLog,
@@ -288,11 +290,10 @@ impl Node {
                 commit_op: op,
                 commit_max,
                 artifacts,
-                keep: Links(Some(links)),
+                keep: links,
             }),
             Err(error) => {
                 tracing::warn!(group, %error, "state transfer: cannot freeze segments");
-                let _ = std::fs::remove_dir_all(&links);
                 Err(true)
             }
         }

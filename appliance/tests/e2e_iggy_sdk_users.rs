@@ -559,3 +559,89 @@ fn on_three_nodes_users_tokens_and_purges_reach_every_node() {
         assert_eq!(daemon.terminate(Duration::from_secs(20)), Some(0));
     }
 }
+
+/// The `logins` counters of /stats, (password checks, logins let in without one), once
+/// they read `want` (the stats are published about once a second), or as last read.
+fn login_counts(files: &ClusterFiles, want: (u64, u64)) -> (u64, u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let logins = stats(files, 0)["logins"].clone();
+        let count = |key: &str| {
+            logins[key]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{key}: {logins}"))
+        };
+        let seen = (count("password_checks"), count("reused"));
+        if seen == want || std::time::Instant::now() > deadline {
+            return seen;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn credentials_that_checked_out_log_in_again_without_a_password_check() {
+    let files = ClusterFiles::new(1);
+    let mut daemon = Daemon::start(&files, 0);
+    wait_healthy(&files, &mut daemon, Duration::from_secs(60));
+    let runtime = runtime();
+    runtime.block_on(async {
+        let root = root_client(&files, 0).await;
+        let alice_ref = Identifier::named("alice").unwrap();
+        root.create_user("alice", "alice-password", UserStatus::Active, None)
+            .await
+            .expect("create user");
+        // The root login so far.
+        let (checks, reused) = login_counts(&files, (1, 0));
+
+        // The first login is checked; the next ones, on new connections, are not.
+        for _ in 0..3 {
+            login(&files, "alice", "alice-password")
+                .await
+                .expect("alice");
+        }
+        let want = (checks + 1, reused + 2);
+        assert_eq!(login_counts(&files, want), want);
+
+        // A wrong password is always checked (and refused).
+        assert!(login(&files, "alice", "alice-passwore").await.is_err());
+        let want = (checks + 2, reused + 2);
+        assert_eq!(login_counts(&files, want), want);
+
+        // A changed password: the old one is checked again, and refused.
+        let alice = login(&files, "alice", "alice-password").await.unwrap();
+        let want = (checks + 2, reused + 3);
+        assert_eq!(login_counts(&files, want), want);
+        alice
+            .change_password(&alice_ref, "alice-password", "new-password")
+            .await
+            .expect("change password");
+        assert!(login(&files, "alice", "alice-password").await.is_err());
+        let want = (checks + 3, reused + 3);
+        assert_eq!(login_counts(&files, want), want);
+        login(&files, "alice", "new-password").await.expect("new");
+        login(&files, "alice", "new-password").await.expect("new");
+        let want = (checks + 4, reused + 4);
+        assert_eq!(login_counts(&files, want), want);
+
+        // A deactivated user is refused even with credentials that checked out: it has
+        // no account to log in to, and is checked like an unknown name.
+        root.update_user(
+            &alice_ref,
+            None,
+            Some(UserStatus::Inactive),
+            &UserUpdateOptions::default(),
+        )
+        .await
+        .expect("deactivate");
+        let inactive = login(&files, "alice", "new-password").await;
+        assert!(
+            matches!(inactive, Err(IggyError::InvalidCredentials)),
+            "{:?}",
+            inactive.err()
+        );
+        let want = (checks + 5, reused + 4);
+        assert_eq!(login_counts(&files, want), want);
+    });
+    assert_eq!(daemon.terminate(Duration::from_secs(20)), Some(0));
+}

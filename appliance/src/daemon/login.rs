@@ -1,22 +1,23 @@
-//! Logins of the client plane: a password checked on the blocking pool (Argon2 costs
-//! tens of milliseconds), a personal access token looked up, a failure answered after a
-//! delay, and on a backup a failed check tried once more (it may not have applied the
-//! op that created the user yet). A Register that checks out opens a session through
-//! the metadata primary.
+//! Logins of the client plane: a password checked on the password thread (Argon2 costs
+//! tens of milliseconds) unless the same credentials checked out lately, a personal
+//! access token looked up, a failure answered after a delay, and on a backup a failed
+//! check tried once more (it may not have applied the op that created the user yet). A
+//! Register that checks out opens a session through the metadata primary.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use replication::bus::ClientId;
 use replication::wire::{Operation, RequestHeader};
 
 use super::client::now_us;
 use super::node::{Event, Node};
+use super::passwords::Digest;
 use crate::protocol::{ClientRequest, Credentials, Status};
 use crate::state::{auth, MetadataOp, PasswordWork};
 
 /// A failed login is answered after this delay (slows password guessing).
 pub const LOGIN_FAILURE_DELAY: Duration = Duration::from_millis(500);
-/// Password checks queued on the blocking pool at once; more are answered Unavailable.
+/// Password checks and hashes queued at once; more are answered Unavailable.
 pub const LOGINS_IN_FLIGHT_MAX: usize = 16;
 
 impl Node {
@@ -82,9 +83,10 @@ impl Node {
         self.metadata_request(connection, header, user, Operation::Register, &[]);
     }
 
-    /// Argon2 costs tens of milliseconds: the check runs on the blocking pool so the
-    /// replica executor keeps its heartbeats; the result comes back as an event. A
-    /// first check (`may_retry`) keeps the credentials for one retry on a backup.
+    /// Argon2 costs tens of milliseconds: the check runs on the password thread so the
+    /// replica executor keeps its heartbeats; the result comes back as an event.
+    /// Credentials that checked out lately are let in at once. A first check
+    /// (`may_retry`) keeps the credentials for one retry on a backup.
     fn start_login(
         &mut self,
         connection: ClientId,
@@ -93,14 +95,27 @@ impl Node {
         password: &[u8],
         may_retry: bool,
     ) {
-        if self.logins_in_flight >= LOGINS_IN_FLIGHT_MAX {
-            self.reject("login_busy");
-            return self.answer(connection, header, Status::Unavailable, &[]);
-        }
         let account = self
             .state
             .account(username)
             .map(|(id, hash)| (id, hash.to_owned()));
+        let remember = account
+            .as_ref()
+            .map(|(_, hash)| self.verified_logins.digest(username, password, hash));
+        if let (Some((id, _)), Some(digest)) = (&account, &remember) {
+            if self.verified_logins.fresh(digest, Instant::now()) {
+                self.login_counts.reused += 1;
+                self.logins_in_flight += 1;
+                if let Some(entry) = self.connections.get_mut(&connection) {
+                    entry.logins += 1;
+                }
+                return self.on_login_checked(connection, header, Some(*id), None, None);
+            }
+        }
+        if self.logins_in_flight >= LOGINS_IN_FLIGHT_MAX {
+            self.reject("login_busy");
+            return self.answer(connection, header, Status::Unavailable, &[]);
+        }
         let retry = may_retry.then(|| {
             Box::new(Credentials::Password {
                 username: username.to_owned(),
@@ -108,7 +123,8 @@ impl Node {
             })
         });
         let password = password.to_vec();
-        let check = glommio::executor().spawn_blocking(move || match account {
+        self.login_counts.password_checks += 1;
+        let check = self.password_thread.run(move || match account {
             Some((id, hash)) => auth::verify_password(&password, &hash).then_some(id),
             None => {
                 // Unknown names cost the same as known ones.
@@ -123,18 +139,19 @@ impl Node {
         let events = self.events.clone();
         let request = Box::new(*header);
         glommio::spawn_local(async move {
-            let user = check.await;
+            let user = check.await.flatten();
             let _ = events.try_send(Event::LoginChecked {
                 connection,
                 request,
                 user,
                 retry: if user.is_none() { retry } else { None },
+                remember: remember.filter(|_| user.is_some()).map(Box::new),
             });
         })
         .detach();
     }
 
-    /// Runs a CreateUser's or ChangePassword's Argon2 work on the blocking pool (within
+    /// Runs a CreateUser's or ChangePassword's Argon2 work on the password thread (within
     /// the password checks' bound); the op it yields comes back as an event.
     pub(super) fn start_password_work(
         &mut self,
@@ -148,11 +165,12 @@ impl Node {
             return self.answer(connection, header, Status::Unavailable, &[]);
         }
         self.logins_in_flight += 1;
-        let done = glommio::executor().spawn_blocking(move || work.run());
+        let done = self.password_thread.run(move || work.run());
         let events = self.events.clone();
         let request = Box::new(*header);
         glommio::spawn_local(async move {
-            let op = Box::new(done.await);
+            // Work that panicked (a bug, logged) is answered Unavailable.
+            let op = Box::new(done.await.unwrap_or(Err(Status::Unavailable)));
             let _ = events.try_send(Event::PasswordWorkDone {
                 connection,
                 request,
@@ -200,7 +218,7 @@ impl Node {
         }
         let retry =
             (may_retry && user.is_none()).then(|| Box::new(Credentials::Token(token.to_vec())));
-        self.on_login_checked(connection, header, user, retry);
+        self.on_login_checked(connection, header, user, retry, None);
     }
 
     /// The second check of a login a backup failed.
@@ -227,6 +245,7 @@ impl Node {
         header: &RequestHeader,
         user: Option<u32>,
         retry: Option<Box<Credentials>>,
+        remember: Option<Box<Digest>>,
     ) {
         self.logins_in_flight = self.logins_in_flight.saturating_sub(1);
         if let Some(entry) = self.connections.get_mut(&connection) {
@@ -240,6 +259,9 @@ impl Node {
         match user {
             Some(user) => {
                 entry.user = Some(user);
+                if let Some(digest) = remember {
+                    self.verified_logins.insert(*digest, Instant::now());
+                }
                 if header.operation == Operation::Register as u8 {
                     self.register(connection, header, user);
                 } else {

@@ -35,6 +35,7 @@ mod login;
 mod messages;
 mod metadata_reads;
 mod partition_groups;
+mod passwords;
 mod pending;
 mod polls;
 mod repair_windows;

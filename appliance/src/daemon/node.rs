@@ -23,6 +23,7 @@ use replication::wire::{
 use zerocopy::FromBytes;
 
 use super::partitions::{self, Partitions};
+use super::passwords::{Digest, PasswordThread, VerifiedLogins};
 use super::pending::PendingTokens;
 use super::repair_windows::RepairWindows;
 use super::system::{slow_step, SLOW_STEP};
@@ -59,6 +60,8 @@ pub enum Event {
         user: Option<u32>,
         /// The credentials of a first check, for one more on a backup that fails it.
         retry: Option<Box<Credentials>>,
+        /// Kept in `verified_logins` when the check passed.
+        remember: Option<Box<Digest>>,
     },
     /// A CreateUser's or ChangePassword's Argon2 work finished on the blocking pool.
     PasswordWorkDone {
@@ -211,9 +214,15 @@ pub struct Node {
     pub(super) ticks: u64,
     /// The node restarted from durable state (its groups may be behind their peers).
     pub(super) restarted: bool,
-    /// For work that completes later (password checks on the blocking pool).
+    /// For work that completes later (password checks on the password thread).
     pub(super) events: Rc<LocalSender<Event>>,
     pub(super) logins_in_flight: usize,
+    /// Runs password checks and hashes, one at a time.
+    pub(super) password_thread: PasswordThread,
+    /// Logins that checked out lately: the same credentials skip the check.
+    pub(super) verified_logins: VerifiedLogins,
+    /// Password logins checked and reused (`logins` in /stats).
+    pub(super) login_counts: crate::stats::LoginStats,
     /// Backup: Register/Logout requests forwarded to the primary, by nonce.
     pub(super) forwards: Forwards<ClientId>,
     /// Primary: clients whose forwarded Register/Logout is in flight here.
@@ -448,7 +457,8 @@ impl Node {
                 request,
                 user,
                 retry,
-            } => self.on_login_checked(connection, &request, user, retry),
+                remember,
+            } => self.on_login_checked(connection, &request, user, retry, remember),
             Event::LoginRetry {
                 connection,
                 request,

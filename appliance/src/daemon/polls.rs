@@ -223,7 +223,7 @@ pub(super) fn start_readers(count: usize, deliver: Deliver) -> Option<flume::Sen
         let spawned = std::thread::Builder::new()
             .name(format!("poll-read-{i}"))
             .spawn(move || {
-                unpin_and_lower_priority();
+                unpin_and_renice(READER_NICE);
                 while let Ok(job) = inbox.recv() {
                     let read = job.read;
                     let reply = caught(move || read.run());
@@ -261,8 +261,8 @@ pub(super) fn caught(read: impl FnOnce() -> PollReply) -> PollReply {
 
 /// Lets the calling thread run on any CPU the process may use (a thread inherits its
 /// creator's affinity: the replica executor's one CPU under `runtime.pin_cpus`) and
-/// lowers its priority to `READER_NICE` (on Linux a nice value is per thread).
-fn unpin_and_lower_priority() {
+/// lowers its priority to `nice` (on Linux a nice value is per thread).
+pub(super) fn unpin_and_renice(nice: libc::c_int) {
     // SAFETY: a zeroed cpu_set_t is valid and CPU_SET writes only inside it;
     // sched_setaffinity reads it (the kernel keeps the CPUs the process's cpuset
     // allows); setpriority takes no pointers.
@@ -272,7 +272,7 @@ fn unpin_and_lower_priority() {
             libc::CPU_SET(cpu, &mut every);
         }
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &every);
-        libc::setpriority(libc::PRIO_PROCESS, 0, READER_NICE);
+        libc::setpriority(libc::PRIO_PROCESS, 0, nice);
     }
 }
 

@@ -19,6 +19,7 @@ use zerocopy::FromBytes;
 
 use super::files;
 use super::partitions::Partitions;
+use super::passwords::{PasswordThread, VerifiedLogins};
 use super::repair_windows::RepairWindows;
 use super::DaemonError;
 use crate::node_core::forward::{ForwardedClients, Forwards};
@@ -84,6 +85,9 @@ impl Node {
             restarted,
             events,
             logins_in_flight: 0,
+            password_thread: PasswordThread::default(),
+            verified_logins: VerifiedLogins::default(),
+            login_counts: Default::default(),
             forwards,
             forwarded: ForwardedClients::default(),
             auto_commits: 0,

@@ -233,6 +233,10 @@ fn node_figures(node: &Node) -> Snapshot {
         },
         client_connections: node.connections.len() as u64,
         sessions: node.metadata().map_or(0, |r| r.clients().len() as u64),
+        logins: crate::stats::LoginStats {
+            in_flight: node.logins_in_flight as u64,
+            ..node.login_counts.clone()
+        },
         groups_max: node.settings.stats_groups_max,
         group_summary: {
             let sleep = node.groups.sleep_stats();

@@ -184,6 +184,16 @@ pub struct NodeAddresses {
     pub http: String,
 }
 
+/// Password logins: those checked (Argon2id, on the password thread) and those let in
+/// because the same credentials checked out lately.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LoginStats {
+    pub password_checks: u64,
+    pub reused: u64,
+    /// Password checks and hashes queued or running now.
+    pub in_flight: u64,
+}
+
 /// Journal repair progress.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct RepairStats {
@@ -290,6 +300,7 @@ pub struct Snapshot {
     pub latency_us: Latencies,
     pub client_connections: u64,
     pub sessions: u64,
+    pub logins: LoginStats,
     pub storage: StorageStats,
     pub group_summary: GroupSummary,
     /// TLS on the client port (`tcp.tls`).
@@ -434,6 +445,11 @@ pub(crate) mod tests {
             replica_id: 1,
             cluster: "prod".into(),
             uptime_s: 42,
+            logins: LoginStats {
+                password_checks: 7,
+                reused: 40,
+                in_flight: 1,
+            },
             groups: vec![
                 GroupStats {
                     group: (1u64 << 63).to_string(),

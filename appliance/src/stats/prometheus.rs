@@ -134,6 +134,18 @@ pub fn render(s: &Snapshot) -> String {
         s.sessions,
     );
     out.one(
+        "appliance_login_password_checks_total",
+        "counter",
+        "Password logins checked (Argon2id).",
+        s.logins.password_checks,
+    );
+    out.one(
+        "appliance_login_reused_total",
+        "counter",
+        "Password logins let in without a check: the same credentials checked out lately.",
+        s.logins.reused,
+    );
+    out.one(
         "appliance_storage_segments",
         "gauge",
         "Segment files of the partition logs.",

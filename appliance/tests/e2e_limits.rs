@@ -92,9 +92,9 @@ fn connections_past_the_limit_are_closed_and_counted() {
 #[test]
 fn requests_past_the_in_flight_limit_are_refused_with_the_key() {
     let (files, _daemon) = node(&[("APPLIANCE_LIMITS__REQUESTS_IN_FLIGHT_PER_SESSION", "2")]);
-    let mut admitted = registered(&files, 1);
-    // Three logins in one write: the password checks take milliseconds, so two are in
-    // flight when the third arrives.
+    // Three logins in one write, the node's first: the password checks take
+    // milliseconds (a login of credentials that checked out lately takes none, so no
+    // other client logs in first), so two are in flight when the third arrives.
     let mut greedy = Client::connect(files.client_addr(0), 2).expect("connect");
     let mut body = short("root");
     body.extend_from_slice(&short(ROOT_PASSWORD));
@@ -119,6 +119,7 @@ fn requests_past_the_in_flight_limit_are_refused_with_the_key() {
         2
     );
     assert!(rejected(&files, 0, "requests_in_flight_limit", 1) >= 1);
+    let mut admitted = registered(&files, 1);
     // The refusal did not end the greedy connection either: it is logged in and served.
     let reply = greedy.register().expect("register");
     assert_eq!(reply.status(), Status::Ok);

@@ -105,10 +105,7 @@ impl Node {
         if let (Some((id, _)), Some(digest)) = (&account, &remember) {
             if self.verified_logins.fresh(digest, Instant::now()) {
                 self.login_counts.reused += 1;
-                self.logins_in_flight += 1;
-                if let Some(entry) = self.connections.get_mut(&connection) {
-                    entry.logins += 1;
-                }
+                self.login_started(connection);
                 return self.on_login_checked(connection, header, Some(*id), None, None);
             }
         }
@@ -132,10 +129,7 @@ impl Node {
                 None
             }
         });
-        self.logins_in_flight += 1;
-        if let Some(entry) = self.connections.get_mut(&connection) {
-            entry.logins += 1;
-        }
+        self.login_started(connection);
         let events = self.events.clone();
         let request = Box::new(*header);
         glommio::spawn_local(async move {
@@ -212,13 +206,19 @@ impl Node {
         may_retry: bool,
     ) {
         let user = self.state.token_user(&auth::token_hash(token), now_us());
+        self.login_started(connection);
+        let retry =
+            (may_retry && user.is_none()).then(|| Box::new(Credentials::Token(token.to_vec())));
+        self.on_login_checked(connection, header, user, retry, None);
+    }
+
+    /// A login of `connection` is in flight until `on_login_checked` (counted against
+    /// the node's and the connection's limits).
+    fn login_started(&mut self, connection: ClientId) {
         self.logins_in_flight += 1;
         if let Some(entry) = self.connections.get_mut(&connection) {
             entry.logins += 1;
         }
-        let retry =
-            (may_retry && user.is_none()).then(|| Box::new(Credentials::Token(token.to_vec())));
-        self.on_login_checked(connection, header, user, retry, None);
     }
 
     /// The second check of a login a backup failed.

@@ -1736,3 +1736,48 @@ fn a_view_started_right_after_the_merge_is_persisted_once() {
         "the StartView goes out after that write"
     );
 }
+
+/// The commit numbers of the Commit messages among `actions`.
+fn commits_broadcast(actions: &[Action]) -> Vec<u64> {
+    actions
+        .iter()
+        .filter_map(|action| match action {
+            Action::Broadcast { frame } => match decode(frame.as_bytes(), &Limits::default()) {
+                Ok(Message::Commit(header)) => Some(header.commit),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_metadata_primary_announces_a_commit_that_empties_its_pipeline_at_once() {
+    let mut primary = Replica::new(Config::new(cluster(), METADATA_GROUP, 0, 3));
+    primary.set_connected(1, true);
+    primary.set_connected(2, true);
+    let mut prepares = Vec::new();
+    for client in [0xa1, 0xa2] {
+        let outcome = primary.on_request(request(client, Operation::Register, 0, 0).as_bytes());
+        assert!(matches!(outcome, RequestOutcome::Prepared { .. }));
+        for action in primary.drain_actions() {
+            if let Action::JournalAppend { op, frame } = action {
+                primary.on_journal_durable(op, frame.checksum());
+                prepares.push(frame);
+            }
+        }
+    }
+    assert_eq!(prepares.len(), 2);
+    // Op 1 commits while op 2 is in flight: op 2's commit will announce both.
+    primary.on_message(prepare_ok(1, &prepares[0]).as_bytes());
+    assert_eq!(primary.commit(), 1);
+    let actions = primary.drain_actions();
+    assert!(commits_broadcast(&actions).is_empty(), "{actions:?}");
+    // Op 2 empties the pipeline: the backups hear commit 2 now, not a heartbeat later.
+    primary.on_message(prepare_ok(1, &prepares[1]).as_bytes());
+    assert_eq!(primary.commit(), 2);
+    assert_eq!(commits_broadcast(&primary.drain_actions()), vec![2]);
+    // No new commit, no announcement until the heartbeat's interval.
+    primary.on_message(prepare_ok(2, &prepares[1]).as_bytes());
+    assert!(commits_broadcast(&primary.drain_actions()).is_empty());
+}

@@ -681,6 +681,7 @@ impl Replica {
 
     pub(crate) fn commit_pipeline(&mut self) {
         assert!(self.is_primary() && self.status == Status::Normal);
+        let committed = self.commit;
         loop {
             let op = self.commit + 1;
             let Some(pending) = self.pipeline.get(&op) else {
@@ -697,6 +698,16 @@ impl Replica {
             self.progress_tick = self.now;
             self.commit_max = self.commit_max.max(op);
             self.commit_op(op);
+        }
+        // A metadata op changes what the backups serve (a session forwarded through one
+        // waits for it there; a new topic's partition groups open when it applies): the
+        // backups learn the commit now rather than at the next heartbeat. While ops are
+        // in flight, the commit that empties the pipeline announces theirs too.
+        if self.config.group == METADATA_GROUP
+            && self.commit > committed
+            && self.pipeline.is_empty()
+        {
+            self.on_commit_broadcast_timeout();
         }
     }
 

@@ -223,6 +223,8 @@ fn produce(files: &ClusterFiles, topic: &str) -> Value {
         .args(["--rate", &rate().to_string()])
         .arg("--ack-log")
         .arg(&ack_log)
+        .arg("--disk-probe")
+        .arg(files.dir.path().join(format!("disk-probe-{topic}")))
         .args(["--duration", &format!("{}s", seconds()), "--warmup", "1s"])
         .stdin(Stdio::null())
         .output()
@@ -250,6 +252,20 @@ fn produce(files: &ClusterFiles, topic: &str) -> Value {
         .count();
     report["late_acks"] = serde_json::json!(late);
     report
+}
+
+/// The disk probe's figures of a phase: the host's own fdatasync stalls beside the
+/// nodes, and how many slow acks came during one.
+fn host_disk(report: &Value) -> String {
+    let probe = &report["disk_probe"];
+    format!(
+        "host disk probe: {} stalls, max {} ms, {} of {} acks over {} ms during a stall",
+        probe["probe"]["stalls"],
+        probe["probe"]["max_ms"],
+        probe["slow_acks_with_host_stall"],
+        probe["slow_acks"],
+        probe["stall_ms"],
+    )
 }
 
 /// Reads `topic` back from node `replica` alone: every message, ids and payloads checked.
@@ -418,12 +434,13 @@ fn a_paused_backup_does_not_slow_the_producers() {
     )];
     let mut figures = vec![format!(
         "baseline: p50 {:.1} ms, p90 {:.1} ms, p99 {base_p99:.1} ms, p99.9 {:.1} ms, max {:.1} ms, \
-         {} msg/s",
+         {} msg/s, {}",
         latency_ms(&baseline, "p50"),
         latency_ms(&baseline, "p90"),
         latency_ms(&baseline, "p999"),
         latency_ms(&baseline, "max"),
-        baseline["msgs_per_s"]
+        baseline["msgs_per_s"],
+        host_disk(&baseline),
     )];
     for (topic, paused, fault, what) in [
         (
@@ -460,11 +477,12 @@ fn a_paused_backup_does_not_slow_the_producers() {
         {
             figures.push(format!(
                 "{what}: first run p99 {:.1} ms, p99.9 {:.1} ms, max {:.1} ms, {} acks 150 ms \
-                 late or more: over the bound, run again",
+                 late or more ({}): over the bound, run again",
                 latency_ms(&report, "p99"),
                 latency_ms(&report, "p999"),
                 latency_ms(&report, "max"),
                 report["late_acks"].as_u64().unwrap_or(0),
+                host_disk(&report),
             ));
             let again = format!("{topic}-again");
             if let Some(run) = run_phase(&files, &daemons, &again, Some((paused, fault))) {
@@ -486,13 +504,14 @@ fn a_paused_backup_does_not_slow_the_producers() {
         figures.push(format!(
             "{what} {pauses} times: p50 {:.1} ms, p90 {:.1} ms, p99 {p99:.1} ms, p99.9 {:.1} ms, \
              max {:.1} ms, {late} acks 150 ms late or more, {} msg/s, skipped as slow: \
-             {skipped} (skips so far: {})",
+             {skipped} (skips so far: {}), {}",
             latency_ms(&report, "p50"),
             latency_ms(&report, "p90"),
             latency_ms(&report, "p999"),
             latency_ms(&report, "max"),
             report["msgs_per_s"],
-            skips.join(", ")
+            skips.join(", "),
+            host_disk(&report),
         ));
         assert!(pauses >= 3, "{what}: only {pauses} stalls");
         if paused != 0 {

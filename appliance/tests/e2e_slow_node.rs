@@ -361,6 +361,13 @@ fn run_phase(
     topic: &str,
     slow: Option<(usize, Fault)>,
 ) -> Option<(Value, u32, bool)> {
+    // The binaries cargo linked just before the test (over 100 MB) are dirty in the page
+    // cache and the kernel writes them back 30 s later (vm.dirty_expire_centisecs): in
+    // the middle of a phase, where the host's disk then stalls every fdatasync (the
+    // nodes' and the probe's) for 150-300 ms. Each phase starts with nothing to write
+    // back, so it measures the cluster and not the writeback of what came before it.
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
     let disk = match slow {
         Some((r, Fault::SlowDisk)) => Some(SlowDisk::start(daemons[r].pid(), &files.data_dir(r))?),
         _ => None,

@@ -494,20 +494,17 @@ fn spawn_io(
     .detach();
 }
 
-/// Plans the next write of a lane's `staged` prepares (each following the one before
-/// it and the journal's head): their batches into one segment write, their records into
-/// one record write, as far as the segment and one write's bound allow. A batch the log
-/// refuses, or an inline body too large, ends the plan there and drops the rest. None:
-/// the first batch needs a roll first.
-fn plan_lane(
-    partition: &mut Partition,
-    group: u64,
-    staged: &[(u64, Frame)],
-) -> Result<Option<PlannedLane>, DaemonError> {
-    let mut refused = Vec::new();
-    let mut drop_rest = false;
-    // Headers first; an inline body too large ends the list before anything is planned
-    // (batches past it would be in the log without records).
+/// The headers of a lane's staged prepares and their batches, as far as the first
+/// inline body too large.
+struct StagedHeaders<'a> {
+    headers: Vec<PrepareHeader>,
+    batches: Vec<&'a [u8]>,
+    /// An inline body too large ended the list (before anything is planned: batches
+    /// past it would be in the log without records).
+    body_too_large: bool,
+}
+
+fn staged_headers(group: u64, staged: &[(u64, Frame)]) -> Result<StagedHeaders<'_>, DaemonError> {
     let mut headers = Vec::with_capacity(staged.len());
     let mut batches = Vec::new();
     for (op, frame) in staged {
@@ -522,11 +519,39 @@ fn plan_lane(
         if header.operation == Operation::SendMessages as u8 {
             batches.push(body);
         } else if body.len() > prepares::INLINE_BODY_MAX {
-            refused.push("partition_prepare_body_too_large");
-            drop_rest = true;
-            break;
+            return Ok(StagedHeaders {
+                headers,
+                batches,
+                body_too_large: true,
+            });
         }
         headers.push(header);
+    }
+    Ok(StagedHeaders {
+        headers,
+        batches,
+        body_too_large: false,
+    })
+}
+
+/// Plans the next write of a lane's `staged` prepares (each following the one before
+/// it and the journal's head): their batches into one segment write, their records into
+/// one record write, as far as the segment and one write's bound allow. A batch the log
+/// refuses, or an inline body too large, ends the plan there and drops the rest. None:
+/// the first batch needs a roll first.
+fn plan_lane(
+    partition: &mut Partition,
+    group: u64,
+    staged: &[(u64, Frame)],
+) -> Result<Option<PlannedLane>, DaemonError> {
+    let mut refused = Vec::new();
+    let StagedHeaders {
+        headers,
+        batches,
+        body_too_large: mut drop_rest,
+    } = staged_headers(group, staged)?;
+    if drop_rest {
+        refused.push("partition_prepare_body_too_large");
     }
     let before = partition.log.position();
     let planned = match partition

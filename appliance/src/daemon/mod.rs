@@ -403,22 +403,11 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
     );
     let settings = settings(&config, replica_id)?;
     let bus_config = bus_config(&config, replica_id)?;
-    let client_tls_config = config.tcp.tls.clone();
-    let replica_tls = bus_config.tls.clone();
     let node_config = config.node(replica_id).ok_or_else(|| {
         DaemonError::Config(format!("replica id {replica_id} is not in cluster.nodes"))
     })?;
     let dir = config.storage.data_dir.clone();
-    if !journal::data_dir::is_formatted(&dir) {
-        let absent_or_empty = std::fs::read_dir(&dir).map_or(true, |mut e| e.next().is_none());
-        if !absent_or_empty {
-            return Err(DaemonError::DataDir {
-                path: dir,
-                reason: "is not a formatted data directory and not empty",
-            });
-        }
-        format(&config, replica_id, policy)?;
-    }
+    format_if_absent(&config, replica_id, policy)?;
     for (name, port) in [
         ("quic", node_config.ports.quic),
         ("websocket", node_config.ports.websocket),
@@ -428,26 +417,12 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
     {
         tracing::info!(port, "{name} is configured but not served by this build");
     }
-    let io_memory = system::io_memory_bytes(config.runtime.io_memory.0);
     let shared = stats::shared();
     stats::start(
         SocketAddr::new(node_config.ip, node_config.ports.http),
         shared.clone(),
     )?;
-    let placement = replica_placement(config.runtime.pin_cpus);
-    let mut builder = journal::runtime::executor_builder_on(placement)
-        .io_memory(io_memory)
-        // File writes that wait on the disk (the groups' superblocks of a view change,
-        // segment removal, password checks) run on these threads; the file system
-        // merges their syncs.
-        .blocking_thread_pool_placement(glommio::PoolPlacement::Unbound(BLOCKING_THREADS))
-        .name("replica");
-    if !config.runtime.spin_before_park.0.is_zero() {
-        builder = builder.spin_before_park(config.runtime.spin_before_park.0);
-    }
-    let executor = builder
-        .make()
-        .map_err(DaemonError::start("replica executor"))?;
+    let executor = replica_executor(&config)?;
     xfer::clean_data_dir(&dir).map_err(DaemonError::io("state-transfer leftovers", &dir))?;
     let xfer_stats = Arc::new(Mutex::new(crate::stats::StateTransferStats::default()));
     let channels = xfer::channels();
@@ -468,74 +443,150 @@ pub fn run(config: Config, replica_id: u8, policy: RootPassword) -> Result<(), D
         xfer_outbox,
         xfer_stats.clone(),
     )?;
-    executor.run(async move {
-        let completions = journal::runtime::choose_disk_completions(&dir)
-            .await
-            .map_err(DaemonError::start("disk completions"))?;
-        tracing::info!(
-            completions = completions.name(),
-            "disk IO completions on the replica executor"
-        );
-        let data = journal::data_dir::open(&dir)
-            .await
-            .map_err(DaemonError::journal(METADATA_GROUP, None, "data directory"))?;
-        check_identity(&data.superblock.current().clone(), &settings, &dir)?;
-        let (events_tx, events_rx) = glommio::channels::local_channel::new_unbounded();
-        let events_tx = Rc::new(events_tx);
-        let to_xfer = Rc::new(to_xfer.connect().await);
-        let from_xfer = from_xfer.connect().await;
-        let forward_to = events_tx.clone();
-        glommio::spawn_local(async move {
-            while let Some(message) = from_xfer.recv().await {
-                let _ = forward_to.try_send(node::Event::Xfer(message));
-            }
-        })
-        .detach();
-        let handler = BusHandler {
-            events: events_tx.clone(),
-        };
-        let bus = Bus::start(bus_config, Rc::new(handler)).map_err(DaemonError::Bus)?;
-        let node = Node::open(settings, bus.clone(), data, events_tx, Some(to_xfer)).await?;
-        let client_files = certificates::ClientTlsFiles::of(&client_tls_config);
-        let client_status = certificates::initial_status(client_files.is_some());
-        let replica_status = certificates::initial_status(replica_tls.enabled);
-        let reload = glommio::spawn_local(certificates::reload_on_sighup(
-            bus.clone(),
-            certificates::Reloads {
-                client: client_files,
-                client_status: client_status.clone(),
-                replica: replica_tls.enabled.then(|| replica_tls.clone()),
-                replica_status: replica_status.clone(),
-            },
-        ))
-        .detach();
-        let transitions = stats::Transitions::default();
-        let tls_status = || stats::TlsStatus {
-            client: client_status.borrow().clone(),
-            replica: replica_status.borrow().clone(),
-        };
-        stats::publish(&shared, &node, &transitions, &xfer_stats, tls_status());
-        tracing::info!(
-            replica = bus.replica_addr().to_string(),
-            replica_tls = replica_tls.enabled,
-            client = bus.client_addr().map(|a| a.to_string()),
-            client_tls = bus.client_tls_enabled(),
-            "appliance ready"
-        );
-        system::sd_notify("READY=1");
-        let result = node
-            .run(events_rx, |node| {
-                stats::publish(&shared, node, &transitions, &xfer_stats, tls_status())
-            })
-            .await;
-        reload.cancel();
-        system::sd_notify("STOPPING=1");
-        bus.shutdown();
-        let node = result?;
-        node.close().await?;
-        tracing::info!("appliance stopped");
-        Ok(())
+    executor.run(serve(Serve {
+        settings,
+        bus_config,
+        client_tls: config.tcp.tls.clone(),
+        dir,
+        shared,
+        xfer_stats,
+        to_xfer,
+        from_xfer,
+    }))
+}
+
+/// Formats the data directory when it is absent or empty; refuses one that is neither
+/// formatted nor empty.
+fn format_if_absent(
+    config: &Config,
+    replica_id: u8,
+    policy: RootPassword,
+) -> Result<(), DaemonError> {
+    let dir = &config.storage.data_dir;
+    if journal::data_dir::is_formatted(dir) {
+        return Ok(());
+    }
+    let absent_or_empty = std::fs::read_dir(dir).map_or(true, |mut e| e.next().is_none());
+    if !absent_or_empty {
+        return Err(DaemonError::DataDir {
+            path: dir.clone(),
+            reason: "is not a formatted data directory and not empty",
+        });
+    }
+    format(config, replica_id, policy)
+}
+
+/// The replica executor: the node loop, the bus and the journals run on it.
+fn replica_executor(config: &Config) -> Result<glommio::LocalExecutor, DaemonError> {
+    let io_memory = system::io_memory_bytes(config.runtime.io_memory.0);
+    let placement = replica_placement(config.runtime.pin_cpus);
+    let mut builder = journal::runtime::executor_builder_on(placement)
+        .io_memory(io_memory)
+        // File writes that wait on the disk (the groups' superblocks of a view change,
+        // segment removal, password checks) run on these threads; the file system
+        // merges their syncs.
+        .blocking_thread_pool_placement(glommio::PoolPlacement::Unbound(BLOCKING_THREADS))
+        .name("replica");
+    if !config.runtime.spin_before_park.0.is_zero() {
+        builder = builder.spin_before_park(config.runtime.spin_before_park.0);
+    }
+    builder
+        .make()
+        .map_err(DaemonError::start("replica executor"))
+}
+
+/// What the replica executor's task starts from.
+struct Serve {
+    settings: Settings,
+    bus_config: BusConfig,
+    client_tls: crate::config::ClientTlsConfig,
+    dir: std::path::PathBuf,
+    shared: crate::stats::http::SharedSnapshot,
+    xfer_stats: Arc<Mutex<crate::stats::StateTransferStats>>,
+    to_xfer: glommio::channels::shared_channel::SharedSender<xfer::ToXfer>,
+    from_xfer: glommio::channels::shared_channel::SharedReceiver<xfer::FromXfer>,
+}
+
+/// The replica executor's task: opens the data directory and the node, serves until
+/// shutdown, then closes the node.
+async fn serve(start: Serve) -> Result<(), DaemonError> {
+    let Serve {
+        settings,
+        bus_config,
+        client_tls,
+        dir,
+        shared,
+        xfer_stats,
+        to_xfer,
+        from_xfer,
+    } = start;
+    let replica_tls = bus_config.tls.clone();
+    let completions = journal::runtime::choose_disk_completions(&dir)
+        .await
+        .map_err(DaemonError::start("disk completions"))?;
+    tracing::info!(
+        completions = completions.name(),
+        "disk IO completions on the replica executor"
+    );
+    let data = journal::data_dir::open(&dir)
+        .await
+        .map_err(DaemonError::journal(METADATA_GROUP, None, "data directory"))?;
+    check_identity(&data.superblock.current().clone(), &settings, &dir)?;
+    let (events_tx, events_rx) = glommio::channels::local_channel::new_unbounded();
+    let events_tx = Rc::new(events_tx);
+    let to_xfer = Rc::new(to_xfer.connect().await);
+    let from_xfer = from_xfer.connect().await;
+    let forward_to = events_tx.clone();
+    glommio::spawn_local(async move {
+        while let Some(message) = from_xfer.recv().await {
+            let _ = forward_to.try_send(node::Event::Xfer(message));
+        }
     })
+    .detach();
+    let handler = BusHandler {
+        events: events_tx.clone(),
+    };
+    let bus = Bus::start(bus_config, Rc::new(handler)).map_err(DaemonError::Bus)?;
+    let node = Node::open(settings, bus.clone(), data, events_tx, Some(to_xfer)).await?;
+    let client_files = certificates::ClientTlsFiles::of(&client_tls);
+    let client_status = certificates::initial_status(client_files.is_some());
+    let replica_status = certificates::initial_status(replica_tls.enabled);
+    let reload = glommio::spawn_local(certificates::reload_on_sighup(
+        bus.clone(),
+        certificates::Reloads {
+            client: client_files,
+            client_status: client_status.clone(),
+            replica: replica_tls.enabled.then(|| replica_tls.clone()),
+            replica_status: replica_status.clone(),
+        },
+    ))
+    .detach();
+    let transitions = stats::Transitions::default();
+    let tls_status = || stats::TlsStatus {
+        client: client_status.borrow().clone(),
+        replica: replica_status.borrow().clone(),
+    };
+    stats::publish(&shared, &node, &transitions, &xfer_stats, tls_status());
+    tracing::info!(
+        replica = bus.replica_addr().to_string(),
+        replica_tls = replica_tls.enabled,
+        client = bus.client_addr().map(|a| a.to_string()),
+        client_tls = bus.client_tls_enabled(),
+        "appliance ready"
+    );
+    system::sd_notify("READY=1");
+    let result = node
+        .run(events_rx, |node| {
+            stats::publish(&shared, node, &transitions, &xfer_stats, tls_status())
+        })
+        .await;
+    reload.cancel();
+    system::sd_notify("STOPPING=1");
+    bus.shutdown();
+    let node = result?;
+    node.close().await?;
+    tracing::info!("appliance stopped");
+    Ok(())
 }
 
 fn check_identity(

@@ -301,61 +301,8 @@ impl Node {
                 1
             };
             let wake_at = next_tick + tick * (stride - 1);
-            let wait = wake_at.saturating_duration_since(Instant::now());
-            let input = futures_lite::future::or(
-                async { events.recv().await.map(Input::Event) },
-                futures_lite::future::or(
-                    async { self.io_done.recv().await.map(Input::Io) },
-                    futures_lite::future::or(
-                        async { self.superblocks.done.recv().await.map(Input::Superblocks) },
-                        async {
-                            glommio::timer::sleep(wait).await;
-                            None
-                        },
-                    ),
-                ),
-            )
-            .await;
-            if let Some(input) = input {
-                let round = Instant::now();
-                match input {
-                    Input::Event(event) => self.on_event(event)?,
-                    Input::Io(done) => self.on_io_done(done)?,
-                    Input::Superblocks(done) => self.on_superblocks_done(done)?,
-                }
-                // Whatever else is already queued joins this round, so the journal
-                // writes of many requests share one write and one sync (group commit).
-                for _ in 0..EVENTS_PER_ROUND_MAX {
-                    match futures_lite::future::poll_once(events.recv()).await {
-                        Some(Some(event)) => self.on_event(event)?,
-                        _ => break,
-                    }
-                }
-                while let Some(Some(done)) =
-                    futures_lite::future::poll_once(self.io_done.recv()).await
-                {
-                    self.on_io_done(done)?;
-                }
-                while let Some(Some(done)) =
-                    futures_lite::future::poll_once(self.superblocks.done.recv()).await
-                {
-                    self.on_superblocks_done(done)?;
-                }
-                let events_done = Instant::now();
-                self.pump().await?;
-                let pumped = Instant::now();
-                let xfer = self.xfer_round().await;
-                self.absorb_no_space(xfer)?;
-                self.pump().await?;
-                self.stop_full_groups().await?;
-                if round.elapsed() >= SLOW_STEP {
-                    tracing::debug!(
-                        events_ms = (events_done - round).as_secs_f64() * 1e3,
-                        pump_ms = (pumped - events_done).as_secs_f64() * 1e3,
-                        rest_ms = pumped.elapsed().as_secs_f64() * 1e3,
-                        "slow step: round"
-                    );
-                }
+            if let Some(input) = self.next_input(&events, wake_at).await {
+                self.round(input, &events).await?;
             }
             // Busy, at most one tick per wakeup, as before: after a stall the ticks it
             // missed are dropped, not run back to back.
@@ -368,24 +315,96 @@ impl Node {
                 next_tick = Instant::now() + tick;
             }
             for _ in 0..due {
-                let started = Instant::now();
-                let ticked = self.on_tick().await;
-                self.absorb_no_space(ticked)?;
-                self.pump().await?;
-                self.stop_full_groups().await?;
-                self.release_forwards();
-                slow_step("tick", started);
-                if self.ticks.is_multiple_of(10) {
-                    self.forget_stale();
-                }
-                // Every 100 ms; with thousands of groups, every 100 ms per 500 of them (2 s
-                // at 10,000): a snapshot walks every group.
-                let publish_every = 10 * (self.partitions.by_group.len() as u64 / 500).max(1);
-                if self.ticks.is_multiple_of(publish_every) {
-                    publish(&self);
-                }
+                self.tick_round(&publish).await?;
             }
         }
+    }
+
+    /// The next input of any kind, or None at `wake_at`.
+    async fn next_input(&self, events: &LocalReceiver<Event>, wake_at: Instant) -> Option<Input> {
+        let wait = wake_at.saturating_duration_since(Instant::now());
+        futures_lite::future::or(
+            async { events.recv().await.map(Input::Event) },
+            futures_lite::future::or(
+                async { self.io_done.recv().await.map(Input::Io) },
+                futures_lite::future::or(
+                    async { self.superblocks.done.recv().await.map(Input::Superblocks) },
+                    async {
+                        glommio::timer::sleep(wait).await;
+                        None
+                    },
+                ),
+            ),
+        )
+        .await
+    }
+
+    /// One round: `input` and whatever else is already queued, then the actions they
+    /// produced.
+    async fn round(
+        &mut self,
+        input: Input,
+        events: &LocalReceiver<Event>,
+    ) -> Result<(), DaemonError> {
+        let round = Instant::now();
+        match input {
+            Input::Event(event) => self.on_event(event)?,
+            Input::Io(done) => self.on_io_done(done)?,
+            Input::Superblocks(done) => self.on_superblocks_done(done)?,
+        }
+        // Whatever else is already queued joins this round, so the journal writes of
+        // many requests share one write and one sync (group commit).
+        for _ in 0..EVENTS_PER_ROUND_MAX {
+            match futures_lite::future::poll_once(events.recv()).await {
+                Some(Some(event)) => self.on_event(event)?,
+                _ => break,
+            }
+        }
+        while let Some(Some(done)) = futures_lite::future::poll_once(self.io_done.recv()).await {
+            self.on_io_done(done)?;
+        }
+        while let Some(Some(done)) =
+            futures_lite::future::poll_once(self.superblocks.done.recv()).await
+        {
+            self.on_superblocks_done(done)?;
+        }
+        let events_done = Instant::now();
+        self.pump().await?;
+        let pumped = Instant::now();
+        let xfer = self.xfer_round().await;
+        self.absorb_no_space(xfer)?;
+        self.pump().await?;
+        self.stop_full_groups().await?;
+        if round.elapsed() >= SLOW_STEP {
+            tracing::debug!(
+                events_ms = (events_done - round).as_secs_f64() * 1e3,
+                pump_ms = (pumped - events_done).as_secs_f64() * 1e3,
+                rest_ms = pumped.elapsed().as_secs_f64() * 1e3,
+                "slow step: round"
+            );
+        }
+        Ok(())
+    }
+
+    /// One tick of every group and of the node's own timers, then its actions.
+    async fn tick_round(&mut self, publish: &impl Fn(&Node)) -> Result<(), DaemonError> {
+        let started = Instant::now();
+        let ticked = self.on_tick().await;
+        self.absorb_no_space(ticked)?;
+        self.pump().await?;
+        self.stop_full_groups().await?;
+        self.release_forwards();
+        slow_step("tick", started);
+        if self.ticks.is_multiple_of(10) {
+            self.forget_stale();
+        }
+        // Every 100 ms; with thousands of groups, every 100 ms per 500 of them (2 s at
+        // 10,000): a snapshot walks every group.
+        let publish_every = 10 * (self.partitions.by_group.len() as u64 / 500).max(1);
+        if self.ticks.is_multiple_of(publish_every) {
+            publish(self);
+        }
+        Ok(())
     }
 
     /// Whether the next ticks may come late, a stride per wakeup: every group that

@@ -157,6 +157,48 @@ pub async fn open(
     let (mut prepares, mut records) = PrepareLog::open(&dir)
         .await
         .map_err(DaemonError::prepare_log(group, None))?;
+    reconcile(key, group, &mut log, &mut prepares, &mut records).await?;
+    let checkpoint =
+        files::read_checkpoint(&dir).map_err(DaemonError::file(group, "checkpoint"))?;
+    let superblock = files::read_vsr_superblock(&dir).unwrap_or_else(|error| {
+        // Its promises are unknown: the group rejoins as a replacement that votes once
+        // it caught up (a group of one replica has nobody to catch up from and goes on).
+        tracing::error!(?key, %error, "partition VSR superblock unreadable");
+        replication::vsr::Superblock {
+            replacement: true,
+            ..replication::vsr::Superblock::default()
+        }
+    });
+    let (committed_op, committed_end) =
+        committed_start(&dir, group, checkpoint.as_ref(), &prepares, &log, &records)?;
+    if let Some(checkpoint) = &checkpoint {
+        records.retain(|r| r.op() >= checkpoint.op);
+    }
+    let partition = Partition {
+        key,
+        dir,
+        log,
+        offsets,
+        prepares,
+        state: PartitionState::opened(committed_op, committed_end),
+    };
+    Ok(Opened {
+        partition,
+        records,
+        checkpoint,
+        superblock,
+    })
+}
+
+/// Reconciles a partition's log with its prepare records: records whose batch the log
+/// lost are dropped, and batches past the last record (never acknowledged) are cut.
+async fn reconcile(
+    key: PartitionKey,
+    group: u64,
+    log: &mut PartitionLog,
+    prepares: &mut PrepareLog,
+    records: &mut Vec<Record>,
+) -> Result<(), DaemonError> {
     let log_end = log.next_offset();
     if let Some(lost) = records.iter().position(|r| r.next_offset > log_end) {
         let op = records[lost].op();
@@ -185,33 +227,20 @@ pub async fn open(
                 .map_err(DaemonError::journal(group, None, "segment log"))?;
         }
     }
-    let checkpoint =
-        files::read_checkpoint(&dir).map_err(DaemonError::file(group, "checkpoint"))?;
-    let superblock = files::read_vsr_superblock(&dir).unwrap_or_else(|error| {
-        // Its promises are unknown: the group rejoins as a replacement that votes once
-        // it caught up (a group of one replica has nobody to catch up from and goes on).
-        tracing::error!(?key, %error, "partition VSR superblock unreadable");
-        replication::vsr::Superblock {
-            replacement: true,
-            ..replication::vsr::Superblock::default()
-        }
-    });
-    let (committed_op, committed_end) = match (&checkpoint, records.first()) {
-        (Some(checkpoint), _) => (checkpoint.op, checkpoint.position.next_offset),
-        (None, Some(first)) if first.op() == 1 => (0, first.base_offset),
-        (None, Some(first)) => {
-            return Err(DaemonError::Corrupt {
-                group,
-                op: Some(first.op()),
-                detail: format!(
-                    "{}: prepare records start at this op but there is no checkpoint",
-                    dir.display()
-                ),
-            })
-        }
-        (None, None) => (0, log.next_offset()),
-    };
-    if let Some(checkpoint) = &checkpoint {
+    Ok(())
+}
+
+/// The op and log offset a partition's committed state starts from: its checkpoint's,
+/// else (no checkpoint yet) the log's start.
+fn committed_start(
+    dir: &Path,
+    group: u64,
+    checkpoint: Option<&StoredCheckpoint>,
+    prepares: &PrepareLog,
+    log: &PartitionLog,
+    records: &[Record],
+) -> Result<(u64, u64), DaemonError> {
+    if let Some(checkpoint) = checkpoint {
         if prepares.get(checkpoint.op).is_none() {
             return Err(DaemonError::Corrupt {
                 group,
@@ -222,22 +251,20 @@ pub async fn open(
                 ),
             });
         }
-        records.retain(|r| r.op() >= checkpoint.op);
+        return Ok((checkpoint.op, checkpoint.position.next_offset));
     }
-    let partition = Partition {
-        key,
-        dir,
-        log,
-        offsets,
-        prepares,
-        state: PartitionState::opened(committed_op, committed_end),
-    };
-    Ok(Opened {
-        partition,
-        records,
-        checkpoint,
-        superblock,
-    })
+    match records.first() {
+        Some(first) if first.op() == 1 => Ok((0, first.base_offset)),
+        Some(first) => Err(DaemonError::Corrupt {
+            group,
+            op: Some(first.op()),
+            detail: format!(
+                "{}: prepare records start at this op but there is no checkpoint",
+                dir.display()
+            ),
+        }),
+        None => Ok((0, log.next_offset())),
+    }
 }
 
 /// The prepare frame of a record of partition group `group`: its header and its body

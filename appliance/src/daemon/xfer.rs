@@ -648,50 +648,8 @@ impl Xfer {
                     commit_op,
                     manifest,
                 } => {
-                    let staging = fetch.request.staging.clone();
-                    let result = match fetch.request.arm {
-                        Arm::Partition => {
-                            materialize_partition(
-                                &staging,
-                                &manifest,
-                                group,
-                                self.settings.partition,
-                            )
-                            .await
-                        }
-                        Arm::Metadata => sync_staged(&staging, &manifest),
-                    };
-                    let progress = fetch.fetcher.progress;
-                    let seconds = fetch.started.elapsed().as_secs_f64();
-                    match result {
-                        Ok(()) => {
-                            tracing::info!(
-                                group,
-                                commit_op,
-                                bytes = progress.bytes_total,
-                                reused = progress.bytes_reused,
-                                seconds,
-                                "state transfer: state staged and verified"
-                            );
-                            self.totals.transfers_completed += 1;
-                            self.totals.last_bytes = progress.bytes_total;
-                            self.totals.last_seconds = seconds;
-                            self.send(FromXfer::Install {
-                                group,
-                                staging,
-                                commit_op,
-                                manifest,
-                            });
-                        }
-                        Err(error) => {
-                            self.totals.transfers_failed += 1;
-                            let _ = statexfer::install::recover(&staging);
-                            self.send(FromXfer::FetchFailed {
-                                group,
-                                error: error.to_string(),
-                            });
-                        }
-                    }
+                    self.stage_complete(group, &fetch, commit_op, manifest)
+                        .await
                 }
                 Outcome::Failed(error) => {
                     self.totals.transfers_failed += 1;
@@ -710,6 +668,55 @@ impl Xfer {
                     self.send(FromXfer::FetchFailed { group, error });
                 }
                 Outcome::InProgress => {}
+            }
+        }
+    }
+
+    /// A complete transfer: materialized (a partition) or synced (the metadata), then
+    /// handed over for install; a staged state that does not check out is reported.
+    async fn stage_complete(
+        &mut self,
+        group: u64,
+        fetch: &Fetch,
+        commit_op: u64,
+        manifest: Manifest,
+    ) {
+        let staging = fetch.request.staging.clone();
+        let result = match fetch.request.arm {
+            Arm::Partition => {
+                materialize_partition(&staging, &manifest, group, self.settings.partition).await
+            }
+            Arm::Metadata => sync_staged(&staging, &manifest),
+        };
+        let progress = fetch.fetcher.progress;
+        let seconds = fetch.started.elapsed().as_secs_f64();
+        match result {
+            Ok(()) => {
+                tracing::info!(
+                    group,
+                    commit_op,
+                    bytes = progress.bytes_total,
+                    reused = progress.bytes_reused,
+                    seconds,
+                    "state transfer: state staged and verified"
+                );
+                self.totals.transfers_completed += 1;
+                self.totals.last_bytes = progress.bytes_total;
+                self.totals.last_seconds = seconds;
+                self.send(FromXfer::Install {
+                    group,
+                    staging,
+                    commit_op,
+                    manifest,
+                });
+            }
+            Err(error) => {
+                self.totals.transfers_failed += 1;
+                let _ = statexfer::install::recover(&staging);
+                self.send(FromXfer::FetchFailed {
+                    group,
+                    error: error.to_string(),
+                });
             }
         }
     }

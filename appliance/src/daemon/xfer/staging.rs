@@ -273,7 +273,45 @@ pub(super) async fn materialize_partition(
     group: u64,
     config: PartitionConfig,
 ) -> Result<(), DaemonError> {
-    let corrupt = |op: Option<u64>, detail: String| DaemonError::Corrupt { group, op, detail };
+    let checkpoint = place_artifacts(staging, manifest, group)?;
+    let op = checkpoint.op;
+    let position = checkpoint.position;
+    let record = anchor_record(group, &checkpoint)?;
+    check_staged_log_end(staging, group, config, op, position.next_offset).await?;
+    let (mut records, _) = PrepareLog::open(staging)
+        .await
+        .map_err(DaemonError::prepare_log(group, Some(op)))?;
+    records
+        .append(&record)
+        .await
+        .map_err(DaemonError::prepare_log(group, Some(op)))?;
+    records
+        .close()
+        .await
+        .map_err(DaemonError::prepare_log(group, Some(op)))?;
+    files::write_checkpoint(
+        staging,
+        &StoredCheckpoint {
+            op,
+            position,
+            clients: checkpoint.clients,
+        },
+    )
+    .map_err(DaemonError::file(group, "checkpoint"))?;
+    sync_partition_dir(staging)
+}
+
+fn corrupt(group: u64, op: Option<u64>, detail: String) -> DaemonError {
+    DaemonError::Corrupt { group, op, detail }
+}
+
+/// Renames the staged segments and offsets file to their names in a partition
+/// directory and returns the transfer's client table (checked to be this group's).
+fn place_artifacts(
+    staging: &Path,
+    manifest: &Manifest,
+    group: u64,
+) -> Result<ClientTableArtifact, DaemonError> {
     let mut checkpoint = None;
     for (index, entry) in manifest.entries.iter().enumerate() {
         let path = staging.join(artifact_file(index as u32));
@@ -285,7 +323,7 @@ pub(super) async fn materialize_partition(
             ArtifactKind::ConsumerOffsets => {
                 let bytes = std::fs::read(&path).map_err(DaemonError::io("offsets", &path))?;
                 journal::segment::offsets::decode(&bytes)
-                    .map_err(|e| corrupt(None, format!("offsets: {e}")))?;
+                    .map_err(|e| corrupt(group, None, format!("offsets: {e}")))?;
                 let target = staging.join(journal::segment::offsets::OFFSETS_FILE);
                 std::fs::rename(&path, &target).map_err(DaemonError::io("offsets", &path))?;
             }
@@ -294,33 +332,45 @@ pub(super) async fn materialize_partition(
                 std::fs::remove_file(&path).map_err(DaemonError::io("client table", &path))?;
                 checkpoint = Some(
                     ClientTableArtifact::decode(&bytes)
-                        .map_err(|e| corrupt(None, format!("client table: {e}")))?,
+                        .map_err(|e| corrupt(group, None, format!("client table: {e}")))?,
                 );
             }
             ArtifactKind::MetadataSnapshot => {
                 return Err(corrupt(
+                    group,
                     None,
                     "a partition transfer carried a metadata snapshot".into(),
                 ))
             }
         }
     }
-    let checkpoint =
-        checkpoint.ok_or_else(|| corrupt(None, "the transfer carried no client table".into()))?;
-    let op = Some(checkpoint.op);
+    let checkpoint = checkpoint
+        .ok_or_else(|| corrupt(group, None, "the transfer carried no client table".into()))?;
     if checkpoint.position.partition_id != group {
         return Err(corrupt(
-            op,
+            group,
+            Some(checkpoint.op),
             format!(
                 "the checkpoint belongs to group {}, not {group}",
                 checkpoint.position.partition_id
             ),
         ));
     }
+    Ok(checkpoint)
+}
+
+/// The prepare record of the checkpoint's anchor (the prepare of its op), checked
+/// against the checkpoint's position.
+fn anchor_record(
+    group: u64,
+    checkpoint: &ClientTableArtifact,
+) -> Result<prepares::Record, DaemonError> {
+    let op = Some(checkpoint.op);
     let (header, body) = PrepareHeader::read_from_prefix(&checkpoint.anchor)
-        .map_err(|_| corrupt(op, "the anchor is not a prepare".into()))?;
+        .map_err(|_| corrupt(group, op, "the anchor is not a prepare".into()))?;
     if header.op != checkpoint.op {
         return Err(corrupt(
+            group,
             op,
             format!(
                 "the anchor is op {}, the checkpoint op {}",
@@ -330,37 +380,48 @@ pub(super) async fn materialize_partition(
     }
     let body = body
         .get(..(header.frame.size as usize).saturating_sub(256))
-        .ok_or_else(|| corrupt(op, "the anchor is truncated".into()))?;
+        .ok_or_else(|| corrupt(group, op, "the anchor is truncated".into()))?;
     let position = checkpoint.position;
-    let record = if header.operation == Operation::SendMessages as u8 {
-        let info = batch::verify(body).map_err(|source| DaemonError::Batch {
-            group,
-            op: checkpoint.op,
-            what: "anchor batch",
-            source,
-        })?;
-        if info.next_offset() != position.next_offset {
-            return Err(corrupt(
-                op,
-                "the anchor batch does not end at the checkpoint position".into(),
-            ));
-        }
-        prepares::Record {
-            header,
-            base_offset: info.base_offset,
-            next_offset: info.next_offset(),
-            last_timestamp: position.last_timestamp,
-            inline: Vec::new(),
-        }
-    } else {
-        prepares::Record {
+    if header.operation != Operation::SendMessages as u8 {
+        return Ok(prepares::Record {
             header,
             base_offset: position.next_offset,
             next_offset: position.next_offset,
             last_timestamp: position.last_timestamp,
             inline: body.to_vec(),
-        }
-    };
+        });
+    }
+    let info = batch::verify(body).map_err(|source| DaemonError::Batch {
+        group,
+        op: checkpoint.op,
+        what: "anchor batch",
+        source,
+    })?;
+    if info.next_offset() != position.next_offset {
+        return Err(corrupt(
+            group,
+            op,
+            "the anchor batch does not end at the checkpoint position".into(),
+        ));
+    }
+    Ok(prepares::Record {
+        header,
+        base_offset: info.base_offset,
+        next_offset: info.next_offset(),
+        last_timestamp: position.last_timestamp,
+        inline: Vec::new(),
+    })
+}
+
+/// Opens the staged log once (rebuilding its indexes, checking every batch) and checks
+/// that it ends where the checkpoint does.
+async fn check_staged_log_end(
+    staging: &Path,
+    group: u64,
+    config: PartitionConfig,
+    op: u64,
+    next_offset: u64,
+) -> Result<(), DaemonError> {
     let (log, _) = PartitionLog::open(staging, group, config)
         .await
         .map_err(DaemonError::journal(group, None, "staged log"))?;
@@ -368,35 +429,18 @@ pub(super) async fn materialize_partition(
     log.close()
         .await
         .map_err(DaemonError::journal(group, None, "staged log"))?;
-    if end != position.next_offset {
+    if end != next_offset {
         return Err(corrupt(
-            op,
-            format!(
-                "the staged log ends at offset {end}, the checkpoint at {}",
-                position.next_offset
-            ),
+            group,
+            Some(op),
+            format!("the staged log ends at offset {end}, the checkpoint at {next_offset}"),
         ));
     }
-    let (mut records, _) = PrepareLog::open(staging)
-        .await
-        .map_err(DaemonError::prepare_log(group, op))?;
-    records
-        .append(&record)
-        .await
-        .map_err(DaemonError::prepare_log(group, op))?;
-    records
-        .close()
-        .await
-        .map_err(DaemonError::prepare_log(group, op))?;
-    files::write_checkpoint(
-        staging,
-        &StoredCheckpoint {
-            op: checkpoint.op,
-            position,
-            clients: checkpoint.clients,
-        },
-    )
-    .map_err(DaemonError::file(group, "checkpoint"))?;
+    Ok(())
+}
+
+/// Syncs a materialized partition directory's files and the directory itself.
+fn sync_partition_dir(staging: &Path) -> Result<(), DaemonError> {
     // Data syncs only: the directory sync below makes the names durable, and a file
     // whose data the sink already synced costs nothing (a full fsync would commit the
     // filesystem journal once per file for the timestamps alone, each commit a disk

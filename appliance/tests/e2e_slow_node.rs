@@ -257,11 +257,16 @@ fn produce(files: &ClusterFiles, topic: &str) -> Value {
     // The latency of each request from its send (the report's runs from its due time):
     // a phase whose acks are late from the due time but not from the send had producers
     // behind their schedule (the host did not run them), not a slow cluster.
+    // Slow means what the disk probe calls an ack slow (its `stall_ms`).
     let first_sent = requests.iter().map(|(sent, _)| *sent).min().unwrap_or(0);
     let slowest = requests.iter().max_by_key(|(_, latency_us)| *latency_us);
-    report["requests_over_50ms"] = serde_json::json!(requests
+    let slow_us = report["disk_probe"]["stall_ms"]
+        .as_u64()
+        .expect("the disk probe's stall_ms")
+        * 1000;
+    report["slow_requests"] = serde_json::json!(requests
         .iter()
-        .filter(|(_, latency_us)| *latency_us >= 50_000)
+        .filter(|(_, latency_us)| *latency_us >= slow_us)
         .count());
     report["slowest_request"] = serde_json::json!(slowest.map(|(sent, latency_us)| format!(
         "{:.1} ms, sent {:.1} s into the phase",
@@ -278,9 +283,10 @@ fn produce(files: &ClusterFiles, topic: &str) -> Value {
 fn slow_ack_sources(report: &Value) -> String {
     let probe = &report["disk_probe"];
     format!(
-        "requests over 50 ms from their send: {} (slowest {}), host disk probe: {} stalls, \
+        "requests over {} ms from their send: {} (slowest {}), host disk probe: {} stalls, \
          max {} ms, {} of {} acks over {} ms during a stall",
-        report["requests_over_50ms"],
+        probe["stall_ms"],
+        report["slow_requests"],
         report["slowest_request"].as_str().unwrap_or("-"),
         probe["probe"]["stalls"],
         probe["probe"]["max_ms"],

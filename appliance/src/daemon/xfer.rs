@@ -638,9 +638,7 @@ impl Xfer {
             if let Some(error) = fetch.bad_segment {
                 // Verified whole by its checksum yet its batches are wrong: the peer's
                 // copy is bad; the group asks again later.
-                self.totals.transfers_failed += 1;
-                let _ = statexfer::install::recover(&fetch.request.staging);
-                self.send(FromXfer::FetchFailed { group, error });
+                self.fail_fetch(group, &fetch.request.staging, error);
                 continue;
             }
             match fetch.fetcher.outcome() {
@@ -652,8 +650,6 @@ impl Xfer {
                         .await
                 }
                 Outcome::Failed(error) => {
-                    self.totals.transfers_failed += 1;
-                    let _ = statexfer::install::recover(&fetch.request.staging);
                     let progress = fetch.fetcher.progress;
                     let error = format!(
                         "{error} (refetches {}, stalls {}, peer switches {}, stale frames {}, \
@@ -665,7 +661,7 @@ impl Xfer {
                         progress.bytes_done,
                         progress.bytes_total
                     );
-                    self.send(FromXfer::FetchFailed { group, error });
+                    self.fail_fetch(group, &fetch.request.staging, error);
                 }
                 Outcome::InProgress => {}
             }
@@ -710,15 +706,16 @@ impl Xfer {
                     manifest,
                 });
             }
-            Err(error) => {
-                self.totals.transfers_failed += 1;
-                let _ = statexfer::install::recover(&staging);
-                self.send(FromXfer::FetchFailed {
-                    group,
-                    error: error.to_string(),
-                });
-            }
+            Err(error) => self.fail_fetch(group, &staging, error.to_string()),
         }
+    }
+
+    /// A transfer that failed: counted, what it staged cleared, and the group told (it
+    /// asks again later).
+    fn fail_fetch(&mut self, group: u64, staging: &Path, error: String) {
+        self.totals.transfers_failed += 1;
+        let _ = statexfer::install::recover(staging);
+        self.send(FromXfer::FetchFailed { group, error });
     }
 
     fn publish(&self) {

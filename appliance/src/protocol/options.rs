@@ -4,9 +4,24 @@
 //! it honours and refuses every other key by name.
 
 use super::codec::{BodyError, Reader, Writer};
-use super::request::Retention;
 use super::Status;
 use crate::config::units::{parse_duration, parse_size};
+
+/// A topic's retention as CreateTopic and UpdateTopic carry it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Microseconds after which a sealed segment's messages expire; `SERVER_DEFAULT`
+    /// takes `[retention] message_expiry`, `NEVER` keeps them.
+    pub message_expiry: u64,
+    /// Bytes a topic may hold; `SERVER_DEFAULT` takes `[retention] max_topic_size`,
+    /// `NEVER` sets no limit.
+    pub max_topic_size: u64,
+}
+
+impl Retention {
+    pub const SERVER_DEFAULT: u64 = 0;
+    pub const NEVER: u64 = u64::MAX;
+}
 
 /// Entries an options block may hold.
 pub const OPTIONS_MAX: usize = 1024;

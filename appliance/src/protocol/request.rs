@@ -4,43 +4,12 @@
 use replication::wire::{Operation, PartitionKey};
 
 use super::codec::{BodyError, Reader, Writer};
+pub use super::options::Retention;
 use super::users;
+pub use super::users::{StreamPermission, PERMISSIONS_MAX};
 
-/// Permission entries a user may hold.
-pub const PERMISSIONS_MAX: usize = 1024;
 /// Messages a poll may ask for.
 pub const POLL_COUNT_MAX: u32 = 100_000;
-
-/// Rights on one stream (stream_id 0: every stream).
-/// A topic's retention as CreateTopic and UpdateTopic carry it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Retention {
-    /// Microseconds after which a sealed segment's messages expire; `SERVER_DEFAULT`
-    /// takes `[retention] message_expiry`, `NEVER` keeps them.
-    pub message_expiry: u64,
-    /// Bytes a topic may hold; `SERVER_DEFAULT` takes `[retention] max_topic_size`,
-    /// `NEVER` sets no limit.
-    pub max_topic_size: u64,
-}
-
-impl Retention {
-    pub const SERVER_DEFAULT: u64 = 0;
-    pub const NEVER: u64 = u64::MAX;
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct StreamPermission {
-    pub stream_id: u32,
-    pub read: bool,
-    pub write: bool,
-    pub manage: bool,
-}
-
-impl StreamPermission {
-    fn bits(&self) -> u8 {
-        u8::from(self.read) | u8::from(self.write) << 1 | u8::from(self.manage) << 2
-    }
-}
 
 /// Whose consumer offset: a single consumer or a consumer group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -739,12 +708,7 @@ pub(crate) fn permissions(r: &mut Reader<'_>) -> Result<Vec<StreamPermission>, B
                     rule: "only bits 0-2 (read, write, manage)",
                 });
             }
-            Ok(StreamPermission {
-                stream_id,
-                read: bits & 1 != 0,
-                write: bits & 2 != 0,
-                manage: bits & 4 != 0,
-            })
+            Ok(StreamPermission::from_bits(stream_id, bits))
         })
         .collect()
 }

@@ -8,12 +8,40 @@
 //! below is granted whole or not at all, and topic-level entries are refused.
 
 use super::codec::{BodyError, Reader, Writer};
-use super::request::PERMISSIONS_MAX;
-use super::StreamPermission;
+
+/// Permission entries a user may hold.
+pub const PERMISSIONS_MAX: usize = 1024;
 
 const READ: u8 = 1;
 const WRITE: u8 = 2;
 const MANAGE: u8 = 4;
+
+/// Rights on one stream (stream_id 0: every stream).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StreamPermission {
+    pub stream_id: u32,
+    pub read: bool,
+    pub write: bool,
+    pub manage: bool,
+}
+
+impl StreamPermission {
+    /// The rights as one byte: read 1, write 2, manage 4.
+    pub(crate) fn bits(&self) -> u8 {
+        (u8::from(self.read) * READ)
+            | (u8::from(self.write) * WRITE)
+            | (u8::from(self.manage) * MANAGE)
+    }
+
+    pub(crate) fn from_bits(stream_id: u32, bits: u8) -> StreamPermission {
+        StreamPermission {
+            stream_id,
+            read: bits & READ != 0,
+            write: bits & WRITE != 0,
+            manage: bits & MANAGE != 0,
+        }
+    }
+}
 
 /// Iggy's global flags in wire order: manage_servers, read_servers, manage_users,
 /// read_users, manage_streams, read_streams, manage_topics, read_topics, poll_messages,
@@ -65,19 +93,6 @@ fn flags(bits: u8, groups: &[(u8, &[usize])], count: usize) -> Vec<bool> {
     flags
 }
 
-fn permission(stream_id: u32, bits: u8) -> StreamPermission {
-    StreamPermission {
-        stream_id,
-        read: bits & READ != 0,
-        write: bits & WRITE != 0,
-        manage: bits & MANAGE != 0,
-    }
-}
-
-fn bits(p: &StreamPermission) -> u8 {
-    (u8::from(p.read) * READ) | (u8::from(p.write) * WRITE) | (u8::from(p.manage) * MANAGE)
-}
-
 fn flag(r: &mut Reader<'_>, field: &'static str) -> Result<bool, BodyError> {
     Ok(r.u8(field)? != 0)
 }
@@ -113,7 +128,7 @@ fn permission_tree(r: &mut Reader<'_>) -> Result<Vec<StreamPermission>, BodyErro
     let mut list = Vec::new();
     let global = rights(&global, &GLOBAL_GROUPS, "permissions.global")?;
     if global != 0 {
-        list.push(permission(0, global));
+        list.push(StreamPermission::from_bits(0, global));
     }
     if !flag(r, "permissions.has_streams")? {
         return Ok(list);
@@ -142,7 +157,7 @@ fn permission_tree(r: &mut Reader<'_>) -> Result<Vec<StreamPermission>, BodyErro
             });
         }
         if stream != 0 {
-            list.push(permission(stream_id, stream));
+            list.push(StreamPermission::from_bits(stream_id, stream));
         }
         if !flag(r, "permissions.has_next_stream")? {
             return Ok(list);
@@ -155,7 +170,9 @@ fn write_permission_tree(w: &mut Writer, list: &[StreamPermission], root: bool) 
     let global = if root {
         READ | WRITE | MANAGE
     } else {
-        list.iter().find(|p| p.stream_id == 0).map_or(0, bits)
+        list.iter()
+            .find(|p| p.stream_id == 0)
+            .map_or(0, StreamPermission::bits)
     };
     for f in flags(global, &GLOBAL_GROUPS, GLOBAL_FLAGS) {
         w.u8(u8::from(f));
@@ -168,7 +185,7 @@ fn write_permission_tree(w: &mut Writer, list: &[StreamPermission], root: bool) 
     w.u8(u8::from(!streams.is_empty()));
     for (i, p) in streams.iter().enumerate() {
         w.u32(p.stream_id);
-        for f in flags(bits(p), &STREAM_GROUPS, STREAM_FLAGS) {
+        for f in flags(p.bits(), &STREAM_GROUPS, STREAM_FLAGS) {
             w.u8(u8::from(f));
         }
         w.u8(0); // no topic entries

@@ -160,12 +160,7 @@ impl User {
     fn permission_list(&self) -> Vec<StreamPermission> {
         self.permissions
             .iter()
-            .map(|(stream_id, b)| StreamPermission {
-                stream_id: *stream_id,
-                read: b & 1 != 0,
-                write: b & 2 != 0,
-                manage: b & 4 != 0,
-            })
+            .map(|(stream_id, bits)| StreamPermission::from_bits(*stream_id, *bits))
             .collect()
     }
 
@@ -265,10 +260,6 @@ pub struct MetadataState {
     pub next_stream_id: u32,
     pub users: BTreeMap<u32, User>,
     pub next_user_id: u32,
-}
-
-fn bits(p: &StreamPermission) -> u8 {
-    u8::from(p.read) | u8::from(p.write) << 1 | u8::from(p.manage) << 2
 }
 
 impl MetadataState {
@@ -1014,7 +1005,10 @@ impl MetadataState {
                     User {
                         username: username.clone(),
                         password_hash: password_hash.clone(),
-                        permissions: permissions.iter().map(|p| (p.stream_id, bits(p))).collect(),
+                        permissions: permissions
+                            .iter()
+                            .map(|p| (p.stream_id, p.bits()))
+                            .collect(),
                         root: false,
                         created_at: *created_at,
                         status: *status,
@@ -1138,7 +1132,10 @@ impl MetadataState {
                 permissions,
             } => match self.users.get_mut(user_id) {
                 Some(user) if !user.root => {
-                    user.permissions = permissions.iter().map(|p| (p.stream_id, bits(p))).collect();
+                    user.permissions = permissions
+                        .iter()
+                        .map(|p| (p.stream_id, p.bits()))
+                        .collect();
                     Applied::ok(Vec::new())
                 }
                 Some(_) => Applied::fail(Status::PermissionDenied),

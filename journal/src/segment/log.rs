@@ -20,6 +20,7 @@ use serde::Serialize;
 
 use super::index::SparseIndex;
 use super::read::{read_up_to, ReadFrom, ReadPlan, Span};
+pub use super::scan::BATCH_SIZE_MAX;
 use super::scan::{scan_segment, BatchEntry, SegmentScan, SegmentTail};
 use crate::buffers::BufferPool;
 use crate::durability::{Durability, SyncSchedule};
@@ -40,8 +41,6 @@ enum Checks {
 pub const SEGMENT_SIZE_MIN: u64 = 64 * 1024;
 /// Largest segment size: index positions are u32.
 pub const SEGMENT_SIZE_LIMIT: u64 = u32::MAX as u64;
-/// Largest batch accepted (message_bus.max_message_size).
-pub const BATCH_SIZE_MAX: u64 = 64 * 1024 * 1024;
 /// Default bytes of log between sparse index entries.
 pub const INDEX_INTERVAL_BYTES_DEFAULT: u64 = 4096;
 

@@ -14,8 +14,7 @@ use std::path::PathBuf;
 
 use replication::wire::batch::{verify, BatchInfo, BATCH_HEADER_SIZE};
 
-use super::log::BATCH_SIZE_MAX;
-use super::scan::header_at;
+use super::scan::{header_at, BATCH_SIZE_MAX};
 use crate::error::{JournalError, Result};
 
 /// Bytes a read asks the file for at a time (more only for a batch longer than this).

@@ -14,9 +14,12 @@ use replication::wire::batch::{
     verify, BatchError, BatchHeader, MessageHeader, BATCH_HEADER_SIZE, MESSAGE_HEADER_SIZE,
 };
 
-use super::log::BATCH_SIZE_MAX;
 use serde::Serialize;
 use zerocopy::FromBytes;
+
+/// Largest batch accepted (message_bus.max_message_size): a record claiming more is not
+/// a batch.
+pub const BATCH_SIZE_MAX: u64 = 64 * 1024 * 1024;
 
 /// One verified batch in a segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -27,7 +27,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use appliance::client::{Client, RetryPolicy};
 use appliance::config::units::parse_duration;
@@ -39,7 +39,7 @@ use replication::wire::batch;
 use replication::wire::PartitionKey;
 use serde_json::{json, Value};
 
-use super::probe::{self, AckWindow, DiskProbe};
+use super::probe::{self, epoch_us, AckWindow, DiskProbe};
 use super::produce::{build_batch, check_batch_shape};
 use super::{connect_with, derive, CliError, Global, Report};
 
@@ -274,13 +274,6 @@ fn latency_text(h: &Histogram<u64>) -> String {
         ms(h.max()),
         h.len()
     )
-}
-
-pub(super) fn epoch_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
 }
 
 /// One acknowledged batch.

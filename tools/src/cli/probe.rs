@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
@@ -75,6 +75,15 @@ impl DiskProbe {
     }
 }
 
+/// Wall-clock microseconds: the clock of the probe's samples and of the ack log, so the
+/// two compare.
+pub(super) fn epoch_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
 fn probe(file: &File, stop: &AtomicBool) -> Result<Vec<Sample>, String> {
     let page = vec![0xa5u8; PROBE_BYTES];
     let mut samples = Vec::new();
@@ -82,7 +91,7 @@ fn probe(file: &File, stop: &AtomicBool) -> Result<Vec<Sample>, String> {
     let mut k = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let started = Instant::now();
-        let start_us = super::bench::epoch_us();
+        let start_us = epoch_us();
         file.write_all_at(&page, (k % PROBE_PAGES) * PROBE_BYTES as u64)
             .map_err(|e| format!("write: {e}"))?;
         file.sync_data().map_err(|e| format!("fdatasync: {e}"))?;

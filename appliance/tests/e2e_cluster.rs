@@ -6,12 +6,34 @@
 mod common;
 
 use appliance::protocol::reply::{ClusterMetadataReply, PRIMARY_UNKNOWN};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
 use replication::wire::Operation;
 
 const NODES: usize = 3;
+
+/// Starts every node and waits until each is healthy.
+fn start_healthy(files: &ClusterFiles) -> Vec<Daemon> {
+    let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(files, r)).collect();
+    for daemon in &mut daemons {
+        wait_healthy(files, daemon, Duration::from_secs(60));
+    }
+    daemons
+}
+
+/// A raw client `id` of node `replica`, logged in as root, with a session.
+fn registered(files: &ClusterFiles, replica: usize, id: u128) -> Client {
+    let mut client = Client::connect(files.client_addr(replica), id).expect("connect");
+    assert_eq!(
+        client.login("root", ROOT_PASSWORD).expect("login").status(),
+        Status::Ok
+    );
+    assert_eq!(client.register().expect("register").status(), Status::Ok);
+    client
+}
 
 /// Stream names a node lists (empty on any error).
 fn streams(files: &ClusterFiles, replica: usize, id: u128) -> Vec<String> {
@@ -172,10 +194,7 @@ fn agreed_primary(files: &ClusterFiles, within: Duration) -> usize {
 #[test]
 fn three_nodes_redirect_replicate_survive_a_primary_kill_and_catch_up() {
     let files = ClusterFiles::new(NODES);
-    let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
-    for daemon in &mut daemons {
-        wait_healthy(&files, daemon, Duration::from_secs(60));
-    }
+    let mut daemons = start_healthy(&files);
 
     // The nodes may have changed views while their links came up: ask who leads.
     let primary = agreed_primary(&files, Duration::from_secs(30));
@@ -523,10 +542,7 @@ fn every_node_killed_at_once_restarts_with_every_acknowledged_batch() {
     for daemon in &mut daemons {
         daemon.kill();
     }
-    let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
-    for daemon in &mut daemons {
-        wait_healthy(&files, daemon, Duration::from_secs(60));
-    }
+    let mut daemons = start_healthy(&files);
     // The cluster takes writes again, after every acknowledged batch.
     let (payloads, body) = batch(b);
     let reply = write(3 + b, Operation::SendMessages, &body, session);
@@ -579,10 +595,7 @@ fn every_node_killed_at_once_restarts_with_every_acknowledged_batch() {
 #[test]
 fn register_and_logout_through_a_backup_are_forwarded_to_the_primary() {
     let files = ClusterFiles::new(NODES);
-    let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
-    for daemon in &mut daemons {
-        wait_healthy(&files, daemon, Duration::from_secs(60));
-    }
+    let _daemons = start_healthy(&files);
     let primary = agreed_primary(&files, Duration::from_secs(60));
     let backup = (primary + 1) % NODES;
     wait_peers_connected(&files, backup);
@@ -658,21 +671,10 @@ fn register_and_logout_through_a_backup_are_forwarded_to_the_primary() {
 #[test]
 fn a_reply_goes_only_where_its_request_waits() {
     let files = ClusterFiles::new(NODES);
-    let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
-    for daemon in &mut daemons {
-        wait_healthy(&files, daemon, Duration::from_secs(60));
-    }
+    let daemons = start_healthy(&files);
     let primary = agreed_primary(&files, Duration::from_secs(60));
     let id = 0xa11e;
-    let mut writing = Client::connect(files.client_addr(primary), id).expect("connect");
-    assert_eq!(
-        writing
-            .login("root", ROOT_PASSWORD)
-            .expect("login")
-            .status(),
-        Status::Ok
-    );
-    assert_eq!(writing.register().expect("register").status(), Status::Ok);
+    let mut writing = registered(&files, primary, id);
     let backups: Vec<usize> = (0..NODES).filter(|r| *r != primary).collect();
     for backup in &backups {
         // SAFETY: a signal to a child process this test started.
@@ -721,17 +723,216 @@ fn a_reply_goes_only_where_its_request_waits() {
     assert!(!log.contains("panicked"), "primary log: {log}");
 }
 
+/// A TCP proxy on 127.0.0.1 in front of `target` that carries bytes while both `gates`
+/// are open. Closing one closes every connection it carries (what is on its way is
+/// dropped) and refuses new ones until both are open again. Returns its port.
+fn gated_proxy(target: u16, gates: [Arc<AtomicBool>; 2]) -> u16 {
+    let open = move || gates.iter().all(|gate| gate.load(Ordering::SeqCst));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("proxy port");
+    let port = listener.local_addr().expect("bound").port();
+    std::thread::spawn(move || {
+        for inbound in listener.incoming().flatten() {
+            if !open() {
+                continue;
+            }
+            let Ok(outbound) = std::net::TcpStream::connect(("127.0.0.1", target)) else {
+                continue;
+            };
+            for (from, to) in [
+                (inbound.try_clone(), outbound.try_clone()),
+                (outbound.try_clone(), inbound.try_clone()),
+            ] {
+                let (Ok(mut from), Ok(mut to)) = (from, to) else {
+                    continue;
+                };
+                let open = open.clone();
+                std::thread::spawn(move || {
+                    use std::io::{Read, Write};
+                    let _ = from.set_read_timeout(Some(Duration::from_millis(20)));
+                    let mut buf = [0u8; 64 * 1024];
+                    while open() {
+                        match from.read(&mut buf) {
+                            Ok(0) => break,
+                            Ok(n) if open() => {
+                                if to.write_all(&buf[..n]).is_err() {
+                                    break;
+                                }
+                            }
+                            Ok(_) => break,
+                            Err(e)
+                                if matches!(
+                                    e.kind(),
+                                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                                ) => {}
+                            Err(_) => break,
+                        }
+                    }
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                    let _ = from.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        }
+    });
+    port
+}
+
+/// A primary that loses its primacy while a client waits on it answers that client
+/// once the write commits in the new view. With both backups stopped the metadata
+/// primary prepares a write and sends it down the chain, then its replica-plane links
+/// are cut, so the backups receive the prepare but their acknowledgements never reach
+/// it. They elect another primary, which commits the write; when the old primary's
+/// links come back it learns the new view and commits the write as a backup, and the
+/// client waiting on it gets its reply (without that, nothing: the client would wait
+/// for its own timeout).
+#[test]
+fn a_primary_replaced_while_a_write_waits_answers_it_once_it_commits() {
+    let files = ClusterFiles::new(NODES);
+    let gates = gated_links(&files);
+    let daemons = start_healthy(&files);
+    let primary = agreed_primary(&files, Duration::from_secs(60));
+    let mut writing = registered(&files, primary, 0xde70);
+    let backups: Vec<usize> = (0..NODES).filter(|r| *r != primary).collect();
+    for backup in &backups {
+        // SAFETY: a signal to a child process this test started.
+        unsafe { libc::kill(daemons[*backup].pid(), libc::SIGSTOP) };
+    }
+    let create = writing.frame(Operation::CreateStream as u8, 0, 1, &short("handed-over"));
+    writing.send_raw(create.as_bytes()).expect("send");
+    // The prepare reaches the stopped backups' sockets; then the primary is cut off.
+    std::thread::sleep(Duration::from_millis(300));
+    gates[primary].store(false, Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(100));
+    for backup in &backups {
+        // SAFETY: as above.
+        unsafe { libc::kill(daemons[*backup].pid(), libc::SIGCONT) };
+    }
+    for backup in &backups {
+        wait_streams(&files, *backup, &["handed-over"], Duration::from_secs(30));
+    }
+    gates[primary].store(true, Ordering::SeqCst);
+    let rejoined = Instant::now();
+    writing
+        .stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("read timeout");
+    let reply = writing
+        .read_reply()
+        .expect("the replaced primary answers the write that waits on it");
+    assert_eq!(
+        (reply.header.request, reply.header.operation, reply.status()),
+        (1, Operation::CreateStream as u8, Status::Ok),
+        "the write's own reply, {:.1} s after the old primary's links came back",
+        rejoined.elapsed().as_secs_f64()
+    );
+    assert_ne!(
+        agreed_primary(&files, Duration::from_secs(30)),
+        primary,
+        "the old primary was replaced"
+    );
+    assert_eq!(streams(&files, primary, 0xde71), ["handed-over"]);
+    let log = log_of(&files.log(primary));
+    assert!(!log.contains("panicked"), "the old primary's log: {log}");
+}
+
+/// A write prepared by a primary that is cut off before the write leaves it is
+/// discarded by the view change that replaces it; when its links come back and it
+/// learns the new view, the client waiting on it is answered Unavailable at once (not
+/// left to its own timeout), and its retry under the same number, at the new primary,
+/// is applied once.
+#[test]
+fn a_write_discarded_by_a_view_change_is_answered_unavailable_and_its_retry_applies_once() {
+    let files = ClusterFiles::new(NODES);
+    let gates = gated_links(&files);
+    let _daemons = start_healthy(&files);
+    let primary = agreed_primary(&files, Duration::from_secs(60));
+    let id = 0xd15c;
+    let mut writing = registered(&files, primary, id);
+    gates[primary].store(false, Ordering::SeqCst);
+    let create = writing.frame(Operation::CreateStream as u8, 0, 1, &short("retried"));
+    writing.send_raw(create.as_bytes()).expect("send");
+    // The other two elect a primary and commit a write of their own at that op.
+    let backups: Vec<usize> = (0..NODES).filter(|r| *r != primary).collect();
+    let mut others = library_client(&files, &backups);
+    others.register().expect("register");
+    others
+        .create_stream("meanwhile")
+        .expect("a stream through the new primary");
+    gates[primary].store(true, Ordering::SeqCst);
+    let rejoined = Instant::now();
+    writing
+        .stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("read timeout");
+    let reply = writing
+        .read_reply()
+        .expect("the old primary answers the write that waits on it");
+    assert_eq!(
+        (reply.header.request, reply.status()),
+        (1, Status::Unavailable),
+        "the discarded write's answer, {:.1} s after the old primary's links came back",
+        rejoined.elapsed().as_secs_f64()
+    );
+    let new_primary = agreed_primary(&files, Duration::from_secs(30));
+    assert_ne!(new_primary, primary, "the old primary was replaced");
+    assert_eq!(streams(&files, new_primary, 0xd15d), ["meanwhile"]);
+    // The client retries under the same number at the new primary: applied once.
+    let mut retrying = Client::connect(files.client_addr(new_primary), id).expect("connect");
+    assert_eq!(
+        retrying
+            .login("root", ROOT_PASSWORD)
+            .expect("login")
+            .status(),
+        Status::Ok
+    );
+    retrying.session = writing.session;
+    let retried = retrying
+        .call(Operation::CreateStream as u8, 0, 1, &short("retried"))
+        .expect("retried write");
+    assert_eq!(retried.status(), Status::Ok, "{:?}", retried.body);
+    for replica in 0..NODES {
+        wait_streams(
+            &files,
+            replica,
+            &["meanwhile", "retried"],
+            Duration::from_secs(30),
+        );
+    }
+    let log = log_of(&files.log(primary));
+    assert!(!log.contains("panicked"), "the old primary's log: {log}");
+}
+
+/// Routes every replica-plane link through a proxy that the gate of either of its two
+/// nodes can cut (`gated_proxy`); the gates, all open, by node.
+fn gated_links(files: &ClusterFiles) -> Vec<Arc<AtomicBool>> {
+    let gates: Vec<Arc<AtomicBool>> = (0..NODES)
+        .map(|_| Arc::new(AtomicBool::new(true)))
+        .collect();
+    route_links(files, |replica, peer| {
+        let both = [gates[replica].clone(), gates[peer].clone()];
+        gated_proxy(files.ports[peer].tcp_replica, both)
+    });
+    gates
+}
+
 /// Routes every replica-plane connection of the cluster through capturing proxies;
 /// returns the capture.
 fn capture_replica_plane(files: &ClusterFiles) -> std::sync::Arc<std::sync::Mutex<Vec<u8>>> {
     let capture = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    route_links(files, |_, peer| {
+        capturing_proxy(files.ports[peer].tcp_replica, capture.clone())
+    });
+    capture
+}
+
+/// Routes each replica-plane link, from `replica` to `peer`, through the port
+/// `proxy(replica, peer)` gives it.
+fn route_links(files: &ClusterFiles, mut proxy: impl FnMut(usize, usize) -> u16) {
     for peer in 0..NODES {
-        let port = capturing_proxy(files.ports[peer].tcp_replica, capture.clone());
         for replica in (0..NODES).filter(|r| *r != peer) {
+            let port = proxy(replica, peer);
             files.route_replica_plane(replica, peer, port);
         }
     }
-    capture
 }
 
 #[test]
@@ -739,10 +940,7 @@ fn login_through_a_backup_never_sends_the_password_over_the_replica_plane() {
     let files = ClusterFiles::new(NODES);
     // Every replica-plane connection goes through a capturing proxy.
     let capture = capture_replica_plane(&files);
-    let mut daemons: Vec<Daemon> = (0..NODES).map(|r| Daemon::start(&files, r)).collect();
-    for daemon in &mut daemons {
-        wait_healthy(&files, daemon, Duration::from_secs(60));
-    }
+    let _daemons = start_healthy(&files);
     let primary = agreed_primary(&files, Duration::from_secs(60));
     let backup = (primary + 2) % NODES;
     wait_peers_connected(&files, backup);

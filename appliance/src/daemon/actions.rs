@@ -105,6 +105,8 @@ impl Node {
                 }
             }
             Action::JournalTruncate { op_max } => {
+                let discarded = self.prepared_requests.truncated(group, op_max);
+                self.answer_discarded(group, discarded);
                 if group == METADATA_GROUP {
                     self.data.journal.truncate_after(op_max).await.map_err(
                         DaemonError::journal(METADATA_GROUP, Some(op_max + 1), "journal truncate"),

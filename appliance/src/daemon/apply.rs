@@ -3,12 +3,13 @@
 //! which seals each reply and keeps it in the client table; the reply goes to the client
 //! waiting for it, in the client's own operation and request number.
 
-use replication::vsr::Applied;
+use replication::vsr::{Applied, Status as VsrStatus};
 use replication::wire::{
     Frame, Operation, PartitionKey, PrepareHeader, ReplyHeader, METADATA_GROUP,
 };
 use zerocopy::FromBytes;
 
+use super::pending::Prepared;
 use super::DaemonError;
 use crate::protocol::reply::{with_result_section, RegisterReply};
 use crate::protocol::users::RawTokenReply;
@@ -158,10 +159,13 @@ impl Node {
     }
 
     /// Hands a committed op's result to its group's core (every committed op, in
-    /// order): the core seals the reply with it, keeps it in the client table for
-    /// retries (checkpointed with the table), and returns it when this node is the
-    /// primary. The status and body are the client's: its own operation's wire code and
-    /// result section. A token's secret is not kept (a retry gets the status alone).
+    /// order): the core seals the reply with it and keeps it in the client table for
+    /// retries (checkpointed with the table). The primary sends the reply; a backup
+    /// sends it only to a client waiting on this node for that very request, one this
+    /// node took as the primary of an earlier view (replaced while the client waited,
+    /// the write committed in the new view). The status and body are the client's: its
+    /// own operation's wire code and result section. A token's secret is not kept (a
+    /// retry gets the status alone).
     fn on_applied(&mut self, group: u64, op: u64, operation: u8, status: Status, body: Vec<u8>) {
         let operation = client_operation(operation);
         let body = if status == Status::Ok {
@@ -174,12 +178,48 @@ impl Node {
             body: &body,
             keep_body: operation != Operation::CreatePersonalAccessToken as u8,
         };
-        let reply = self
-            .groups
-            .get_mut(group)
-            .and_then(|replica| replica.on_applied(op, applied));
-        if let Some((client, frame)) = reply {
-            self.send_reply(group, client, frame);
+        let Some(replica) = self.groups.get_mut(group) else {
+            return;
+        };
+        let primary = replica.is_primary() && replica.status() == VsrStatus::Normal;
+        let reply = replica
+            .seal_applied(op, applied)
+            .map(|(client, frame)| (client, client_reply(group, frame)));
+        let carried = reply.as_ref().and_then(|(client, frame)| {
+            let (header, _) = ReplyHeader::read_from_prefix(frame.as_bytes()).ok()?;
+            Some((*client, header.request))
+        });
+        let discarded = self.prepared_requests.applied(group, op, carried);
+        self.answer_discarded(group, discarded);
+        let Some((client, frame)) = reply else {
+            return;
+        };
+        if primary && group == METADATA_GROUP && self.forward_reply(client, &frame) {
+            return;
+        }
+        self.reply_to_request(group, client, frame);
+    }
+
+    /// Answers Unavailable the requests prepared here that a view change discarded,
+    /// where their client still waits for them: it retries at once, under the same
+    /// number.
+    pub(super) fn answer_discarded(&mut self, group: u64, discarded: Vec<Prepared>) {
+        for Prepared { connection, header } in discarded {
+            let Some(entry) = self.connections.get_mut(&connection) else {
+                continue;
+            };
+            if entry.pending.get(&header.client) != Some(&header.request) {
+                continue;
+            }
+            entry.pending.remove(&header.client);
+            self.request_started.remove(&(group, header.client));
+            tracing::debug!(
+                group,
+                client = header.client,
+                request = header.request,
+                "a request prepared here was discarded by a view change"
+            );
+            self.answer(connection, &header, Status::Unavailable, &[]);
         }
     }
 
@@ -191,6 +231,12 @@ impl Node {
         if group == METADATA_GROUP && self.forward_reply(client, &frame) {
             return;
         }
+        self.reply_to_request(group, client, frame);
+    }
+
+    /// A reply in the client's numbering, to the client if it waits on this node for it
+    /// (its request's latency recorded).
+    fn reply_to_request(&mut self, group: u64, client: u128, frame: Frame) {
         if let Some(at) = self.request_started.remove(&(group, client)) {
             let _ = self
                 .latencies

@@ -11,6 +11,7 @@ use replication::wire::{
 };
 
 use super::node::Node;
+use super::pending::Prepared;
 use crate::protocol::codec::Writer;
 use crate::protocol::options::{self, OptionRefusal, TopicOptions};
 use crate::protocol::reply::{
@@ -604,10 +605,15 @@ impl Node {
         outcome: RequestOutcome,
     ) {
         match outcome {
-            RequestOutcome::Prepared { .. } => {
+            RequestOutcome::Prepared { op } => {
                 self.request_started
                     .insert((group, header.client), Instant::now());
                 self.track_pending(connection, header);
+                let prepared = Prepared {
+                    connection,
+                    header: *header,
+                };
+                self.prepared_requests.insert(group, op, prepared);
             }
             // A cached reply is queued: it goes where the request waits.
             RequestOutcome::InProgress | RequestOutcome::Replied => {

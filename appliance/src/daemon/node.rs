@@ -24,7 +24,7 @@ use zerocopy::FromBytes;
 
 use super::partitions::{self, Partitions};
 use super::passwords::{Digest, PasswordThread, VerifiedLogins};
-use super::pending::PendingTokens;
+use super::pending::{PendingTokens, PreparedRequests};
 use super::repair_windows::RepairWindows;
 use super::system::{slow_step, SLOW_STEP};
 use super::DaemonError;
@@ -206,6 +206,8 @@ pub struct Node {
     /// Personal access tokens this node prepared, by hash, until their op commits: the
     /// reply carries the token, the replicated op only its hash.
     pub(super) pending_tokens: PendingTokens,
+    /// Client requests this node prepared, until their op is applied or discarded.
+    pub(super) prepared_requests: PreparedRequests,
     /// When a request was received, by (group, client), for the request latency.
     pub(super) request_started: HashMap<(u64, u128), Instant>,
     pub(super) prepared_at: HashMap<(u64, u64), Instant>,
@@ -511,6 +513,8 @@ impl Node {
             .retain(|(group, op), _| groups.get(*group).is_some_and(|r| *op > r.commit()));
         self.request_started
             .retain(|_, at| at.elapsed() < REQUEST_LATENCY_AGE_MAX);
+        self.prepared_requests
+            .retain_groups(|group| groups.get(group).is_some());
         self.forget_forwarded();
     }
 

@@ -77,6 +77,7 @@ impl Node {
             connections: HashMap::new(),
             client_connections: HashMap::new(),
             pending_tokens: Default::default(),
+            prepared_requests: Default::default(),
             request_started: HashMap::new(),
             prepared_at: HashMap::new(),
             latencies: Latencies::new(),

@@ -2,7 +2,7 @@
 //! driver (`Action::Commit`); once applied, the driver gives the result back
 //! (`Replica::on_applied`): the replica seals the reply with that status and body,
 //! keeps it in the client table (for retries, and in checkpoints and state transfers)
-//! and, as the primary, returns it for the waiting client.
+//! and returns it for the waiting client (`on_applied`: as the primary only).
 
 use super::client_table::REPLY_BODY_KEPT_MAX;
 use super::{Replica, Status};
@@ -56,6 +56,16 @@ impl Replica {
     /// view and the op was a client's request. An op this replica does not wait for
     /// (installed by state transfer meanwhile, or already reported) is ignored.
     pub fn on_applied(&mut self, op: u64, applied: Applied<'_>) -> Option<(u128, Frame)> {
+        let primary = self.status == Status::Normal && self.is_primary();
+        self.seal_applied(op, applied).filter(|_| primary)
+    }
+
+    /// As `on_applied`, but the reply is returned on every replica: a driver that
+    /// answers only the clients waiting on its own node for that very request sends a
+    /// backup's copy too. A primary replaced while its client waited (its links cut, its
+    /// host stalled) commits the write as a backup once the new view has, and its client
+    /// gets the one reply it waits for instead of waiting out its timeout.
+    pub fn seal_applied(&mut self, op: u64, applied: Applied<'_>) -> Option<(u128, Frame)> {
         while self.applying.front().is_some_and(|a| a.op < op) {
             // Never reported: skipped by a state installed over them.
             self.settle_oldest_unreported();
@@ -77,7 +87,6 @@ impl Replica {
         };
         // A Logout's session is gone from the table; its reply still goes out.
         self.clients.apply(client, op, kept);
-        let primary = self.status == Status::Normal && self.is_primary();
-        primary.then_some((client, frame))
+        Some((client, frame))
     }
 }

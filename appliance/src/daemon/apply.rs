@@ -191,13 +191,9 @@ impl Node {
         });
         let discarded = self.prepared_requests.applied(group, op, carried);
         self.answer_discarded(group, discarded);
-        let Some((client, frame)) = reply else {
-            return;
-        };
-        if primary && group == METADATA_GROUP && self.forward_reply(client, &frame) {
-            return;
+        if let Some((client, frame)) = reply {
+            self.deliver(group, client, frame, primary);
         }
-        self.reply_to_request(group, client, frame);
     }
 
     /// Answers Unavailable the requests prepared here that a view change discarded,
@@ -223,20 +219,19 @@ impl Node {
         }
     }
 
-    /// A reply of the core (sealed at apply, or a retry's copy from the client table),
-    /// to the client waiting for it: a forwarded session's result goes back to the
-    /// backup that forwarded it.
+    /// A reply of the core, as the primary sends it (a retry's copy from the client
+    /// table): see `deliver`.
     pub(super) fn send_reply(&mut self, group: u64, client: u128, frame: Frame) {
-        let frame = client_reply(group, frame);
-        if group == METADATA_GROUP && self.forward_reply(client, &frame) {
-            return;
-        }
-        self.reply_to_request(group, client, frame);
+        self.deliver(group, client, client_reply(group, frame), true);
     }
 
-    /// A reply in the client's numbering, to the client if it waits on this node for it
-    /// (its request's latency recorded).
-    fn reply_to_request(&mut self, group: u64, client: u128, frame: Frame) {
+    /// A reply in the client's numbering, to the client waiting for it on this node
+    /// (its request's latency recorded); on the primary, a forwarded session's result
+    /// goes back to the backup that forwarded it instead.
+    fn deliver(&mut self, group: u64, client: u128, frame: Frame, primary: bool) {
+        if primary && group == METADATA_GROUP && self.forward_reply(client, &frame) {
+            return;
+        }
         if let Some(at) = self.request_started.remove(&(group, client)) {
             let _ = self
                 .latencies

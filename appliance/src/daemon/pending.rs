@@ -69,13 +69,9 @@ impl PreparedRequests {
         op: u64,
         carried: Option<(u128, u64)>,
     ) -> Vec<Prepared> {
-        self.take((group, 0)..=(group, op))
-            .into_iter()
-            .filter(|(at, prepared)| {
-                *at != op || carried != Some((prepared.header.client, prepared.header.request))
-            })
-            .map(|(_, prepared)| prepared)
-            .collect()
+        self.take((group, 0)..=(group, op), |at, prepared| {
+            at != op || carried != Some((prepared.header.client, prepared.header.request))
+        })
     }
 
     /// `group`'s log was truncated above `op_max`: the requests prepared above it.
@@ -83,10 +79,7 @@ impl PreparedRequests {
         if op_max == u64::MAX {
             return Vec::new();
         }
-        self.take((group, op_max + 1)..=(group, u64::MAX))
-            .into_iter()
-            .map(|(_, prepared)| prepared)
-            .collect()
+        self.take((group, op_max + 1)..=(group, u64::MAX), |_, _| true)
     }
 
     /// Forgets the requests of groups `keep` says are gone.
@@ -94,11 +87,22 @@ impl PreparedRequests {
         self.by_op.retain(|(group, _), _| keep(*group));
     }
 
-    fn take(&mut self, range: RangeInclusive<(u64, u64)>) -> Vec<(u64, Prepared)> {
-        let keys: Vec<(u64, u64)> = self.by_op.range(range).map(|(key, _)| *key).collect();
-        keys.into_iter()
-            .filter_map(|key| Some((key.1, self.by_op.remove(&key)?)))
-            .collect()
+    /// Removes the requests in `range` and hands back those `back(op, request)` picks
+    /// (nothing is allocated when it picks none: the primary's every applied op).
+    fn take(
+        &mut self,
+        range: RangeInclusive<(u64, u64)>,
+        mut back: impl FnMut(u64, &Prepared) -> bool,
+    ) -> Vec<Prepared> {
+        let mut handed = Vec::new();
+        while let Some((&key, _)) = self.by_op.range(range.clone()).next() {
+            if let Some(prepared) = self.by_op.remove(&key) {
+                if back(key.1, &prepared) {
+                    handed.push(prepared);
+                }
+            }
+        }
+        handed
     }
 }
 

@@ -24,17 +24,6 @@ fn start_healthy(files: &ClusterFiles) -> Vec<Daemon> {
     daemons
 }
 
-/// A raw client `id` of node `replica`, logged in as root, with a session.
-fn registered(files: &ClusterFiles, replica: usize, id: u128) -> Client {
-    let mut client = Client::connect(files.client_addr(replica), id).expect("connect");
-    assert_eq!(
-        client.login("root", ROOT_PASSWORD).expect("login").status(),
-        Status::Ok
-    );
-    assert_eq!(client.register().expect("register").status(), Status::Ok);
-    client
-}
-
 /// Stream names a node lists (empty on any error).
 fn streams(files: &ClusterFiles, replica: usize, id: u128) -> Vec<String> {
     let Ok(mut client) = Client::connect(files.client_addr(replica), id) else {
@@ -674,7 +663,7 @@ fn a_reply_goes_only_where_its_request_waits() {
     let daemons = start_healthy(&files);
     let primary = agreed_primary(&files, Duration::from_secs(60));
     let id = 0xa11e;
-    let mut writing = registered(&files, primary, id);
+    let mut writing = logged_in_at(&files, primary, id);
     let backups: Vec<usize> = (0..NODES).filter(|r| *r != primary).collect();
     for backup in &backups {
         // SAFETY: a signal to a child process this test started.
@@ -723,59 +712,6 @@ fn a_reply_goes_only_where_its_request_waits() {
     assert!(!log.contains("panicked"), "primary log: {log}");
 }
 
-/// A TCP proxy on 127.0.0.1 in front of `target` that carries bytes while both `gates`
-/// are open. Closing one closes every connection it carries (what is on its way is
-/// dropped) and refuses new ones until both are open again. Returns its port.
-fn gated_proxy(target: u16, gates: [Arc<AtomicBool>; 2]) -> u16 {
-    let open = move || gates.iter().all(|gate| gate.load(Ordering::SeqCst));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("proxy port");
-    let port = listener.local_addr().expect("bound").port();
-    std::thread::spawn(move || {
-        for inbound in listener.incoming().flatten() {
-            if !open() {
-                continue;
-            }
-            let Ok(outbound) = std::net::TcpStream::connect(("127.0.0.1", target)) else {
-                continue;
-            };
-            for (from, to) in [
-                (inbound.try_clone(), outbound.try_clone()),
-                (outbound.try_clone(), inbound.try_clone()),
-            ] {
-                let (Ok(mut from), Ok(mut to)) = (from, to) else {
-                    continue;
-                };
-                let open = open.clone();
-                std::thread::spawn(move || {
-                    use std::io::{Read, Write};
-                    let _ = from.set_read_timeout(Some(Duration::from_millis(20)));
-                    let mut buf = [0u8; 64 * 1024];
-                    while open() {
-                        match from.read(&mut buf) {
-                            Ok(0) => break,
-                            Ok(n) if open() => {
-                                if to.write_all(&buf[..n]).is_err() {
-                                    break;
-                                }
-                            }
-                            Ok(_) => break,
-                            Err(e)
-                                if matches!(
-                                    e.kind(),
-                                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                                ) => {}
-                            Err(_) => break,
-                        }
-                    }
-                    let _ = to.shutdown(std::net::Shutdown::Both);
-                    let _ = from.shutdown(std::net::Shutdown::Both);
-                });
-            }
-        }
-    });
-    port
-}
-
 /// A primary that loses its primacy while a client waits on it answers that client
 /// once the write commits in the new view. With both backups stopped the metadata
 /// primary prepares a write and sends it down the chain, then its replica-plane links
@@ -790,7 +726,7 @@ fn a_primary_replaced_while_a_write_waits_answers_it_once_it_commits() {
     let gates = gated_links(&files);
     let daemons = start_healthy(&files);
     let primary = agreed_primary(&files, Duration::from_secs(60));
-    let mut writing = registered(&files, primary, 0xde70);
+    let mut writing = logged_in_at(&files, primary, 0xde70);
     let backups: Vec<usize> = (0..NODES).filter(|r| *r != primary).collect();
     for backup in &backups {
         // SAFETY: a signal to a child process this test started.
@@ -846,7 +782,7 @@ fn a_write_discarded_by_a_view_change_is_answered_unavailable_and_its_retry_appl
     let _daemons = start_healthy(&files);
     let primary = agreed_primary(&files, Duration::from_secs(60));
     let id = 0xd15c;
-    let mut writing = registered(&files, primary, id);
+    let mut writing = logged_in_at(&files, primary, id);
     gates[primary].store(false, Ordering::SeqCst);
     let create = writing.frame(Operation::CreateStream as u8, 0, 1, &short("retried"));
     writing.send_raw(create.as_bytes()).expect("send");
@@ -902,14 +838,15 @@ fn a_write_discarded_by_a_view_change_is_answered_unavailable_and_its_retry_appl
 }
 
 /// Routes every replica-plane link through a proxy that the gate of either of its two
-/// nodes can cut (`gated_proxy`); the gates, all open, by node.
+/// nodes can cut; the gates, all open, by node.
 fn gated_links(files: &ClusterFiles) -> Vec<Arc<AtomicBool>> {
     let gates: Vec<Arc<AtomicBool>> = (0..NODES)
         .map(|_| Arc::new(AtomicBool::new(true)))
         .collect();
     route_links(files, |replica, peer| {
         let both = [gates[replica].clone(), gates[peer].clone()];
-        gated_proxy(files.ports[peer].tcp_replica, both)
+        let open = move || both.iter().all(|gate| gate.load(Ordering::SeqCst));
+        proxy(files.ports[peer].tcp_replica, open, |_| {})
     });
     gates
 }

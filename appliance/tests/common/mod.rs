@@ -546,7 +546,12 @@ pub fn partition_key(stream: u32, topic: u32, partition: u32) -> Vec<u8> {
 
 /// A raw client of node 0 logged in as root, with a session.
 pub fn logged_in(files: &ClusterFiles, id: u128) -> Client {
-    let mut client = Client::connect(files.client_addr(0), id).expect("connect");
+    logged_in_at(files, 0, id)
+}
+
+/// A raw client `id` of node `replica`, logged in as root, with a session.
+pub fn logged_in_at(files: &ClusterFiles, replica: usize, id: u128) -> Client {
+    let mut client = Client::connect(files.client_addr(replica), id).expect("connect");
     let login = client.login("root", ROOT_PASSWORD).expect("login");
     assert_eq!(login.status(), Status::Ok, "login");
     let register = client.register().expect("register");
@@ -724,37 +729,76 @@ pub fn start_with_topic(
 /// A TCP proxy on 127.0.0.1 in front of `target` that appends every byte it carries, in
 /// both directions, to `capture`. Returns its port.
 pub fn capturing_proxy(target: u16, capture: std::sync::Arc<std::sync::Mutex<Vec<u8>>>) -> u16 {
+    proxy(
+        target,
+        || true,
+        move |bytes| {
+            if let Ok(mut capture) = capture.lock() {
+                capture.extend_from_slice(bytes);
+            }
+        },
+    )
+}
+
+/// A TCP proxy on 127.0.0.1 in front of `target` that carries bytes in both directions
+/// while `open()` holds, showing each chunk it carried to `observe`. Once `open()` fails
+/// it closes every connection it carries (what is on its way is dropped) and refuses new
+/// ones until it holds again. Returns its port.
+pub fn proxy(
+    target: u16,
+    open: impl Fn() -> bool + Clone + Send + 'static,
+    observe: impl Fn(&[u8]) + Clone + Send + 'static,
+) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("proxy port");
     let port = listener.local_addr().expect("bound").port();
     std::thread::spawn(move || {
         for inbound in listener.incoming().flatten() {
+            if !open() {
+                continue;
+            }
             let Ok(outbound) = TcpStream::connect(("127.0.0.1", target)) else {
                 continue;
             };
-            for (mut from, mut to) in [
+            for (from, to) in [
                 (inbound.try_clone(), outbound.try_clone()),
                 (outbound.try_clone(), inbound.try_clone()),
-            ]
-            .into_iter()
-            .filter_map(|(a, b)| Some((a.ok()?, b.ok()?)))
-            {
-                let capture = capture.clone();
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 64 * 1024];
-                    while let Ok(n) = from.read(&mut buf) {
-                        if n == 0 || to.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                        if let Ok(mut capture) = capture.lock() {
-                            capture.extend_from_slice(&buf[..n]);
-                        }
-                    }
-                    let _ = to.shutdown(std::net::Shutdown::Both);
-                });
+            ] {
+                let (Ok(from), Ok(to)) = (from, to) else {
+                    continue;
+                };
+                let (open, observe) = (open.clone(), observe.clone());
+                std::thread::spawn(move || pump(from, to, open, observe));
             }
         }
     });
     port
+}
+
+/// One direction of a `proxy` connection, until either end closes or `open()` fails.
+fn pump(mut from: TcpStream, mut to: TcpStream, open: impl Fn() -> bool, observe: impl Fn(&[u8])) {
+    // A short read timeout, so a closed gate is seen on an idle connection too.
+    let _ = from.set_read_timeout(Some(Duration::from_millis(20)));
+    let mut buf = [0u8; 64 * 1024];
+    while open() {
+        match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) if open() => {
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+                observe(&buf[..n]);
+            }
+            Ok(_) => break,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
+    let _ = from.shutdown(std::net::Shutdown::Both);
 }
 
 /// A test CA (rcgen) and the leaves it signs, written as PEM files.

@@ -9,8 +9,8 @@ use replication::wire::{
 };
 use zerocopy::FromBytes;
 
-use super::pending::Prepared;
 use super::DaemonError;
+use crate::node_core::pending::Prepared;
 use crate::protocol::reply::{with_result_section, RegisterReply};
 use crate::protocol::users::RawTokenReply;
 use crate::protocol::Status;

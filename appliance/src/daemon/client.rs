@@ -11,7 +11,7 @@ use replication::wire::{
 };
 
 use super::node::Node;
-use super::pending::Prepared;
+use crate::node_core::pending::Prepared;
 use crate::protocol::codec::Writer;
 use crate::protocol::options::{self, OptionRefusal, TopicOptions};
 use crate::protocol::reply::{

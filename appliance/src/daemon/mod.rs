@@ -36,7 +36,6 @@ mod messages;
 mod metadata_reads;
 mod partition_groups;
 mod passwords;
-mod pending;
 mod polls;
 mod repair_windows;
 mod retention;

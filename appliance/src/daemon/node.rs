@@ -24,11 +24,11 @@ use zerocopy::FromBytes;
 
 use super::partitions::{self, Partitions};
 use super::passwords::{Digest, PasswordThread, VerifiedLogins};
-use super::pending::{PendingTokens, PreparedRequests};
 use super::repair_windows::RepairWindows;
 use super::system::{slow_step, SLOW_STEP};
 use super::DaemonError;
 use crate::node_core::forward::{ForwardedClients, Forwards};
+use crate::node_core::pending::{PendingTokens, PreparedRequests};
 use crate::protocol::{Credentials, Status};
 use crate::state::{MetadataOp, MetadataState};
 

@@ -9,11 +9,14 @@
 //!   Register or Logout it forwarded, and which clients the primary prepared for one.
 //! - `lane`: one partition group's journal work between the consensus asking for a
 //!   JournalAppend and the prepare being reported durable (group commit).
+//! - `pending`: what this node prepared and waits on: personal access tokens until their
+//!   op commits, client requests until their op is applied here or discarded.
 //! - `retention`: which sealed segments retention deletes, and the metadata primary's
 //!   proposals in flight.
 
 pub mod forward;
 pub mod lane;
+pub mod pending;
 pub mod retention;
 
 pub use lane::{Alone, Append, InFlight, Io, JournalAt, Lane, STAGED_OPS_MAX};

@@ -84,6 +84,18 @@ pub fn render(s: &Snapshot) -> String {
     let mut out = Out {
         text: String::with_capacity(4096),
     };
+    node(&mut out, s);
+    storage(&mut out, s);
+    groups(&mut out, s);
+    peers(&mut out, s);
+    rejected_and_repair(&mut out, s);
+    state_transfer(&mut out, s);
+    latencies(&mut out, s);
+    out.text
+}
+
+/// The node: identity, uptime, client connections and TLS, sessions, logins.
+fn node(out: &mut Out, s: &Snapshot) {
     let replica = s.replica_id.to_string();
     out.family("appliance_info", "gauge", "Node identity; always 1.");
     out.sample(
@@ -145,6 +157,10 @@ pub fn render(s: &Snapshot) -> String {
         "Password logins let in without a check: the same credentials checked out lately.",
         s.logins.reused,
     );
+}
+
+/// What the node stores and its disk.
+fn storage(out: &mut Out, s: &Snapshot) {
     out.one(
         "appliance_storage_segments",
         "gauge",
@@ -233,7 +249,10 @@ pub fn render(s: &Snapshot) -> String {
     ] {
         out.one(name, kind, help, value);
     }
+}
 
+/// The consensus groups: counts by status, and each listed group's series.
+fn groups(out: &mut Out, s: &Snapshot) {
     let summary = &s.group_summary;
     out.family(
         "appliance_groups",
@@ -358,7 +377,10 @@ pub fn render(s: &Snapshot) -> String {
             1,
         );
     }
+}
 
+/// Each peer replica's link.
+fn peers(out: &mut Out, s: &Snapshot) {
     let peer_series: [PeerSeries; 8] = [
         (
             "appliance_peer_connected",
@@ -415,7 +437,10 @@ pub fn render(s: &Snapshot) -> String {
             out.sample(name, &[("replica", &p.replica.to_string())], value(p));
         }
     }
+}
 
+/// Frames and requests rejected, and repair.
+fn rejected_and_repair(out: &mut Out, s: &Snapshot) {
     out.family(
         "appliance_rejected_frames_total",
         "counter",
@@ -453,7 +478,10 @@ pub fn render(s: &Snapshot) -> String {
         "Repairs answered with RangeEvicted.",
         s.repair.ranges_evicted,
     );
+}
 
+/// State transfers fetched and served.
+fn state_transfer(out: &mut Out, s: &Snapshot) {
     let st = &s.state_transfer;
     out.one(
         "appliance_state_transfer_active",
@@ -532,7 +560,10 @@ pub fn render(s: &Snapshot) -> String {
     ] {
         out.one(name, "counter", help, value);
     }
+}
 
+/// The latency summaries.
+fn latencies(out: &mut Out, s: &Snapshot) {
     out.latency(
         "appliance_request_latency_seconds",
         "Client request to reply.",
@@ -548,7 +579,6 @@ pub fn render(s: &Snapshot) -> String {
         "Journal write to durable.",
         &s.latency_us.journal_fsync,
     );
-    out.text
 }
 
 #[cfg(test)]

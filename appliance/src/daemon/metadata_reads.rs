@@ -155,16 +155,7 @@ impl Node {
     fn topic_reply(&self, stream_id: u32, topic_id: u32) -> Option<TopicReply> {
         let topic = self.state.topic(stream_id, topic_id)?;
         let (size_bytes, messages_count) = self.topic_sizes(stream_id, topic_id);
-        Some(TopicReply {
-            id: topic_id,
-            created_at: topic.created_at,
-            partitions_count: topic.partition_count,
-            message_expiry: topic.message_expiry,
-            max_topic_size: topic.max_topic_size,
-            size_bytes,
-            messages_count,
-            name: topic.name.clone(),
-        })
+        Some(topic.reply(topic_id, size_bytes, messages_count))
     }
 
     /// Bytes and messages this node stores of a topic's partitions.
@@ -208,14 +199,7 @@ impl Node {
     /// Iggy's view of a stream, its sizes summed from its topics' (`topic_replies`).
     fn stream_reply(&self, stream_id: u32, topics: &[TopicReply]) -> Option<StreamReply> {
         let stream = self.state.streams.get(&stream_id)?;
-        Some(StreamReply {
-            id: stream_id,
-            created_at: stream.created_at,
-            topics_count: stream.topics.len() as u32,
-            size_bytes: topics.iter().map(|t| t.size_bytes).sum(),
-            messages_count: topics.iter().map(|t| t.messages_count).sum(),
-            name: stream.name.clone(),
-        })
+        Some(stream.reply(stream_id, topics))
     }
 
     /// Iggy's cluster metadata: every node with the address clients dial; the metadata

@@ -23,7 +23,7 @@ pub use groups::{ConsumerGroupDetailsReply, ConsumerGroupReply, GroupAssignmentR
 pub use poll::{split_poll_body, PollBodyError, PollHeader};
 pub use streams::{
     PartitionReply, StreamDetailsReply, StreamReply, StreamsReply, TopicDetailsReply, TopicReply,
-    TopicsReply, COMPRESSION_NONE, STREAMS_MAX,
+    TopicsReply, COMPRESSION_NONE,
 };
 
 /// Refuses a list count that the remaining bytes cannot hold (each entry is at least

@@ -9,7 +9,8 @@ use crate::protocol::codec::{BodyError, Reader, Writer};
 pub const NODES_MAX: usize = 255;
 /// Groups a ClusterMetadata reply may list.
 pub const GROUPS_MAX: usize = 1 << 20;
-/// Entries a ListStreams or ListTopics reply may list.
+/// Entries any list of a reply may hold: streams, topics, consumer groups, partitions,
+/// a member's partitions, the stored topics of a ListStreams or ListTopics reply.
 pub const LIST_MAX: usize = 1 << 20;
 /// ClusterMetadata `primary` when a group's primary is not known to the answering node.
 pub const PRIMARY_UNKNOWN: u8 = u8::MAX;

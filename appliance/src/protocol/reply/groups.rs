@@ -1,7 +1,7 @@
 //! Iggy's consumer group replies: a group, its members and their partitions, and a
 //! member's own assignment.
 
-use super::{decode_all, list_len, LIST_MAX, STREAMS_MAX};
+use super::{decode_all, list_len, LIST_MAX};
 use crate::protocol::codec::{BodyError, Reader, Writer};
 
 /// Iggy's consumer group: `id u32, partitions_count u32, members_count u32`, name
@@ -44,11 +44,11 @@ impl ConsumerGroupReply {
         decode_all(body, |r| {
             let mut groups = Vec::new();
             while r.remaining() > 0 {
-                if groups.len() >= STREAMS_MAX {
+                if groups.len() >= LIST_MAX {
                     return Err(BodyError::TooMany {
                         field: "groups",
                         count: groups.len() as u64 + 1,
-                        max: STREAMS_MAX as u64,
+                        max: LIST_MAX as u64,
                     });
                 }
                 groups.push(ConsumerGroupReply::read(r)?);

@@ -1,13 +1,10 @@
 //! Iggy's stream, topic and partition replies.
 
-use super::{decode_all, list_len};
+use super::{decode_all, list_len, LIST_MAX};
 use crate::protocol::codec::{BodyError, Reader, Writer};
 
 /// Iggy's compression code for "none", the only one the appliance stores.
 pub const COMPRESSION_NONE: u8 = 1;
-/// Streams or topics a GetStreams or GetStream reply may list.
-pub const STREAMS_MAX: usize = 1 << 20;
-
 /// Iggy's stream (CreateStream's reply, each entry of GetStreams, the head of
 /// GetStream). Sizes count what the answering node stores; options are empty (the
 /// appliance takes none for streams).
@@ -85,7 +82,7 @@ impl StreamsReply {
 
     pub fn decode(body: &[u8]) -> Result<StreamsReply, BodyError> {
         decode_all(body, |r| {
-            let streams = r.until_end("streams", STREAMS_MAX, StreamReply::read)?;
+            let streams = r.until_end("streams", LIST_MAX, StreamReply::read)?;
             Ok(StreamsReply { streams })
         })
     }
@@ -225,7 +222,7 @@ impl TopicsReply {
 
     pub fn decode(body: &[u8]) -> Result<TopicsReply, BodyError> {
         decode_all(body, |r| {
-            let count = list_len(r, "topics", 59, STREAMS_MAX)?;
+            let count = list_len(r, "topics", 59, LIST_MAX)?;
             let topics = (0..count)
                 .map(|_| TopicReply::read(r))
                 .collect::<Result<Vec<_>, BodyError>>()?;

@@ -8,7 +8,7 @@ use super::{
     GROUPS_PER_TOPIC_MAX, GROUP_MEMBERS_MAX, PARTITIONS_PER_TOPIC_MAX, ROOT_USER_ID, STREAMS_MAX,
     TOPICS_PER_STREAM_MAX, USERS_MAX,
 };
-use crate::protocol::reply::{PartitionReply, StreamReply, TopicDetailsReply, TopicReply};
+use crate::protocol::reply::{PartitionReply, TopicDetailsReply};
 use crate::protocol::users::{TOKENS_PER_USER_MAX, USER_INACTIVE};
 use crate::protocol::Status;
 use crate::state::ops::MetadataOp;
@@ -278,23 +278,15 @@ impl MetadataState {
         }
         let id = self.next_stream_id;
         self.next_stream_id += 1;
-        self.streams.insert(
-            id,
-            Stream {
-                name: name.to_owned(),
-                created_at,
-                topics: BTreeMap::new(),
-                next_topic_id: 1,
-            },
-        );
-        let reply = StreamReply {
-            id,
-            created_at,
-            topics_count: 0,
-            size_bytes: 0,
-            messages_count: 0,
+        let stream = Stream {
             name: name.to_owned(),
+            created_at,
+            topics: BTreeMap::new(),
+            next_topic_id: 1,
         };
+        // The new stream as Iggy's CreateStream answers it: no topics, nothing stored.
+        let reply = stream.reply(id, &[]);
+        self.streams.insert(id, stream);
         Applied::ok(reply.encode())
     }
 
@@ -317,16 +309,7 @@ impl MetadataState {
         stream.next_topic_id += 1;
         // The new topic as Iggy's CreateTopic answers it: nothing stored yet.
         let reply = TopicDetailsReply {
-            topic: TopicReply {
-                id,
-                created_at: topic.created_at,
-                partitions_count: partitions,
-                message_expiry: topic.message_expiry,
-                max_topic_size: topic.max_topic_size,
-                size_bytes: 0,
-                messages_count: 0,
-                name: topic.name.clone(),
-            },
+            topic: topic.reply(id, 0, 0),
             partitions: (0..partitions)
                 .map(|partition| PartitionReply {
                     id: partition,

@@ -7,26 +7,28 @@
 //! When that write is forced to stable storage is the partition's `message_durability`.
 
 use std::cell::RefCell;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Instant;
 
 use glommio::io::{DmaFile, OpenOptions};
 use replication::wire::batch::{
-    check_stamp, check_stamp_of_verified, verify, BatchInfo, PartitionPosition, BATCH_HEADER_SIZE,
+    check_stamp, check_stamp_of_verified, BatchInfo, PartitionPosition,
 };
 use serde::Serialize;
 
 use super::index::SparseIndex;
-use super::read::{read_up_to, ReadFrom, ReadPlan, Span};
+use super::scan::BatchEntry;
 pub use super::scan::BATCH_SIZE_MAX;
-use super::scan::{scan_segment, BatchEntry, SegmentScan, SegmentTail};
+pub use super::sealed::{index_sealed_segment, SealedScan, SEALED_SCAN_WINDOW};
 use crate::buffers::BufferPool;
 use crate::durability::{Durability, SyncSchedule};
 use crate::error::{JournalError, Result};
 use crate::journal::sync_parent_dir;
 use crate::layout::{sector_ceil, sector_floor, SECTOR_SIZE};
+
+mod open;
+mod reads;
 
 /// How much of a batch an append checks.
 #[derive(Clone, Copy)]
@@ -96,11 +98,11 @@ pub fn parse_segment_name(name: &str) -> Option<u64> {
 }
 
 #[derive(Debug)]
-struct Segment {
-    base_offset: u64,
-    next_offset: u64,
-    len: u64,
-    index: SparseIndex,
+pub(super) struct Segment {
+    pub(super) base_offset: u64,
+    pub(super) next_offset: u64,
+    pub(super) len: u64,
+    pub(super) index: SparseIndex,
 }
 
 struct Active {
@@ -216,7 +218,7 @@ thread_local! {
     static SPARE_BUFFERS: RefCell<BufferPool> = const { RefCell::new(BufferPool::new(8, 16 << 20)) };
 }
 
-fn io<'a, E: crate::error::IntoIoError>(
+pub(super) fn io<'a, E: crate::error::IntoIoError>(
     op: &'static str,
     path: &'a Path,
 ) -> impl FnOnce(E) -> JournalError + 'a {
@@ -234,148 +236,6 @@ async fn open_segment_file(path: &Path, create: bool) -> Result<DmaFile> {
 }
 
 impl PartitionLog {
-    /// Opens (creating if absent) the log of `partition_id` in `dir`. Sealed segments load
-    /// their index files or rebuild them; the active segment is scanned and a torn tail
-    /// truncated. Damage before a segment's end is an error: repair needs a peer.
-    pub async fn open(
-        dir: &Path,
-        partition_id: u64,
-        config: PartitionConfig,
-    ) -> Result<(PartitionLog, OpenReport)> {
-        config.validate()?;
-        std::fs::create_dir_all(dir).map_err(io("create directory", dir))?;
-        let mut bases: Vec<u64> = std::fs::read_dir(dir)
-            .map_err(io("list", dir))?
-            .filter_map(|e| e.ok())
-            .filter_map(|e| parse_segment_name(&e.file_name().to_string_lossy()))
-            .collect();
-        bases.sort_unstable();
-        let mut report = OpenReport::default();
-        if bases.is_empty() {
-            let path = dir.join(segment_file_name(0, "log"));
-            open_segment_file(&path, true)
-                .await?
-                .close()
-                .await
-                .map_err(io("close", &path))?;
-            sync_parent_dir(&path)?;
-            bases.push(0);
-        }
-        let mut segments = Vec::with_capacity(bases.len());
-        let mut last_timestamp = None;
-        let active_base = *bases.last().unwrap_or(&0);
-        let mut active_tail = Vec::new();
-        for &base in &bases {
-            let path = dir.join(segment_file_name(base, "log"));
-            let is_active = base == active_base;
-            if let Some(expected) = segments.last().map(|s: &Segment| s.next_offset) {
-                if expected != base {
-                    return Err(JournalError::SegmentCorrupt { path, position: 0 });
-                }
-            }
-            // A sealed segment with a valid index is not read (only its length is
-            // needed); the active one and any without an index are read and scanned.
-            let loaded = if is_active {
-                None
-            } else {
-                let len = std::fs::metadata(&path).map_err(io("stat", &path))?.len();
-                load_index(dir, base, len).map(|loaded| (loaded, len))
-            };
-            let segment = match loaded {
-                Some(((index, next_offset), len)) => Segment {
-                    base_offset: base,
-                    next_offset,
-                    len,
-                    index,
-                },
-                None if !is_active => {
-                    let segment = scan_sealed(&path, partition_id, base, config)?;
-                    report.rebuilt_indexes.push(base);
-                    write_index(dir, &segment)?;
-                    segment
-                }
-                None => {
-                    // The usual case, a clean end, is verified a window at a time; only
-                    // damage or a torn tail reads the file whole to tell which it is.
-                    let mut windowed =
-                        SealedScan::open(&path, partition_id, base, config, Vec::new())?;
-                    let clean = match windowed.step(u64::MAX) {
-                        Ok(_) => true,
-                        Err(JournalError::SegmentCorrupt { .. }) => false,
-                        Err(other) => return Err(other),
-                    };
-                    if clean {
-                        let segment = windowed.segment();
-                        last_timestamp = windowed.batches.last().map(|b| b.base_timestamp);
-                        let tail_start = sector_floor(segment.len);
-                        active_tail = vec![0u8; (segment.len - tail_start) as usize];
-                        windowed
-                            .file
-                            .read_exact_at(&mut active_tail, tail_start)
-                            .map_err(io("read", &path))?;
-                        segments.push(segment);
-                        continue;
-                    }
-                    let image = std::fs::read(&path).map_err(io("read", &path))?;
-                    let scan = scan_segment(&image, partition_id, base);
-                    match &scan.tail {
-                        SegmentTail::Clean => {}
-                        SegmentTail::Torn { position, .. } => {
-                            report.truncated_tail = Some((base, *position));
-                        }
-                        SegmentTail::Corrupt { position, .. }
-                        | SegmentTail::Discontinuity { position, .. } => {
-                            return Err(JournalError::SegmentCorrupt {
-                                path,
-                                position: *position,
-                            })
-                        }
-                    }
-                    last_timestamp = scan.batches.last().map(|b| b.base_timestamp);
-                    let tail_start = sector_floor(scan.valid_len) as usize;
-                    active_tail = image[tail_start..scan.valid_len as usize].to_vec();
-                    segment_of(base, &scan, config)
-                }
-            };
-            segments.push(segment);
-        }
-        let active_segment = segments
-            .last()
-            .unwrap_or_else(|| unreachable!("one segment at least"));
-        let path = dir.join(segment_file_name(active_segment.base_offset, "log"));
-        let file = open_segment_file(&path, false).await?;
-        if report.truncated_tail.is_some() {
-            // Drop the torn bytes so they cannot be mistaken for data later.
-            file.truncate(active_segment.len)
-                .await
-                .map_err(io("truncate", &path))?;
-            file.fdatasync().await.map_err(io("fdatasync", &path))?;
-        }
-        let tail = active_tail;
-        let last_timestamp = last_timestamp
-            .or_else(|| {
-                segments
-                    .iter()
-                    .rev()
-                    .find_map(|s| last_batch_timestamp(dir, s))
-            })
-            .unwrap_or(0);
-        report.segments = segments.len();
-        let log = PartitionLog {
-            dir: dir.into(),
-            partition_id,
-            config,
-            segments,
-            active: Active {
-                file: Rc::new(file),
-                tail,
-            },
-            last_timestamp,
-            schedule: SyncSchedule::new(config.durability),
-        };
-        Ok((log, report))
-    }
-
     /// The first offset still stored.
     pub fn start_offset(&self) -> u64 {
         self.segments.first().map_or(0, |s| s.base_offset)
@@ -409,84 +269,6 @@ impl PartitionLog {
     pub fn index_memory(&self) -> (usize, usize) {
         let bytes = self.segments.iter().map(|s| s.index.memory_bytes()).sum();
         (self.segments.len(), bytes)
-    }
-
-    /// Base offsets and byte lengths of the segments, oldest first (state-transfer
-    /// artifacts; the last one is still being written).
-    pub fn segments(&self) -> Vec<(u64, PathBuf, u64)> {
-        self.segments
-            .iter()
-            .map(|s| {
-                (
-                    s.base_offset,
-                    self.dir.join(segment_file_name(s.base_offset, "log")),
-                    s.len,
-                )
-            })
-            .collect()
-    }
-
-    /// The segments holding the offsets below `end` (a batch boundary, such as the
-    /// commit point) with their byte lengths up to `end`, oldest first: what a state
-    /// transfer freezes. Bytes below a committed `end` never change (truncation stays
-    /// above it), so these prefixes can be read while the log goes on. An empty range
-    /// gives the segment `end` falls in, with length 0, so the base offset travels.
-    pub fn segments_until(&self, end: u64) -> Result<Vec<(u64, PathBuf, u64)>> {
-        let (start, next) = (self.start_offset(), self.next_offset());
-        if end < start || end > next {
-            return Err(JournalError::OffsetOutOfRange {
-                offset: end,
-                start,
-                end: next,
-            });
-        }
-        let path = |s: &Segment| self.dir.join(segment_file_name(s.base_offset, "log"));
-        let mut out = Vec::new();
-        for segment in self.segments.iter().filter(|s| s.base_offset < end) {
-            if segment.next_offset <= end {
-                out.push((segment.base_offset, path(segment), segment.len));
-                continue;
-            }
-            let len =
-                self.batch_position(segment, end)?
-                    .ok_or_else(|| JournalError::BatchRejected {
-                        base_offset: end,
-                        reason: "not a batch boundary".into(),
-                    })?;
-            out.push((segment.base_offset, path(segment), len));
-        }
-        if out.is_empty() {
-            let holder = self.segments.partition_point(|s| s.base_offset <= end);
-            let segment = &self.segments[holder.saturating_sub(1)];
-            out.push((segment.base_offset, path(segment), 0));
-        }
-        Ok(out)
-    }
-
-    /// The byte position in `segment` of the batch starting at `offset`, if one does.
-    fn batch_position(&self, segment: &Segment, offset: u64) -> Result<Option<u64>> {
-        let position = segment
-            .index
-            .position_for_offset(offset - segment.base_offset);
-        let plan = ReadPlan {
-            spans: vec![Span {
-                path: self.dir.join(segment_file_name(segment.base_offset, "log")),
-                position,
-                end: segment.len,
-            }],
-            from: ReadFrom::Offset(0),
-            end_offset: offset + 1,
-            bytes_max: u64::MAX,
-        };
-        let (mut at, mut found) = (position, None);
-        plan.read(&mut |bytes, info| {
-            if info.base_offset == offset {
-                found = Some(at);
-            }
-            at += bytes.len() as u64;
-            info.base_offset < offset
-        })?;
-        Ok(found)
     }
 
     fn active_segment(&self) -> &Segment {
@@ -930,77 +712,6 @@ impl PartitionLog {
         close_file(old.active.file, &old_path).await
     }
 
-    /// Batches holding `offset` and after, up to about `bytes_max` bytes (at least one
-    /// batch). Every batch read is verified.
-    pub fn read_from_offset(&self, offset: u64, bytes_max: u64) -> Result<Vec<Vec<u8>>> {
-        self.read_plan(ReadFrom::Offset(offset), self.next_offset(), bytes_max)?
-            .read_all()
-    }
-
-    /// Batches from the first one stamped at or after `timestamp` (batch base_timestamp,
-    /// the primary's clock), up to about `bytes_max` bytes. Empty when none is that late.
-    pub fn read_from_timestamp(&self, timestamp: u64, bytes_max: u64) -> Result<Vec<Vec<u8>>> {
-        self.read_plan(
-            ReadFrom::Timestamp(timestamp),
-            self.next_offset(),
-            bytes_max,
-        )?
-        .read_all()
-    }
-
-    /// What a read from `from` of the batches below `end_offset`, up to about
-    /// `bytes_max` bytes, covers: the segment files and byte ranges, from the index in
-    /// memory (no IO). `ReadPlan::read` carries it out, on any thread. An offset outside
-    /// the log is `OffsetOutOfRange`.
-    pub fn read_plan(&self, from: ReadFrom, end_offset: u64, bytes_max: u64) -> Result<ReadPlan> {
-        let first = match from {
-            ReadFrom::Offset(offset) => {
-                let (start, end) = (self.start_offset(), self.next_offset());
-                if offset < start || offset >= end {
-                    return Err(JournalError::OffsetOutOfRange { offset, start, end });
-                }
-                // offset >= start_offset() = segments[0].base_offset: at least 1.
-                self.segments.partition_point(|s| s.base_offset <= offset) - 1
-            }
-            // The last segment whose first batch is older, or the first segment.
-            ReadFrom::Timestamp(timestamp) => self
-                .segments
-                .partition_point(|s| s.index.first_timestamp().is_some_and(|t| t < timestamp))
-                .saturating_sub(1),
-        };
-        let mut spans = Vec::new();
-        // Bytes of the segments after the first: every batch of theirs is wanted, while
-        // the first may hold only batches before `from` (a timestamp poll's first
-        // segment may even end before it), so it does not count toward `bytes_max`.
-        let mut planned = 0u64;
-        for (i, segment) in self.segments.iter().enumerate().skip(first) {
-            if segment.base_offset >= end_offset || planned >= bytes_max {
-                break;
-            }
-            let position = match from {
-                ReadFrom::Offset(offset) if i == first => segment
-                    .index
-                    .position_for_offset(offset - segment.base_offset),
-                ReadFrom::Timestamp(timestamp) => segment.index.position_for_timestamp(timestamp),
-                ReadFrom::Offset(_) => 0,
-            };
-            if i > first {
-                planned += segment.len - position;
-            }
-            spans.push(Span {
-                path: self.dir.join(segment_file_name(segment.base_offset, "log")),
-                position,
-                end: segment.len,
-            });
-        }
-        Ok(ReadPlan {
-            spans,
-            from,
-            end_offset,
-            bytes_max,
-        })
-    }
-
     /// Trims the active file's sector padding, syncs (whatever the policy) and closes.
     pub async fn close(mut self) -> Result<()> {
         let path = self.active_path();
@@ -1027,242 +738,9 @@ async fn close_file(file: Rc<DmaFile>, path: &Path) -> Result<()> {
     }
 }
 
-fn load_index(dir: &Path, base: u64, log_len: u64) -> Option<(SparseIndex, u64)> {
-    let offsets = std::fs::read(dir.join(segment_file_name(base, "index"))).ok()?;
-    let times = std::fs::read(dir.join(segment_file_name(base, "timeindex"))).ok()?;
-    let (index, next_offset) = SparseIndex::decode(&offsets, false, base, log_len)?;
-    let (time, time_next) = SparseIndex::decode(&times, true, base, log_len)?;
-    (time_next == next_offset && next_offset >= base).then_some(())?;
-    Some((index.with_timestamps(&time)?, next_offset))
-}
-
-/// Verifies a sealed segment file whole (every batch's checksums, the partition id, the
-/// offsets following on from `base`, timestamps that never go back, nothing after the
-/// last batch) and writes its index files into `dir` under `base`, so that opening the
-/// log there loads them instead of scanning it. Returns the offset after its last
-/// batch. A caller that must spread the work (state transfer verifies each received
-/// segment while the cluster commits) uses `SealedScan` a step at a time instead.
-pub fn index_sealed_segment(
-    path: &Path,
-    dir: &Path,
-    partition_id: u64,
-    base: u64,
-    config: PartitionConfig,
-) -> Result<u64> {
-    let segment = scan_sealed(path, partition_id, base, config)?;
-    write_index(dir, &segment)?;
-    Ok(segment.next_offset)
-}
-
-/// Reads and scans a sealed segment whole: anything but a clean end (a torn, corrupt or
-/// discontinuous batch) is an error, since a sealed segment is never written again.
-fn scan_sealed(
-    path: &Path,
-    partition_id: u64,
-    base: u64,
-    config: PartitionConfig,
-) -> Result<Segment> {
-    let mut scan = SealedScan::open(path, partition_id, base, config, Vec::new())?;
-    scan.step(u64::MAX)?;
-    Ok(scan.segment())
-}
-
-/// Bytes a `SealedScan` reads at a time (more only for a batch longer than this).
-pub const SEALED_SCAN_WINDOW: usize = 1 << 20;
-
-/// The verification of a sealed segment (what `index_sealed_segment` checks), a window
-/// at a time through one reused buffer. No read copies more than a window (or one
-/// batch): a single read of a whole segment is tens of milliseconds in the kernel, long
-/// enough to delay the fsyncs of other writers on a small machine.
-pub struct SealedScan {
-    path: PathBuf,
-    file: std::fs::File,
-    file_len: u64,
-    partition_id: u64,
-    base: u64,
-    config: PartitionConfig,
-    /// File bytes from `buffer_start`, `buffer_len` of them valid.
-    buffer: Vec<u8>,
-    buffer_start: u64,
-    buffer_len: usize,
-    /// Where the next batch starts (or the zero padding, once `padding`).
-    position: u64,
-    next_offset: u64,
-    last_timestamp: u64,
-    batches: Vec<BatchEntry>,
-    /// Past the last batch: the rest must be zero; checked up to here.
-    padding: Option<u64>,
-    done: bool,
-}
-
-impl SealedScan {
-    /// Opens the segment at `path`, whose first batch must be `base` of `partition_id`.
-    /// `buffer` is reused as the read buffer (pass back `into_buffer` of an earlier scan).
-    pub fn open(
-        path: &Path,
-        partition_id: u64,
-        base: u64,
-        config: PartitionConfig,
-        mut buffer: Vec<u8>,
-    ) -> Result<SealedScan> {
-        let file = std::fs::File::open(path).map_err(io("open", path))?;
-        let file_len = file.metadata().map_err(io("stat", path))?.len();
-        if buffer.len() < SEALED_SCAN_WINDOW {
-            buffer.resize(SEALED_SCAN_WINDOW, 0);
-        }
-        Ok(SealedScan {
-            path: path.to_path_buf(),
-            file,
-            file_len,
-            partition_id,
-            base,
-            config,
-            buffer,
-            buffer_start: 0,
-            buffer_len: 0,
-            position: 0,
-            next_offset: base,
-            last_timestamp: 0,
-            batches: Vec::new(),
-            padding: None,
-            done: false,
-        })
-    }
-
-    /// Verifies about `budget` more bytes (at least one batch or window): the offset
-    /// after the last batch once the whole file is verified, None while bytes remain
-    /// (never with a budget of `u64::MAX`, which verifies the whole file).
-    /// A torn, corrupt or discontinuous batch, or anything but zeros after the last
-    /// batch, is `SegmentCorrupt` at its position.
-    pub fn step(&mut self, budget: u64) -> Result<Option<u64>> {
-        let mut scanned = 0u64;
-        while !self.done {
-            if scanned >= budget {
-                return Ok(None);
-            }
-            if let Some(checked) = self.padding {
-                if checked >= self.file_len {
-                    self.done = true;
-                    break;
-                }
-                let want = (self.file_len - checked).min(SEALED_SCAN_WINDOW as u64) as usize;
-                let at = self.fill(checked, want)?;
-                if self.buffer[at..at + want].iter().any(|b| *b != 0) {
-                    return Err(self.corrupt());
-                }
-                self.padding = Some(checked + want as u64);
-                scanned += want as u64;
-                continue;
-            }
-            let left = self.file_len - self.position;
-            if left == 0 {
-                self.done = true;
-                break;
-            }
-            let head_len = left.min(BATCH_HEADER_SIZE as u64) as usize;
-            let at = self.fill(self.position, head_len)?;
-            if self.buffer[at..at + head_len].iter().all(|b| *b == 0) {
-                self.padding = Some(self.position);
-                continue;
-            }
-            let header = super::scan::header_at(&self.buffer[..self.buffer_len], at)
-                .ok_or_else(|| self.corrupt())?;
-            let len = header.batch_length.get();
-            if len < BATCH_HEADER_SIZE as u64 || len > BATCH_SIZE_MAX || len > left {
-                return Err(self.corrupt());
-            }
-            let at = self.fill(self.position, len as usize)?;
-            let mut entry = super::scan::batch_at(&self.buffer[at..at + len as usize], 0)
-                .map_err(|_| self.corrupt())?;
-            if header.partition_id.get() != self.partition_id
-                || entry.base_offset != self.next_offset
-                || entry.base_timestamp < self.last_timestamp
-            {
-                return Err(self.corrupt());
-            }
-            entry.position = self.position;
-            self.next_offset = entry.next_offset();
-            self.last_timestamp = entry.base_timestamp;
-            self.position += len;
-            scanned += len;
-            self.batches.push(entry);
-        }
-        Ok(Some(self.next_offset))
-    }
-
-    /// Makes the buffer hold the file's bytes `[from, from + len)`, reading a window
-    /// (or `len` if larger) from `from`; their index in the buffer.
-    fn fill(&mut self, from: u64, len: usize) -> Result<usize> {
-        let end = self.buffer_start + self.buffer_len as u64;
-        if from >= self.buffer_start && from + len as u64 <= end {
-            return Ok((from - self.buffer_start) as usize);
-        }
-        let want = len
-            .max(SEALED_SCAN_WINDOW)
-            .min((self.file_len - from) as usize);
-        if self.buffer.len() < want {
-            self.buffer.resize(want, 0);
-        }
-        let filled = read_up_to(&self.file, &mut self.buffer[..want], from)
-            .map_err(io("read", &self.path))?;
-        if filled < want {
-            // Shorter than it was at the open: it changed under the scan.
-            self.buffer_len = 0;
-            return Err(self.corrupt());
-        }
-        self.buffer_start = from;
-        self.buffer_len = want;
-        Ok(0)
-    }
-
-    fn corrupt(&self) -> JournalError {
-        JournalError::SegmentCorrupt {
-            path: self.path.clone(),
-            position: self.padding.unwrap_or(self.position),
-        }
-    }
-
-    fn segment(&self) -> Segment {
-        Segment {
-            base_offset: self.base,
-            next_offset: self.next_offset,
-            len: self.position,
-            index: SparseIndex::build(self.base, &self.batches, self.config.index_interval_bytes),
-        }
-    }
-
-    /// Writes the index files of the verified segment into `dir` (after `step` returned
-    /// the next offset).
-    pub fn write_index(&self, dir: &Path) -> Result<()> {
-        if !self.done {
-            return Err(JournalError::io(
-                "index",
-                &self.path,
-                std::io::Error::other("the segment is not verified yet"),
-            ));
-        }
-        write_index(dir, &self.segment())
-    }
-
-    /// The read buffer, for the next scan.
-    pub fn into_buffer(self) -> Vec<u8> {
-        self.buffer
-    }
-}
-
-/// The segment a scan found: its batches up to the first bad one, indexed.
-fn segment_of(base: u64, scan: &SegmentScan, config: PartitionConfig) -> Segment {
-    Segment {
-        base_offset: base,
-        next_offset: scan.next_offset(base),
-        len: scan.valid_len,
-        index: SparseIndex::build(base, &scan.batches, config.index_interval_bytes),
-    }
-}
-
 /// Writes both index files of a sealed segment. They are rebuilt if lost, so a plain
 /// write (no fsync) is enough.
-fn write_index(dir: &Path, segment: &Segment) -> Result<()> {
+pub(super) fn write_index(dir: &Path, segment: &Segment) -> Result<()> {
     for (time, extension) in [(false, "index"), (true, "timeindex")] {
         let path = dir.join(segment_file_name(segment.base_offset, extension));
         let bytes =
@@ -1272,26 +750,4 @@ fn write_index(dir: &Path, segment: &Segment) -> Result<()> {
         std::fs::write(&path, bytes).map_err(io("write", &path))?;
     }
     Ok(())
-}
-
-fn last_batch_timestamp(dir: &Path, segment: &Segment) -> Option<u64> {
-    let path = dir.join(segment_file_name(segment.base_offset, "log"));
-    let file = std::fs::File::open(path).ok()?;
-    // Walk from the last index point (batches are self-delimiting), reading only that.
-    let from = segment
-        .index
-        .entries()
-        .last()
-        .map_or(0, |e| u64::from(e.position));
-    let mut image = vec![0u8; segment.len.checked_sub(from)? as usize];
-    file.read_exact_at(&mut image, from).ok()?;
-    let mut position = 0;
-    let mut last = None;
-    while position + BATCH_HEADER_SIZE <= image.len() {
-        let len = u64::from_le_bytes(image.get(position + 32..position + 40)?.try_into().ok()?);
-        let info = verify(image.get(position..position + len as usize)?).ok()?;
-        last = Some(info.base_timestamp);
-        position += len as usize;
-    }
-    last
 }

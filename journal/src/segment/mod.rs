@@ -8,6 +8,7 @@ pub mod log;
 pub mod offsets;
 pub mod read;
 pub mod scan;
+mod sealed;
 
 pub use log::{
     AppendReceipt, OpenReport, PartitionConfig, PartitionLog, Plan, Planned, PlannedWrite, Syncer,

@@ -25,23 +25,25 @@
 //! `producer << 40 | n`, so `consume --verify --seed` can check a bench's data later.
 //! Throughput: MB/s are 10^6 bytes of payload per second.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use appliance::client::{Client, RetryPolicy};
 use appliance::config::units::parse_duration;
-use appliance::protocol::reply::split_poll_body;
-use appliance::protocol::{Consumer, PollStrategy};
 use clap::{Args, Subcommand};
 use hdrhistogram::Histogram;
-use replication::wire::batch;
 use replication::wire::PartitionKey;
 use serde_json::{json, Value};
 
 use super::probe::{self, epoch_us, AckWindow, DiskProbe};
 use super::produce::{build_batch, check_batch_shape};
-use super::{connect_with, derive, CliError, Global, Report};
+use super::{connect_with, CliError, Global, Report};
+
+mod acks;
+mod reads;
+
+use acks::check_acks;
+use reads::{consume, roundtrip};
 
 /// Threads one bench may start.
 pub const THREADS_MAX: u32 = 256;
@@ -584,125 +586,6 @@ fn producers_report(
     }
 }
 
-fn check_acks(
-    global: &Global,
-    args: &BenchArgs,
-    target: &Target,
-    acks: &[Ack],
-) -> Result<usize, String> {
-    let mut by_partition: BTreeMap<u32, Vec<Ack>> = BTreeMap::new();
-    for a in acks {
-        by_partition.entry(a.partition).or_default().push(*a);
-    }
-    let mut client = bench_client(global, args).map_err(|e| format!("{e:?}"))?;
-    let mut read_back = 0;
-    for (partition, list) in &mut by_partition {
-        list.sort_by_key(|a| a.base_offset);
-        let mut next = if target.created { Some(0) } else { None::<u64> };
-        for a in list.iter() {
-            if let Some(expected) = next {
-                if a.base_offset < expected {
-                    return Err(format!(
-                        "partition {partition}: offset {} acknowledged twice",
-                        a.base_offset
-                    ));
-                }
-                if target.created && a.base_offset > expected {
-                    return Err(format!(
-                        "partition {partition}: gap, offsets {expected}..{} never acknowledged",
-                        a.base_offset
-                    ));
-                }
-            }
-            next = Some(a.base_offset + u64::from(a.count));
-        }
-        // Retention may have deleted the oldest batches: the first one checked is the
-        // first acknowledged at or above the partition's first retained offset.
-        let retained = retained_from(&mut client, target, *partition);
-        let mut ends: Vec<Ack> = list
-            .iter()
-            .find(|a| a.base_offset >= retained)
-            .copied()
-            .into_iter()
-            .collect();
-        if let Some(last) = list
-            .last()
-            .filter(|l| ends.first().map(|e| e.base_offset) != Some(l.base_offset))
-        {
-            ends.push(*last);
-        }
-        for a in ends {
-            compare_batch(&mut client, args, target.key(*partition), &a)?;
-            read_back += 1;
-        }
-    }
-    Ok(read_back)
-}
-
-/// The first offset the cluster retains of a partition (0 when it cannot tell).
-fn retained_from(client: &mut Client, target: &Target, partition: u32) -> u64 {
-    client
-        .list_topics(target.stream)
-        .ok()
-        .and_then(|list| list.topics.into_iter().find(|t| t.topic_id == target.topic))
-        .and_then(|t| t.stored.into_iter().find(|p| p.partition == partition))
-        .map_or(0, |p| p.first_offset)
-}
-
-/// Reads the acked batch back and compares every message with what was sent.
-fn compare_batch(
-    client: &mut Client,
-    args: &BenchArgs,
-    key: PartitionKey,
-    ack: &Ack,
-) -> Result<(), String> {
-    let mut next = ack.base_offset;
-    let end = ack.base_offset + u64::from(ack.count);
-    let mut payload = vec![0u8; args.size];
-    let started = Instant::now();
-    while next < end {
-        let body = client
-            .poll_messages(
-                key,
-                Consumer::Single(0),
-                PollStrategy::Offset(next),
-                (end - next) as u32,
-            )
-            .map_err(|e| format!("partition {}: read back at {next}: {e}", key.partition))?;
-        let batches = split_poll_body(&body).map_err(|e| e.to_string())?;
-        let before = next;
-        for (bytes, _) in &batches {
-            for m in batch::messages(bytes) {
-                if m.offset < next || m.offset >= end {
-                    continue;
-                }
-                let index = ack.first_index + (m.offset - ack.base_offset);
-                derive::fill_payload(args.seed, index, &mut payload);
-                if m.offset != next
-                    || m.id != derive::message_id(args.seed, index)
-                    || m.payload != payload.as_slice()
-                {
-                    return Err(format!(
-                        "partition {}: offset {} does not hold message index {index} that was acknowledged there",
-                        key.partition, m.offset
-                    ));
-                }
-                next += 1;
-            }
-        }
-        if next == before {
-            if started.elapsed() > ROUNDTRIP_SEEN_TIMEOUT {
-                return Err(format!(
-                    "partition {}: acknowledged offset {next} cannot be read back",
-                    key.partition
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-    Ok(())
-}
-
 fn throughput_report(
     mode: &str,
     args: &BenchArgs,
@@ -745,200 +628,4 @@ fn throughput_report(
         latency_text(histogram)
     );
     Report { text, json }
-}
-
-/// What one consumer thread read.
-struct ConsumerResult {
-    histogram: Histogram<u64>,
-    messages: u64,
-    payload_bytes: u64,
-    wire_bytes: u64,
-    finished: Instant,
-}
-
-fn consume(global: &Global, args: &BenchArgs, target: &Target) -> Result<Report, CliError> {
-    let a = args.clone();
-    let threads = args.producers;
-    let keys: Vec<PartitionKey> = target.partitions.iter().map(|p| target.key(*p)).collect();
-    let (results, start) = spawn_workers(global, args, false, move |w, mut client, start| {
-        let deadline = start + a.duration;
-        let mut result = ConsumerResult {
-            histogram: histogram(),
-            messages: 0,
-            payload_bytes: 0,
-            wire_bytes: 0,
-            finished: start,
-        };
-        let tag = derive::tag(a.seed);
-        let mut expected = Vec::new();
-        for key in keys.iter().skip(w as usize).step_by(threads as usize) {
-            let mut next = 0u64;
-            while Instant::now() < deadline {
-                let sent = Instant::now();
-                let body = client
-                    .poll_messages(
-                        *key,
-                        Consumer::Single(0),
-                        PollStrategy::Offset(next),
-                        POLL_COUNT,
-                    )
-                    .map_err(|e| format!("partition {}: poll at {next}: {e}", key.partition))?;
-                record(&mut result.histogram, sent.elapsed());
-                let batches = split_poll_body(&body).map_err(|e| e.to_string())?;
-                let before = next;
-                for (bytes, _) in &batches {
-                    for m in batch::messages(bytes) {
-                        if m.offset < next && next == before {
-                            continue;
-                        }
-                        if m.offset != next {
-                            return Err(format!(
-                                "partition {}: expected offset {next}, read offset {}",
-                                key.partition, m.offset
-                            ));
-                        }
-                        if a.verify {
-                            let (t, index) = derive::split_id(m.id);
-                            expected.resize(m.payload.len(), 0);
-                            derive::fill_payload(a.seed, index, &mut expected);
-                            if t != tag || m.payload != expected.as_slice() {
-                                return Err(format!(
-                                    "partition {}: offset {next}: message does not match its id (seed {})",
-                                    key.partition, a.seed
-                                ));
-                            }
-                        }
-                        result.payload_bytes += m.payload.len() as u64;
-                        next += 1;
-                    }
-                    result.wire_bytes += bytes.len() as u64;
-                }
-                if next == before {
-                    break;
-                }
-                result.messages += next - before;
-            }
-        }
-        result.finished = Instant::now();
-        Ok(result)
-    })?;
-    let mut histogram = histogram();
-    let (mut messages, mut payload, mut wire) = (0u64, 0u64, 0u64);
-    let mut finished = start;
-    for r in &results {
-        let _ = histogram.add(&r.histogram);
-        messages += r.messages;
-        payload += r.payload_bytes;
-        wire += r.wire_bytes;
-        finished = finished.max(r.finished);
-    }
-    let elapsed = finished.saturating_duration_since(start);
-    let secs = elapsed.as_secs_f64();
-    let rate = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
-    let json = json!({
-        "mode": "consume",
-        "stream": target.stream,
-        "topic": target.topic,
-        "consumers": threads,
-        "partitions": target.partitions.len(),
-        "verified": args.verify,
-        "messages": messages,
-        "bytes": payload,
-        "wire_bytes": wire,
-        "elapsed_s": secs,
-        "msgs_per_s": rate(messages).round(),
-        "mb_per_s": (rate(payload) / 1e6 * 100.0).round() / 100.0,
-        "wire_mb_per_s": (rate(wire) / 1e6 * 100.0).round() / 100.0,
-        "latency_us": latency_json(&histogram),
-    });
-    let mut report = Report {
-        text: format!(
-            "consume: {messages} messages ({payload} payload bytes) in {secs:.2} s: {:.0} msg/s, {:.1} MB/s{}\nper poll {}",
-            rate(messages),
-            rate(payload) / 1e6,
-            if args.verify { ", content verified" } else { "" },
-            latency_text(&histogram)
-        ),
-        json,
-    };
-    if let Some(expect) = args.expect {
-        if expect != messages {
-            let message = format!("read {messages} messages, expected {expect}");
-            report.json["error"] = json!(message);
-            return Err(CliError::Runtime {
-                message,
-                report: Some(report),
-            });
-        }
-    }
-    if messages == 0 {
-        return Err(CliError::Runtime {
-            message: "nothing to read: the partitions are empty".into(),
-            report: Some(report),
-        });
-    }
-    Ok(report)
-}
-
-fn roundtrip(global: &Global, args: &BenchArgs, target: &Target) -> Result<Report, CliError> {
-    let (a, t) = (args.clone(), target.clone());
-    let (results, start) = spawn_workers(global, args, true, move |w, mut client, start| {
-        drive(&a, w, &mut client, start, &t, |client, key, ack| {
-            poll_until_seen(&a, client, key, ack)
-        })
-    })?;
-    producers_report("roundtrip", global, args, target, results, start)
-}
-
-/// Polls the acked batch's partition at its offset until its last message is readable;
-/// the ids found at its first and last offset must be the ones sent.
-fn poll_until_seen(
-    a: &BenchArgs,
-    client: &mut Client,
-    key: PartitionKey,
-    ack: &Ack,
-) -> Result<(), String> {
-    let partition = key.partition;
-    let end = ack.base_offset + u64::from(ack.count);
-    let first_id = derive::message_id(a.seed, ack.first_index);
-    let last_id = derive::message_id(a.seed, ack.first_index + u64::from(ack.count) - 1);
-    let polling = Instant::now();
-    loop {
-        let body = client
-            .poll_messages(
-                key,
-                Consumer::Single(0),
-                PollStrategy::Offset(ack.base_offset),
-                ack.count,
-            )
-            .map_err(|e| format!("partition {partition}: poll: {e}"))?;
-        let mut seen_last = false;
-        for (bytes, _) in split_poll_body(&body).map_err(|e| e.to_string())? {
-            for m in batch::messages(bytes) {
-                let expected = if m.offset == ack.base_offset {
-                    first_id
-                } else if m.offset == end - 1 {
-                    last_id
-                } else {
-                    continue;
-                };
-                seen_last |= m.offset == end - 1;
-                if m.id != expected {
-                    return Err(format!(
-                        "partition {partition}: offset {} holds another message than the one acked there",
-                        m.offset
-                    ));
-                }
-            }
-        }
-        if seen_last {
-            return Ok(());
-        }
-        if polling.elapsed() > ROUNDTRIP_SEEN_TIMEOUT {
-            return Err(format!(
-                "partition {partition}: acked batch at {} not readable after {ROUNDTRIP_SEEN_TIMEOUT:?}",
-                ack.base_offset
-            ));
-        }
-    }
 }

@@ -142,7 +142,7 @@ pub struct Cluster {
     wipe_prng: Prng,
     /// The slow stretch under way, the stream that decides them, packets waiting for a
     /// paused replica, and how many stretches there were.
-    pub slow: Option<super::slow::SlowStretch>,
+    pub slow: Option<super::stretch::SlowStretch>,
     pub(super) slow_prng: Prng,
     pub(super) held: Vec<Packet>,
     pub slow_stretches: u64,

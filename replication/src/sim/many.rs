@@ -28,8 +28,8 @@ use super::cluster::{
     applied_result, check_non_voter, describe, Failure, Faults, Trace, TRACE_LINES_MAX,
 };
 use super::network::{Network, NetworkFaults, Node, Packet};
-use super::slow::SlowStretch;
 use super::storage::Storage;
+use super::stretch::SlowStretch;
 
 mod clients;
 mod faults;

@@ -11,6 +11,7 @@ pub mod network;
 mod scenario;
 pub mod slow;
 pub mod storage;
+mod stretch;
 
 pub use checker::Checker;
 pub use cluster::{run_seed, Cluster, Failure, Faults, SimOptions, Summary, Wipe};

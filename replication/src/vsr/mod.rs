@@ -40,6 +40,7 @@ mod replacement;
 mod replica;
 mod request;
 mod slow;
+mod slow_peers;
 mod timeout;
 mod view_change;
 

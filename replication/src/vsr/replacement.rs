@@ -32,22 +32,8 @@
 
 use crate::wire::{Frame, Header, Message, RepairResultHeader, RequestPreparesHeader};
 
-use super::replica::{Replica, Status};
+use super::replica::{Census, Replica, Status};
 use super::Action;
-
-/// The census of a non-voter: what the other replicas answered.
-#[derive(Clone, Debug)]
-pub(crate) struct Census {
-    pub(crate) nonce: u128,
-    /// Per replica: the view reported by a member that remembers.
-    pub(crate) views: Vec<Option<u32>>,
-    /// Replicas that answered as non-voters themselves (bitmask).
-    pub(crate) blank: u32,
-    /// Some frame showed that the group formed (a view above 0, an op or a commit).
-    pub(crate) formed: bool,
-    /// Still deciding between a new group and a replacement.
-    pub(crate) formation: bool,
-}
 
 /// What a replica that may not vote yet waits for (stats and logs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

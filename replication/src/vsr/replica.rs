@@ -9,6 +9,7 @@ use crate::wire::{decode, decode_trusted, Frame, Limits, Message, PrepareHeader}
 
 use super::client_table::ClientTable;
 use super::log::Log;
+use super::slow_peers::SlowPeers;
 use super::timeout::{Prng, Timeout};
 use super::{Action, Config, Counters};
 
@@ -53,6 +54,20 @@ pub(crate) struct Dvc {
     pub headers: Vec<PrepareHeader>,
     pub nack: u128,
     pub present: u128,
+}
+
+/// The census of a non-voter: what the other replicas answered (`replacement.rs`).
+#[derive(Clone, Debug)]
+pub(crate) struct Census {
+    pub(crate) nonce: u128,
+    /// Per replica: the view reported by a member that remembers.
+    pub(crate) views: Vec<Option<u32>>,
+    /// Replicas that answered as non-voters themselves (bitmask).
+    pub(crate) blank: u32,
+    /// Some frame showed that the group formed (a view above 0, an op or a commit).
+    pub(crate) formed: bool,
+    /// Still deciding between a new group and a replacement.
+    pub(crate) formation: bool,
 }
 
 /// An uncommitted op of a primary's pipeline.
@@ -112,7 +127,7 @@ pub struct Replica {
     /// Peers the bus reports connected (bitmask); chain replication skips the others.
     pub(crate) connected: u32,
     /// Primary: backups the chain skips because they do not keep up (`slow.rs`).
-    pub(crate) slow: super::slow::SlowPeers,
+    pub(crate) slow: SlowPeers,
     pub(crate) clients: ClientTable,
     /// Committed ops whose result the driver has not reported yet (`applied.rs`).
     pub(crate) applying: VecDeque<super::applied::Applying>,
@@ -149,7 +164,7 @@ pub struct Replica {
     /// again (0: it never was a replacement in this life).
     pub(crate) voter_since: u64,
     /// A non-voter's census of the other replicas, while it runs.
-    pub(crate) census: Option<super::replacement::Census>,
+    pub(crate) census: Option<Census>,
     /// A non-voter installs only StartViews of this view or later (the census bound).
     pub(crate) view_min: u32,
     /// A non-voter in a view: the (op, commit) of the StartView it installed first.

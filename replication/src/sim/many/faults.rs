@@ -4,8 +4,8 @@
 use super::{node_counts, ManyCluster};
 use crate::sim::faults::cut_links;
 use crate::sim::network::{Node, Packet};
-use crate::sim::slow::{SlowStretch, Slowness};
 use crate::sim::storage::Storage;
+use crate::sim::stretch::{SlowStretch, Slowness};
 use crate::vsr::Replica;
 
 impl ManyCluster {

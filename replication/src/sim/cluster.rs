@@ -2,16 +2,12 @@
 //! network, driven tick by tick from one seed, with faults injected and checkers run
 //! after every step.
 
-use std::collections::VecDeque;
-
 use zerocopy::FromBytes;
 
 use crate::vsr::{
     Action, Applied, Config, PeerLiveness, Prng, Replica, RequestOutcome, Sleep, Status, Woke,
 };
-use crate::wire::{
-    cluster_id, decode, Frame, FrameBuf, Limits, Message, PrepareHeader, METADATA_GROUP,
-};
+use crate::wire::{cluster_id, decode, FrameBuf, Limits, Message, PrepareHeader, METADATA_GROUP};
 
 use super::checker::Checker;
 use super::network::{Network, NetworkFaults, Node, Packet};
@@ -20,10 +16,13 @@ use super::storage::Storage;
 mod clients;
 mod lifecycle;
 mod options;
+mod trace;
 
 use clients::Client;
 pub(super) use clients::{applied_result, check_reply_result, one_message_batch, request_frame};
 pub use options::{Faults, SimOptions, Wipe, WIPES_OVER_REPLICAS_MAX};
+pub use trace::Failure;
+pub(super) use trace::{check_non_voter, describe, Trace};
 
 /// Lines of trace kept for a failure report.
 pub const TRACE_LINES_MAX: usize = 400;
@@ -61,53 +60,6 @@ pub struct Summary {
     pub silent_wakes: u64,
     /// Journal appends past the head, deferred until the core asked again.
     pub deferred_appends: u64,
-}
-
-/// The last lines of a run's trace (when traced), each stamped with its tick.
-#[derive(Clone, Debug, Default)]
-pub(super) struct Trace {
-    lines: VecDeque<String>,
-}
-
-impl Trace {
-    /// Keeps `line()` at `now` when `on`, dropping the oldest past `max` lines.
-    pub(super) fn push(&mut self, on: bool, max: usize, now: u64, line: impl FnOnce() -> String) {
-        if on {
-            if self.lines.len() >= max {
-                self.lines.pop_front();
-            }
-            self.lines.push_back(format!("{now:>7} {}", line()));
-        }
-    }
-
-    /// The failure of a run with `seed` at tick `now`, with the lines kept.
-    pub(super) fn failure(&self, seed: u64, now: u64, reason: String) -> Failure {
-        Failure {
-            seed,
-            tick: now,
-            reason,
-            trace: self.lines.iter().cloned().collect(),
-        }
-    }
-}
-
-/// A failed run: the seed, what broke, and the last lines of trace (when traced).
-#[derive(Clone, Debug)]
-pub struct Failure {
-    pub seed: u64,
-    pub tick: u64,
-    pub reason: String,
-    pub trace: Vec<String>,
-}
-
-impl core::fmt::Display for Failure {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(
-            f,
-            "seed {} failed at tick {}: {}",
-            self.seed, self.tick, self.reason
-        )
-    }
 }
 
 /// The simulated cluster.
@@ -739,73 +691,6 @@ impl Cluster {
             .filter(|r| r.status() == Status::Normal && r.is_primary())
             .max_by_key(|r| r.view())
             .map(|r| r.replica())
-    }
-}
-
-/// A replica that may not vote sends no vote: no PrepareOk, StartViewChange,
-/// DoViewChange or StartView, and no client reply (it is never primary).
-pub(super) fn check_non_voter(r: u8, actions: &[Action]) -> Result<(), String> {
-    use crate::wire::Command;
-    for action in actions {
-        let frame = match action {
-            Action::Send { frame, .. } | Action::Broadcast { frame } => frame,
-            Action::Reply { .. } => {
-                return Err(format!("r{r} replied to a client while it may not vote"))
-            }
-            _ => continue,
-        };
-        let command = frame.header().command;
-        let vote = [
-            Command::PrepareOk,
-            Command::StartViewChange,
-            Command::DoViewChange,
-            Command::StartView,
-        ]
-        .iter()
-        .any(|c| *c as u8 == command);
-        if vote {
-            return Err(format!(
-                "r{r} sent {} while it may not vote",
-                describe(frame)
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// A short description of a frame for the trace.
-pub(super) fn describe(frame: &Frame) -> String {
-    let limits = Limits::default();
-    match decode(frame.as_bytes(), &limits) {
-        Ok(Message::Prepare(h, _)) => format!("Prepare v{} op{} c{}", h.frame.view, h.op, h.commit),
-        Ok(Message::RepairPrepare(h, _)) => format!("RepairPrepare op{}", h.op),
-        Ok(Message::PrepareOk(h)) => format!("PrepareOk v{} op{}", h.frame.view, h.op),
-        Ok(Message::Commit(h)) => format!("Commit v{} c{}", h.frame.view, h.commit),
-        Ok(Message::StartViewChange(h)) => format!("SVC v{}", h.frame.view),
-        Ok(Message::DoViewChange(h, s)) => format!(
-            "DVC v{} lv{} op{} c{} n{} nack{:b} present{:b}",
-            h.frame.view,
-            h.log_view,
-            h.op,
-            h.commit,
-            s.len(),
-            h.nack_bitset,
-            h.present_bitset
-        ),
-        Ok(Message::StartView(h, s)) => format!(
-            "SV v{} op{} c{} n{} inc{}",
-            h.frame.view,
-            h.op,
-            h.commit,
-            s.len(),
-            h.incarnation != 0
-        ),
-        Ok(Message::RequestStartView(h)) => format!("RSV v{}", h.frame.view),
-        Ok(Message::RequestPrepares(h)) => format!("RequestPrepares {}..={}", h.from_op, h.to_op),
-        Ok(Message::RepairDone(h)) => format!("RepairDone {}", h.op),
-        Ok(Message::RangeEvicted(h)) => format!("RangeEvicted {}", h.op),
-        Ok(m) => format!("{:?}", m.command()),
-        Err(e) => format!("invalid frame: {e:?}"),
     }
 }
 

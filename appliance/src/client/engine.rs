@@ -38,6 +38,17 @@ pub struct ClientOptions {
     pub max_message_size: u32,
     /// TLS to every node (the cluster's `tcp.tls`); None connects in plaintext.
     pub tls: Option<ClientTls>,
+    /// How long a node that failed an attempt (no reply within the timeout, a refused
+    /// or broken connection) is passed over when another node names it as the primary,
+    /// while some other node is left to ask. The backups of a primary that went silent
+    /// name it until their heartbeat timeout passes: going back to it would wait out
+    /// another reply (or connect) timeout while the cluster elects a new one.
+    pub failed_node_pause: Duration,
+    /// At login, also open and log in a connection to every other known node (best
+    /// effort), so a failover finds a logged-in connection at the new primary instead of
+    /// a new connection and a password check: an Argon2 check on a node that many
+    /// clients reach at once (they all fail over together) waits behind theirs.
+    pub standby_logins: bool,
 }
 
 impl Default for ClientOptions {
@@ -49,6 +60,8 @@ impl Default for ClientOptions {
             retry: RetryPolicy::default(),
             max_message_size: replication::wire::decode::MAX_MESSAGE_SIZE_DEFAULT,
             tls: None,
+            failed_node_pause: Duration::from_secs(1),
+            standby_logins: false,
         }
     }
 }
@@ -92,6 +105,8 @@ pub struct Client {
     cursor: usize,
     primaries: HashMap<u64, SocketAddr>,
     conns: HashMap<SocketAddr, Connection>,
+    /// Nodes whose last attempt failed, and when (`ClientOptions::failed_node_pause`).
+    failed: HashMap<SocketAddr, Instant>,
     credentials: Option<(String, Vec<u8>)>,
     user_id: Option<u32>,
     session: Option<Session>,
@@ -171,6 +186,7 @@ impl Client {
             cursor: 0,
             primaries: HashMap::new(),
             conns: HashMap::new(),
+            failed: HashMap::new(),
             credentials: None,
             user_id: None,
             session: None,
@@ -252,11 +268,17 @@ impl Client {
         let mut budget = Budget::new(self.options.retry, Instant::now(), self.next_jitter());
         let mut last = None;
         while budget.start_attempt(Instant::now()) {
-            let addr = self.target(METADATA_GROUP);
+            let addr = self.next_target(METADATA_GROUP);
             match self.ensure_conn(addr) {
-                Ok(()) => return self.user_id.ok_or(ClientError::NoServers),
+                Ok(()) => {
+                    let user_id = self.user_id.ok_or(ClientError::NoServers)?;
+                    if self.options.standby_logins {
+                        self.log_in_standby();
+                    }
+                    return Ok(user_id);
+                }
                 Err(e) if e.error.is_transient() => {
-                    self.forget(addr);
+                    self.failed_at(addr);
                     last = Some(e.error);
                     std::thread::sleep(budget.backoff(Instant::now()));
                 }
@@ -341,6 +363,55 @@ impl Client {
         if let Some(index) = self.nodes.iter().position(|a| *a == addr) {
             if index == self.cursor % self.nodes.len() {
                 self.cursor = (index + 1) % self.nodes.len();
+            }
+        }
+    }
+
+    /// Records that `addr` failed an attempt: its connection is dropped, it is nobody's
+    /// primary and the cursor moves past it.
+    fn failed_at(&mut self, addr: SocketAddr) {
+        self.forget(addr);
+        self.failed.insert(addr, Instant::now());
+    }
+
+    /// Whether `addr` failed an attempt within `failed_node_pause` and a node other
+    /// than `asked` (the one that named it) is left to ask instead.
+    fn paused(&self, addr: SocketAddr, asked: Option<SocketAddr>, now: Instant) -> bool {
+        let recent = |a: &SocketAddr| {
+            self.failed
+                .get(a)
+                .is_some_and(|at| now.duration_since(*at) < self.options.failed_node_pause)
+        };
+        recent(&addr) && self.nodes.iter().any(|a| Some(*a) != asked && !recent(a))
+    }
+
+    /// `target`, passing over nodes that failed lately while others are left.
+    fn next_target(&mut self, group: u64) -> SocketAddr {
+        let now = Instant::now();
+        if let Some(addr) = self.primaries.get(&group) {
+            if !self.paused(*addr, None, now) {
+                return *addr;
+            }
+        }
+        for _ in 0..self.nodes.len() {
+            let addr = self.nodes[self.cursor % self.nodes.len()];
+            if !self.paused(addr, None, now) {
+                return addr;
+            }
+            self.cursor = (self.cursor + 1) % self.nodes.len();
+        }
+        self.target(group)
+    }
+
+    /// Opens and logs in a connection to every known node that has none, best effort:
+    /// a node that cannot be reached now is connected to when a request needs it.
+    fn log_in_standby(&mut self) {
+        for addr in self.nodes.clone() {
+            if self.conns.get(&addr).is_some_and(|c| c.logged_in) {
+                continue;
+            }
+            if self.ensure_conn(addr).is_err() {
+                self.conns.remove(&addr);
             }
         }
     }
@@ -531,7 +602,7 @@ impl Client {
         let mut session = self.session.unwrap_or(Session { id: 0, request: 0 });
         let mut number = session.request + 1;
         while budget.start_attempt(Instant::now()) {
-            let addr = next_addr.take().unwrap_or_else(|| self.target(group));
+            let addr = next_addr.take().unwrap_or_else(|| self.next_target(group));
             let (session_id, request_number) = match kind {
                 Kind::Replicated => (session.id, number),
                 Kind::Read | Kind::Register => (0, 0),
@@ -548,7 +619,7 @@ impl Client {
                     if !e.error.is_transient() {
                         return Err(e.error);
                     }
-                    self.forget(addr);
+                    self.failed_at(addr);
                     last = Some(e.error);
                     std::thread::sleep(budget.backoff(Instant::now()));
                     continue;
@@ -561,6 +632,7 @@ impl Client {
                     (Status::NoSession, Vec::new())
                 }
                 Ok(Incoming::Reply { header, body }) => {
+                    self.failed.remove(&addr);
                     match Status::from_reply(header.status, &body) {
                         Some(status) => (status, body),
                         None => {
@@ -613,6 +685,18 @@ impl Client {
                             )
                         });
                     match to {
+                        Ok(to) if to != addr && self.paused(to, Some(addr), Instant::now()) => {
+                            // Named by a node that has not noticed its silence yet: ask
+                            // the others first.
+                            self.add_node(to);
+                            if self.primaries.get(&group) == Some(&addr) {
+                                self.primaries.remove(&group);
+                            }
+                            if let Some(index) = self.nodes.iter().position(|a| *a == addr) {
+                                self.cursor = (index + 1) % self.nodes.len();
+                            }
+                            std::thread::sleep(budget.backoff(Instant::now()));
+                        }
                         Ok(to) => {
                             self.set_primary(group, to);
                             redirects += 1;

@@ -98,6 +98,9 @@ struct FakePartition {
 pub struct FakeState {
     pub primary: u8,
     pub down: Vec<bool>,
+    /// Nodes that read requests (recorded) and never answer, as a host whose link went
+    /// down or that stalled: connections stay open.
+    pub silent: Vec<bool>,
     pub faults: Faults,
     pub received: Vec<Received>,
     /// (operation, session, request) of every replicated request applied.
@@ -121,6 +124,17 @@ impl FakeState {
                 self.users.push((user.into(), password.to_vec(), id));
             }
         }
+    }
+
+    fn record(&mut self, node: u8, header: &RequestHeader) {
+        self.received.push(Received {
+            node,
+            operation: header.operation,
+            read_command: header.read_command,
+            client: header.client,
+            session: header.session,
+            request: header.request,
+        });
     }
 
     /// Messages stored in a partition (sum over its batches).
@@ -150,6 +164,7 @@ impl FakeCluster {
             users: vec![("root".into(), b"secret".to_vec(), 1)],
             next_session: 100,
             down: vec![false; usize::from(nodes)],
+            silent: vec![false; usize::from(nodes)],
             ..FakeState::default()
         }));
         let stop = Arc::new(AtomicBool::new(false));
@@ -249,6 +264,9 @@ fn serve(replica: u8, mut stream: TcpStream, state: Arc<Mutex<FakeState>>) {
             let mut s = lock(&state);
             if s.down[usize::from(replica)] {
                 Answer::Close
+            } else if s.silent[usize::from(replica)] {
+                s.record(replica, &header);
+                continue;
             } else {
                 handle(&mut s, replica, &mut user, &header, body)
             }
@@ -300,14 +318,7 @@ fn handle(
     header: &RequestHeader,
     body: &[u8],
 ) -> Answer {
-    s.received.push(Received {
-        node: replica,
-        operation: header.operation,
-        read_command: header.read_command,
-        client: header.client,
-        session: header.session,
-        request: header.request,
-    });
+    s.record(replica, header);
     let Some(operation) = Operation::from_u8(header.operation) else {
         return Answer::Close;
     };

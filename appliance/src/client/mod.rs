@@ -12,7 +12,8 @@
 //! What is retried and why it is safe (docs/client-protocol.md, "What the client
 //! library retries"): connection loss, timeouts, Unavailable and PipelineFull are
 //! retried with backoff at the next node, with the same number; NotPrimary at the named
-//! primary. NoSession re-registers and resends only when no earlier attempt can have
+//! primary, unless that node just failed an attempt and another is left to ask (the
+//! backups of a silent primary name it until they notice). NoSession re-registers and resends only when no earlier attempt can have
 //! been applied; otherwise the call reports `SessionLost`. When a call fails after a
 //! possible delivery, the session is dropped so the abandoned number is never reused.
 //! Every reply frame passes `wire::decode` and is matched to its request (client,

@@ -323,6 +323,133 @@ fn logins(cluster: &FakeCluster) -> usize {
         .count()
 }
 
+fn logins_at(cluster: &FakeCluster, node: u8) -> usize {
+    cluster
+        .state()
+        .received
+        .iter()
+        .filter(|r| {
+            r.node == node
+                && r.operation == Operation::NonReplicated as u8
+                && r.read_command == crate::protocol::ReadCommand::Login as u32
+        })
+        .count()
+}
+
+/// A client of every node that waits `timeout` for a reply, and its partition.
+fn impatient(cluster: &FakeCluster, timeout: Duration) -> (Client, PartitionKey) {
+    let mut options = options();
+    options.request_timeout = timeout;
+    options.login_timeout = timeout;
+    options.retry.attempts_max = 200;
+    let mut client = Client::connect(&cluster.addrs, options).unwrap();
+    client.login("root", b"secret").unwrap();
+    let partition = topic(&mut client);
+    (client, partition)
+}
+
+#[test]
+fn a_silent_primary_is_not_gone_back_to_on_a_backups_say_so() {
+    let cluster = FakeCluster::start(3).unwrap();
+    let (mut client, partition) = impatient(&cluster, Duration::from_millis(300));
+    client.send_messages(partition, &batch(1)).unwrap();
+    // The primary's host goes silent; the backups keep naming it until, a while after
+    // the client gave up on it, node 1 takes over.
+    cluster.state().silent[0] = true;
+    let sent_before = sends(&cluster).len();
+    let cluster_ref = &cluster;
+    let takeover = std::thread::scope(|scope| {
+        scope.spawn(move || {
+            let started = Instant::now();
+            while sends(cluster_ref).len() == sent_before {
+                assert!(started.elapsed() < Duration::from_secs(5));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            // The client times out at 300 ms and then asks the backups.
+            std::thread::sleep(Duration::from_millis(500));
+            cluster_ref.state().primary = 1;
+        });
+        client.send_messages(partition, &batch(2))
+    });
+    takeover.unwrap();
+    let sends = sends(&cluster);
+    let last = sends.last().unwrap().2;
+    let attempts: Vec<u8> = sends.iter().filter(|s| s.2 == last).map(|s| s.0).collect();
+    assert_eq!(
+        attempts.iter().filter(|n| **n == 0).count(),
+        1,
+        "the silent node was asked once: {attempts:?}"
+    );
+    assert_eq!(attempts.last(), Some(&1), "{attempts:?}");
+    assert!(
+        attempts.iter().filter(|n| **n == 2).count() >= 1,
+        "the other backup was asked meanwhile: {attempts:?}"
+    );
+    assert_eq!(cluster.state().stored_messages(partition), 3);
+}
+
+#[test]
+fn a_failed_node_is_asked_again_when_no_other_is_left() {
+    let cluster = FakeCluster::start(2).unwrap();
+    let (mut client, partition) = impatient(&cluster, Duration::from_millis(200));
+    // Node 0, the primary, misses one reply; node 1 names it: with no third node to
+    // ask, the client goes back to it at once.
+    cluster.state().silent[0] = true;
+    let cluster_ref = &cluster;
+    let result = std::thread::scope(|scope| {
+        scope.spawn(move || {
+            let started = Instant::now();
+            while sends(cluster_ref).is_empty() {
+                assert!(started.elapsed() < Duration::from_secs(5));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            cluster_ref.state().silent[0] = false;
+        });
+        let started = Instant::now();
+        let result = client.send_messages(partition, &batch(1));
+        (result, started.elapsed())
+    });
+    result.0.unwrap();
+    assert!(
+        result.1 < Duration::from_millis(900),
+        "no pause while node 1 is the only other: {:?}",
+        result.1
+    );
+    let nodes: Vec<u8> = sends(&cluster).iter().map(|s| s.0).collect();
+    assert_eq!(nodes, vec![0, 1, 0], "{nodes:?}");
+}
+
+#[test]
+fn standby_logins_make_a_failover_need_no_new_login() {
+    let cluster = FakeCluster::start(3).unwrap();
+    let mut options = options();
+    options.standby_logins = true;
+    let mut client = Client::connect(&cluster.addrs, options).unwrap();
+    client.login("root", b"secret").unwrap();
+    assert_eq!(
+        (0..3).map(|n| logins_at(&cluster, n)).collect::<Vec<_>>(),
+        vec![1, 1, 1]
+    );
+    let partition = topic(&mut client);
+    cluster.state().primary = 2;
+    client.send_messages(partition, &batch(1)).unwrap();
+    assert_eq!(
+        logins(&cluster),
+        3,
+        "the new primary's connection was ready"
+    );
+    // Without them, the failover logs in at the new primary.
+    let plain = FakeCluster::start(3).unwrap();
+    let mut client = Client::connect(&plain.addrs, self::options()).unwrap();
+    client.login("root", b"secret").unwrap();
+    let partition = topic(&mut client);
+    assert_eq!(logins(&plain), 1);
+    plain.state().primary = 2;
+    client.send_messages(partition, &batch(1)).unwrap();
+    assert_eq!(logins_at(&plain, 2), 1);
+}
+
 #[test]
 fn connect_skips_nodes_that_do_not_answer() {
     let cluster = FakeCluster::start(2).unwrap();

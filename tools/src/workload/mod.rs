@@ -172,6 +172,9 @@ fn options(conn: &ConnectArgs) -> ClientOptions {
             total_timeout: Duration::from_millis(conn.retry_timeout_ms),
             ..RetryPolicy::default()
         },
+        // A failover then needs no new connection and password check at the new
+        // primary, which every producer thread reaches at once.
+        standby_logins: true,
         ..ClientOptions::default()
     }
 }

@@ -92,12 +92,9 @@ pub struct Cluster {
     /// Restarts that lost the disk (or the superblock), and the stream that decides them.
     pub wipes: u64,
     wipe_prng: Prng,
-    /// The slow stretch under way, the stream that decides them, packets waiting for a
-    /// paused replica, and how many stretches there were.
-    pub slow: Option<super::stretch::SlowStretch>,
-    pub(super) slow_prng: Prng,
-    pub(super) held: Vec<Packet>,
-    pub slow_stretches: u64,
+    /// The slow stretch under way, packets waiting for a paused replica, the stream
+    /// that decides stretches, and how many there were.
+    pub slow: super::stretch::SlowNodes,
     slow_skips_retired: u64,
     /// Latency of each client request in ticks (with `latency_samples`).
     pub latencies: Vec<u64>,
@@ -186,10 +183,7 @@ impl Cluster {
             drop_replies: false,
             wipes: 0,
             wipe_prng: Prng::new(options.seed ^ 0x0007_7195),
-            slow: None,
-            slow_prng: Prng::new(options.seed ^ 0x0051_0e56),
-            held: Vec::new(),
-            slow_stretches: 0,
+            slow: super::stretch::SlowNodes::new(Prng::new(options.seed ^ 0x0051_0e56)),
             slow_skips_retired: 0,
             latencies: Vec::new(),
             sleeps: vec![Sleep::default(); usize::from(n)],
@@ -262,7 +256,7 @@ impl Cluster {
                     state_transfers: self.state_transfers,
                     anchors_released: self.anchors_released,
                     wipes: self.wipes,
-                    slow_stretches: self.slow_stretches,
+                    slow_stretches: self.slow.started,
                     slow_skips: self.slow_skips(),
                     sleeps: self.sleeps_count,
                     silent_wakes: self.silent_wakes,
@@ -386,7 +380,7 @@ impl Cluster {
             }
         }
         for packet in self.network.deliver(self.now) {
-            if !self.hold_for_paused(&packet) {
+            if !self.slow.hold(&packet) {
                 self.deliver(packet)?;
             }
         }
@@ -537,7 +531,7 @@ impl Cluster {
                         .broadcast(self.now, r, n, frame.as_bytes(), &mut self.prng);
                 }
                 Action::JournalAppend { op, frame } => {
-                    let delay = 1 + self.prng.below(6) + self.write_lag(r);
+                    let delay = 1 + self.prng.below(6) + self.slow.write_lag(r);
                     if !self.storages[usize::from(r)].append(op, &frame, self.now + delay) {
                         self.log(|| {
                             format!("r{r} journal append of op {op} past the head deferred")

@@ -29,7 +29,7 @@ use super::cluster::{
 };
 use super::network::{Network, NetworkFaults, Node, Packet};
 use super::storage::Storage;
-use super::stretch::SlowStretch;
+use super::stretch::SlowNodes;
 
 mod clients;
 mod faults;
@@ -155,12 +155,9 @@ pub struct ManyCluster {
     silent_wakes_retired: u64,
     view_changes_retired: u64,
     slow_skips_retired: u64,
-    /// The slow stretch under way, the stream that decides them, and the packets that
-    /// wait for a paused node.
-    slow: Option<SlowStretch>,
-    slow_prng: Prng,
-    slow_stretches: u64,
-    held: Vec<Packet>,
+    /// The slow stretch under way, the packets that wait for a paused node, the stream
+    /// that decides stretches, and how many there were.
+    slow: SlowNodes,
     /// Per group, the ops whose journal entry was corrupted on some node (one at most),
     /// and the stream that decides corruption.
     corrupted: BTreeMap<u64, BTreeSet<u64>>,
@@ -242,10 +239,7 @@ impl ManyCluster {
             silent_wakes_retired: 0,
             view_changes_retired: 0,
             slow_skips_retired: 0,
-            slow: None,
-            slow_prng: Prng::new(options.seed ^ 0x0051_0e58),
-            slow_stretches: 0,
-            held: Vec::new(),
+            slow: SlowNodes::new(Prng::new(options.seed ^ 0x0051_0e58)),
             corrupted: BTreeMap::new(),
             // Its own stream, so the rest of a seed's draws stay as they were.
             corrupt_prng: Prng::new(options.seed ^ 0x0c0e_ea71),
@@ -320,7 +314,7 @@ impl ManyCluster {
             failover_asleep: asleep,
             failover_ticks: ticks,
             view_changes: self.view_changes_retired,
-            slow_stretches: self.slow_stretches,
+            slow_stretches: self.slow.started,
             slow_skips: self.slow_skips_retired,
             corruptions: self.corrupted.values().map(|ops| ops.len() as u64).sum(),
         };
@@ -544,11 +538,9 @@ impl ManyCluster {
             }
         }
         for packet in self.network.deliver(self.now) {
-            if self.paused_to(&packet) {
-                self.held.push(packet);
-                continue;
+            if !self.slow.hold(&packet) {
+                self.deliver(packet)?;
             }
-            self.deliver(packet)?;
         }
         for r in 0..self.options.replica_count {
             let i = usize::from(r);
@@ -638,7 +630,7 @@ impl ManyCluster {
                         .broadcast(self.now, r, n, frame.as_bytes(), &mut self.prng);
                 }
                 Action::JournalAppend { op, frame } => {
-                    let delay = 1 + self.prng.below(6) + SlowStretch::write_lag(self.slow, r);
+                    let delay = 1 + self.prng.below(6) + self.slow.write_lag(r);
                     let storage = self.storages[i].get_mut(&group).expect("every group");
                     // Past the head: deferred (the core asks again).
                     let _ = storage.append(op, &frame, self.now + delay);

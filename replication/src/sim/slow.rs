@@ -5,7 +5,7 @@
 //! takes extra ticks).
 
 use super::cluster::Cluster;
-use super::network::{Node, Packet};
+use super::network::Packet;
 pub use super::stretch::{SlowStretch, Slowness};
 
 impl Cluster {
@@ -15,42 +15,33 @@ impl Cluster {
         if self.replicas[usize::from(r)].is_none() {
             return;
         }
-        if let Slowness::Laggy { extra_ticks } = kind {
-            self.network.extra_latency[usize::from(r)] = extra_ticks;
-        }
-        self.slow = Some(SlowStretch {
+        let stretch = SlowStretch {
             replica: r,
             kind,
             until,
-        });
-        self.slow_stretches += 1;
+        };
+        self.slow.begin(stretch, &mut self.network);
         self.log(|| format!("r{r} slow ({kind:?}) until {until}"));
     }
 
     /// Ends the slow stretch: a paused replica receives what waited for it, in order.
     pub fn slow_end(&mut self) -> Vec<Packet> {
-        let Some(stretch) = self.slow.take() else {
+        let Some((r, held)) = self.slow.end(&mut self.network) else {
             return Vec::new();
         };
-        self.network.extra_latency[usize::from(stretch.replica)] = 0;
-        self.log(|| format!("r{} no longer slow", stretch.replica));
-        std::mem::take(&mut self.held)
+        self.log(|| format!("r{r} no longer slow"));
+        held
     }
 
     /// Each tick of the fault phase: ends a stretch that is over, maybe starts one.
     pub(super) fn slow_tick(&mut self) -> Result<(), String> {
-        if self.slow.is_some_and(|s| self.now >= s.until) {
+        if self.slow.over(self.now) {
             for packet in self.slow_end() {
                 self.deliver(packet)?;
             }
         }
-        let idle = self.faults_on && self.slow.is_none();
-        let (n, rate, now) = (
-            self.options.replica_count,
-            self.options.slow_per_10k,
-            self.now,
-        );
-        if let Some(stretch) = SlowStretch::maybe_start(&mut self.slow_prng, idle, rate, n, now) {
+        let (n, rate) = (self.options.replica_count, self.options.slow_per_10k);
+        if let Some(stretch) = self.slow.draw(self.faults_on, rate, n, self.now) {
             self.slow_down(stretch.replica, stretch.kind, stretch.until);
         }
         Ok(())
@@ -58,23 +49,7 @@ impl Cluster {
 
     /// Whether replica `r` is paused now.
     pub fn paused(&self, r: u8) -> bool {
-        SlowStretch::pauses(self.slow, r)
-    }
-
-    /// Extra ticks of a journal write on `r`.
-    pub(super) fn write_lag(&self, r: u8) -> u64 {
-        SlowStretch::write_lag(self.slow, r)
-    }
-
-    /// A packet for a paused replica waits for the end of the stretch; true if held.
-    pub(super) fn hold_for_paused(&mut self, packet: &Packet) -> bool {
-        match packet.to {
-            Node::Replica(r) if self.paused(r) => {
-                self.held.push(packet.clone());
-                true
-            }
-            _ => false,
-        }
+        self.slow.pauses(r)
     }
 }
 

@@ -15,7 +15,7 @@ impl Cluster {
             self.view_changes_retired += replica.counters().view_changes;
             self.slow_skips_retired += replica.slow_counts().0;
         }
-        if self.slow.is_some_and(|s| s.replica == r) {
+        if self.slow.slows(r) {
             // What waited for it is lost with its memory.
             let _ = self.slow_end();
         }
@@ -110,8 +110,8 @@ impl Cluster {
         // newcomer).
         if self.options.hibernate {
             self.network.drop_from(r);
-            self.held
-                .retain(|packet| !packet.from_replica_to_replica(r));
+            self.slow
+                .drop_held(|packet| packet.from_replica_to_replica(r));
         }
         for p in (0..self.options.replica_count).filter(|p| *p != r) {
             let p = usize::from(p);

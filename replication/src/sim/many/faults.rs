@@ -3,9 +3,8 @@
 
 use super::{node_counts, ManyCluster};
 use crate::sim::faults::cut_links;
-use crate::sim::network::{Node, Packet};
+use crate::sim::network::Packet;
 use crate::sim::storage::Storage;
-use crate::sim::stretch::{SlowStretch, Slowness};
 use crate::vsr::Replica;
 
 impl ManyCluster {
@@ -84,7 +83,7 @@ impl ManyCluster {
             self.slow_skips_retired += slow_skips;
         }
         // A slow node that crashes is slow no more; what waited for it is gone with it.
-        if self.slow.is_some_and(|s| s.replica == r) {
+        if self.slow.slows(r) {
             let _ = self.slow_end();
         }
         for group in self.groups.clone() {
@@ -246,50 +245,34 @@ impl ManyCluster {
     /// Each tick: ends a slow stretch that is over (a paused node receives what waited
     /// for it, in order), and during the fault phase maybe starts one on a node that is up.
     pub(super) fn slow_tick(&mut self) -> Result<(), String> {
-        if self.slow.is_some_and(|s| self.now >= s.until) {
+        if self.slow.over(self.now) {
             for packet in self.slow_end() {
                 self.deliver(packet)?;
             }
         }
-        let idle = self.faults_on && self.slow.is_none();
-        let (n, rate, now) = (
-            self.options.replica_count,
-            self.options.slow_per_10k,
-            self.now,
-        );
-        let Some(stretch) = SlowStretch::maybe_start(&mut self.slow_prng, idle, rate, n, now)
-        else {
+        let (n, rate) = (self.options.replica_count, self.options.slow_per_10k);
+        let Some(stretch) = self.slow.draw(self.faults_on, rate, n, self.now) else {
             return Ok(());
         };
         let r = stretch.replica;
         if self.nodes[usize::from(r)].is_none() {
             return Ok(());
         }
-        if let Slowness::Laggy { extra_ticks } = stretch.kind {
-            self.network.extra_latency[usize::from(r)] = extra_ticks;
-        }
-        self.slow = Some(stretch);
-        self.slow_stretches += 1;
+        self.slow.begin(stretch, &mut self.network);
         self.log(|| format!("r{r} slow ({:?}) until {}", stretch.kind, stretch.until));
         Ok(())
     }
 
     /// Ends the slow stretch; returns the packets that waited for a paused node.
     pub(super) fn slow_end(&mut self) -> Vec<Packet> {
-        let Some(stretch) = self.slow.take() else {
+        let Some((r, held)) = self.slow.end(&mut self.network) else {
             return Vec::new();
         };
-        self.network.extra_latency[usize::from(stretch.replica)] = 0;
-        self.log(|| format!("r{} no longer slow", stretch.replica));
-        std::mem::take(&mut self.held)
+        self.log(|| format!("r{r} no longer slow"));
+        held
     }
 
     pub(super) fn paused(&self, r: u8) -> bool {
-        SlowStretch::pauses(self.slow, r)
-    }
-
-    /// Whether `packet` goes to a paused node (it waits for the end of the stretch).
-    pub(super) fn paused_to(&self, packet: &Packet) -> bool {
-        matches!(packet.to, Node::Replica(r) if self.paused(r))
+        self.slow.pauses(r)
     }
 }

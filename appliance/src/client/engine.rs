@@ -403,13 +403,11 @@ impl Client {
         self.target(group)
     }
 
-    /// Opens and logs in a connection to every known node that has none, best effort:
-    /// a node that cannot be reached now is connected to when a request needs it.
+    /// Opens and logs in a connection to every known node that has none (`ensure_conn`
+    /// does nothing for one logged in already), best effort: a node that cannot be
+    /// reached now is connected to when a request needs it.
     fn log_in_standby(&mut self) {
         for addr in self.nodes.clone() {
-            if self.conns.get(&addr).is_some_and(|c| c.logged_in) {
-                continue;
-            }
             if self.ensure_conn(addr).is_err() {
                 self.conns.remove(&addr);
             }
@@ -687,8 +685,7 @@ impl Client {
                     match to {
                         Ok(to) if to != addr && self.paused(to, Some(addr), Instant::now()) => {
                             // Named by a node that has not noticed its silence yet: ask
-                            // the others first.
-                            self.add_node(to);
+                            // the others first (it failed an attempt, so it is known).
                             if self.primaries.get(&group) == Some(&addr) {
                                 self.primaries.remove(&group);
                             }

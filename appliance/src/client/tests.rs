@@ -311,15 +311,17 @@ fn unauthenticated_logs_in_again_and_resends() {
     assert_eq!(sends[0].2, sends[1].2);
 }
 
+fn is_login(r: &super::fake::Received) -> bool {
+    r.operation == Operation::NonReplicated as u8
+        && r.read_command == crate::protocol::ReadCommand::Login as u32
+}
+
 fn logins(cluster: &FakeCluster) -> usize {
     cluster
         .state()
         .received
         .iter()
-        .filter(|r| {
-            r.operation == Operation::NonReplicated as u8
-                && r.read_command == crate::protocol::ReadCommand::Login as u32
-        })
+        .filter(|r| is_login(r))
         .count()
 }
 
@@ -328,11 +330,7 @@ fn logins_at(cluster: &FakeCluster, node: u8) -> usize {
         .state()
         .received
         .iter()
-        .filter(|r| {
-            r.node == node
-                && r.operation == Operation::NonReplicated as u8
-                && r.read_command == crate::protocol::ReadCommand::Login as u32
-        })
+        .filter(|r| r.node == node && is_login(r))
         .count()
 }
 

@@ -91,6 +91,28 @@ impl Node {
         Ok((key, consumer))
     }
 
+    /// A partition opened from its checkpoint (a start, an installed transfer) applies
+    /// the group's journaled ops only once the group is normal again; until it has
+    /// applied all the group knows committed, its reads would answer from an earlier end
+    /// than it served before, so they are refused as Unavailable (retry). Once caught
+    /// up it stays serving: later commits it has yet to apply are reads' ordinary lag.
+    fn catching_up(&self, group: u64, stored: &partitions::Partition) -> bool {
+        if stored.caught_up.get() {
+            return false;
+        }
+        let Some(replica) = self.groups.get(group) else {
+            return false;
+        };
+        let known = replica.commit().max(replica.commit_max());
+        let caught_up = replica.status() == replication::vsr::Status::Normal
+            && stored.state.committed_op >= known;
+        stored.caught_up.set(caught_up);
+        if !caught_up {
+            self.reject("read_catching_up");
+        }
+        !caught_up
+    }
+
     /// Iggy's GetConsumerOffset, from committed state: an empty body when the consumer
     /// stores no offset there.
     pub(super) fn get_consumer_offset(
@@ -102,6 +124,9 @@ impl Node {
             Ok(found) => found,
             Err(status) => return (status, Vec::new()),
         };
+        if self.catching_up(key.pack().unwrap_or(0), stored) {
+            return (Status::Unavailable, Vec::new());
+        }
         match stored.offsets.get(consumer_key(consumer)) {
             Some(offset) => {
                 let reply = ConsumerOffsetReply {
@@ -214,6 +239,9 @@ impl Node {
     ) -> Result<PollRead, (Status, Vec<u8>)> {
         let (key, consumer, stored) = self.readable(user, target).map_err(|s| (s, Vec::new()))?;
         let (partition, group) = (key.partition, key.pack().unwrap_or(0));
+        if self.catching_up(group, stored) {
+            return Err((Status::Unavailable, Vec::new()));
+        }
         if auto_commit {
             // Storing the offset is a replicated write: only the partition's primary
             // polls with auto_commit.

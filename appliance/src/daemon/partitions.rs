@@ -34,6 +34,9 @@ pub struct Partition {
     /// What its committed ops made of it: the op and log offset applied up to, the
     /// last durable checkpoint's op.
     pub state: PartitionState,
+    /// Whether the partition has applied everything its group had committed, once
+    /// since it was opened: until then it serves no reads (`Node::catching_up`).
+    pub caught_up: std::cell::Cell<bool>,
 }
 
 impl Partition {
@@ -181,6 +184,7 @@ pub async fn open(
         offsets,
         prepares,
         state: PartitionState::opened(committed_op, committed_end),
+        caught_up: std::cell::Cell::new(false),
     };
     Ok(Opened {
         partition,

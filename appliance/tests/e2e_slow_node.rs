@@ -14,7 +14,11 @@
 //!
 //! The rate and length of each run: E2E_SLOW_RATE (messages/s, default 5,000 in a
 //! debug build, 30,000 in release) and E2E_SLOW_SECONDS (default 10). The figures at
-//! 100 MB/s on a quiet host are in docs/benchmarks.md.
+//! 100 MB/s on a quiet host are in docs/benchmarks.md. Each phase prints the CPU
+//! seconds each node spent in it. With E2E_SLOW_NICE set (root: the priority is
+//! restored afterwards), a slowed backup's threads run at nice 19 through its phase, as
+//! if it had a host of its own: its catch-up after each pause then does not take the
+//! CPU the other nodes and the producers share on this one.
 
 mod common;
 
@@ -282,9 +286,18 @@ fn produce(files: &ClusterFiles, topic: &str) -> Value {
 /// and how many slow acks came during one).
 fn slow_ack_sources(report: &Value) -> String {
     let probe = &report["disk_probe"];
+    let cpu: Vec<String> = report["node_cpu_s"]
+        .as_array()
+        .map(|nodes| {
+            nodes
+                .iter()
+                .map(|s| format!("{:.1}", s.as_f64().unwrap_or(0.0)))
+                .collect()
+        })
+        .unwrap_or_default();
     format!(
         "requests over {} ms from their send: {} (slowest {}), host disk probe: {} stalls, \
-         max {} ms, {} of {} acks over {} ms during a stall",
+         max {} ms, {} of {} acks over {} ms during a stall, CPU s per node {}{}",
         probe["stall_ms"],
         report["slow_requests"],
         report["slowest_request"].as_str().unwrap_or("-"),
@@ -293,6 +306,12 @@ fn slow_ack_sources(report: &Value) -> String {
         probe["slow_acks_with_host_stall"],
         probe["slow_acks"],
         probe["stall_ms"],
+        cpu.join(" / "),
+        if report["niced"] == true {
+            " (the slowed node at nice 19)"
+        } else {
+            ""
+        },
     )
 }
 
@@ -371,6 +390,38 @@ fn primary_of_topic(files: &ClusterFiles, topic_id: u64) -> usize {
     primaries[0] as usize
 }
 
+/// CPU seconds (user and system) process `pid` has spent so far.
+fn cpu_seconds(pid: i32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name's closing parenthesis: utime and stime are the 12th
+    // and 13th (proc(5) numbers them 14 and 15).
+    let fields: Vec<u64> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    // SAFETY: sysconf takes a constant and has no other effect.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    (fields.get(11).unwrap_or(&0) + fields.get(12).unwrap_or(&0)) as f64 / ticks
+}
+
+/// Sets the nice value of every thread of `pid`; false when the kernel refused one.
+fn renice(pid: i32, nice: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        let tid = task
+            .file_name()
+            .to_string_lossy()
+            .parse::<u32>()
+            .unwrap_or(0);
+        // SAFETY: setpriority takes plain integers; tid is a thread of the test's child.
+        tid != 0 && unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) } == 0
+    })
+}
+
 /// What slows a node down during a run.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Fault {
@@ -424,12 +475,29 @@ fn run_phase(
             }
         })
     });
+    let niced = paused
+        .filter(|r| *r != 0 && std::env::var_os("E2E_SLOW_NICE").is_some())
+        .filter(|r| renice(daemons[*r].pid(), 19));
     let pauser = match slow {
         Some((r, Fault::Paused)) => Some(Pauser::start(daemons[r].pid())),
         _ => None,
     };
-    let report = produce(files, topic);
+    let cpu_before: Vec<f64> = daemons.iter().map(|d| cpu_seconds(d.pid())).collect();
+    let mut report = produce(files, topic);
+    let cpu: Vec<f64> = daemons
+        .iter()
+        .zip(&cpu_before)
+        .map(|(d, before)| cpu_seconds(d.pid()) - before)
+        .collect();
+    report["node_cpu_s"] = serde_json::json!(cpu);
+    report["niced"] = Value::Bool(niced.is_some());
     let pauses = pauser.map_or(0, Pauser::finish) + disk.map_or(0, SlowDisk::finish);
+    if let Some(r) = niced {
+        assert!(
+            renice(daemons[r].pid(), 0),
+            "node {r}'s priority could not be restored (E2E_SLOW_NICE needs root)"
+        );
+    }
     stop_watch.store(true, Ordering::Relaxed);
     if let Some(w) = watcher {
         let _ = w.join();

@@ -124,9 +124,6 @@ impl Node {
             Ok(found) => found,
             Err(status) => return (status, Vec::new()),
         };
-        if self.catching_up(key.pack().unwrap_or(0), stored) {
-            return (Status::Unavailable, Vec::new());
-        }
         match stored.offsets.get(consumer_key(consumer)) {
             Some(offset) => {
                 let reply = ConsumerOffsetReply {
@@ -141,7 +138,8 @@ impl Node {
     }
 
     /// What a read of `user` names: its partition, the consumer's offset key and the
-    /// partition's storage here.
+    /// partition's storage here; Unavailable while that is still catching up after it
+    /// was opened (`catching_up`).
     fn readable(
         &self,
         user: u32,
@@ -151,12 +149,13 @@ impl Node {
         if !self.state.allows(user, key.stream, Right::Read) {
             return Err(Status::PermissionDenied);
         }
-        match key
+        let stored = key
             .pack()
             .ok()
-            .and_then(|g| self.partitions.by_group.get(&g))
-        {
-            Some(stored) => Ok((key, consumer, stored)),
+            .and_then(|g| Some((g, self.partitions.by_group.get(&g)?)));
+        match stored {
+            Some((group, stored)) if self.catching_up(group, stored) => Err(Status::Unavailable),
+            Some((_, stored)) => Ok((key, consumer, stored)),
             None => Err(self.missing_partition(key)),
         }
     }
@@ -239,9 +238,6 @@ impl Node {
     ) -> Result<PollRead, (Status, Vec<u8>)> {
         let (key, consumer, stored) = self.readable(user, target).map_err(|s| (s, Vec::new()))?;
         let (partition, group) = (key.partition, key.pack().unwrap_or(0));
-        if self.catching_up(group, stored) {
-            return Err((Status::Unavailable, Vec::new()));
-        }
         if auto_commit {
             // Storing the offset is a replicated write: only the partition's primary
             // polls with auto_commit.

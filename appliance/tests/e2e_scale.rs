@@ -183,11 +183,11 @@ fn a_topic_of_many_partitions_starts_without_stalling_any_node() {
     );
     // What the idle groups cost, for the record: CPU over 5 s, resident memory and open
     // files per node.
-    let cpu = |pids: &[i32]| -> u64 { pids.iter().map(|p| cpu_ticks(*p)).sum() };
+    let cpu = |pids: &[i32]| -> f64 { pids.iter().map(|p| cpu_seconds(*p)).sum() };
     let pids: Vec<i32> = daemons.iter().map(Daemon::pid).collect();
     let (t0, at) = (cpu(&pids), Instant::now());
     std::thread::sleep(Duration::from_secs(idle_secs()));
-    let cores = (cpu(&pids) - t0) as f64 / 100.0 / at.elapsed().as_secs_f64();
+    let cores = (cpu(&pids) - t0) / at.elapsed().as_secs_f64();
     for pid in &pids {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         let rss = status
@@ -396,20 +396,6 @@ const OPEN_FILES_BESIDE_PARTITIONS: usize = 64;
 /// Descriptors the process holds open.
 fn open_files(pid: i32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
-}
-
-fn cpu_ticks(pid: i32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after_name = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let field = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // Fields 14 and 15 of /proc/PID/stat, counted from the state (field 3) here.
-    field(11) + field(12)
 }
 
 /// The (name, is_primary, asleep, view, status) of every group `replica` reports.

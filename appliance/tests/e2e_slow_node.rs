@@ -390,22 +390,6 @@ fn primary_of_topic(files: &ClusterFiles, topic_id: u64) -> usize {
     primaries[0] as usize
 }
 
-/// CPU seconds (user and system) process `pid` has spent so far.
-fn cpu_seconds(pid: i32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name's closing parenthesis: utime and stime are the 12th
-    // and 13th (proc(5) numbers them 14 and 15).
-    let fields: Vec<u64> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .map(|f| f.parse().unwrap_or(0))
-        .collect();
-    // SAFETY: sysconf takes a constant and has no other effect.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    (fields.get(11).unwrap_or(&0) + fields.get(12).unwrap_or(&0)) as f64 / ticks
-}
-
 /// Sets the nice value of every thread of `pid`; false when the kernel refused one.
 fn renice(pid: i32, nice: i32) -> bool {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {

@@ -330,6 +330,22 @@ pub fn wait_healthy(files: &ClusterFiles, daemon: &mut Daemon, within: Duration)
     }
 }
 
+/// CPU seconds (user and system) process `pid` has spent so far (0 once it is gone).
+pub fn cpu_seconds(pid: i32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name's closing parenthesis: utime and stime are the 12th
+    // and 13th (proc(5) numbers them 14 and 15).
+    let fields: Vec<u64> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    // SAFETY: sysconf takes a constant and has no other effect.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    (fields.get(11).unwrap_or(&0) + fields.get(12).unwrap_or(&0)) as f64 / ticks
+}
+
 /// A minimal HTTP GET: status code and body.
 pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;

@@ -328,6 +328,17 @@ fn metadata_checkpoints_let_the_journal_wrap_across_restarts() {
     let files = ClusterFiles::new(1);
     let mut daemon = Daemon::start(&files, 0);
     wait_healthy(&files, &mut daemon, Duration::from_secs(30));
+    // A topic of many partitions: its CreateTopic reply body is over 4 KiB. It stays
+    // this session's last write, below the checkpoint the streams below cause.
+    let mut wide = logged_in(&files, 0xc3);
+    let (stream, _) = create_topic(&mut wide, "wide", "many", 1);
+    let wide_body = create_topic_body(stream, "partitions", 150);
+    let wide_reply = wide
+        .write(Operation::CreateTopic, &wide_body)
+        .expect("create topic");
+    assert_eq!(wide_reply.status(), Status::Ok);
+    assert!(wide_reply.body.len() > 4096, "{}", wide_reply.body.len());
+    let (wide_session, wide_request) = (wide.session, wide.request);
     let mut client = logged_in(&files, 0xc4);
     let mut request = 1;
     let mut create = |client: &mut Client, n: u64| {
@@ -346,15 +357,28 @@ fn metadata_checkpoints_let_the_journal_wrap_across_restarts() {
         }
     };
     create(&mut client, 400);
-    assert_eq!(stream_count(&mut client), 400);
+    assert_eq!(stream_count(&mut client), 401);
     // SIGKILL: the node restarts from its checkpoint and the journal above it.
     daemon.kill();
     let mut daemon = Daemon::start(&files, 0);
     wait_healthy(&files, &mut daemon, Duration::from_secs(30));
     let mut client = logged_in(&files, 0xc5);
-    assert_eq!(stream_count(&mut client), 400);
+    assert_eq!(stream_count(&mut client), 401);
+    // The retried CreateTopic, older than the checkpoint, gets its first reply whole from
+    // the checkpointed client table: the topic is not created twice.
+    let mut again = Client::connect(files.client_addr(0), 0xc3).expect("connect");
+    assert_eq!(
+        again.login("root", ROOT_PASSWORD).expect("login").status(),
+        Status::Ok
+    );
+    again.session = wide_session;
+    let retry = again
+        .call(Operation::CreateTopic as u8, 0, wide_request, &wide_body)
+        .expect("retried create topic");
+    assert_eq!(retry.status(), Status::Ok);
+    assert_eq!(retry.body, wide_reply.body, "the whole first reply");
     create(&mut client, 300);
-    assert_eq!(stream_count(&mut client), 700);
+    assert_eq!(stream_count(&mut client), 701);
     let snapshots: Vec<_> = std::fs::read_dir(files.data_dir(0).join("snapshots"))
         .expect("snapshots folder")
         .flatten()

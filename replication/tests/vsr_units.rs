@@ -742,6 +742,25 @@ fn a_reply_carries_the_applied_result_and_a_retry_gets_it_from_the_table() {
         });
         assert_eq!(resent.map(|f| reply_of(&f)), Some((0, Vec::new())));
     }
+    // A large body within the bound (a topic of many partitions) is kept whole, in the
+    // table and in its checkpoint's copy.
+    let wide = vec![9u8; 64 << 10];
+    let op = commit(&mut primary, 4);
+    let applied = Applied {
+        status: 0,
+        body: &wide,
+        keep_body: true,
+    };
+    assert!(primary.on_applied(op, applied).is_some());
+    assert_eq!(retry(&mut primary, 4), RequestOutcome::Replied);
+    let resent = primary.drain_actions().into_iter().find_map(|a| match a {
+        Action::Reply { frame, .. } => Some(frame),
+        _ => None,
+    });
+    assert_eq!(resent.map(|f| reply_of(&f)), Some((0, wide.clone())));
+    let table =
+        replication::vsr::ClientTable::decode(&primary.clients().encode(), 64).expect("decodes");
+    assert_eq!(table.get(0xb).map(|s| reply_of(&s.reply)), Some((0, wide)));
 }
 
 #[test]

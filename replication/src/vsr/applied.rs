@@ -4,7 +4,6 @@
 //! keeps it in the client table (for retries, and in checkpoints and state transfers)
 //! and returns it for the waiting client (`on_applied`: as the primary only).
 
-use super::client_table::REPLY_BODY_KEPT_MAX;
 use super::{Replica, Status};
 use crate::wire::{Frame, ReplyHeader};
 
@@ -80,7 +79,8 @@ impl Replica {
         }
         reply.status = applied.status;
         let frame = Frame::build(&reply, applied.body);
-        let kept = if applied.keep_body && applied.body.len() <= REPLY_BODY_KEPT_MAX {
+        // The table keeps bodies within its bounds.
+        let kept = if applied.keep_body {
             frame.clone()
         } else {
             Frame::build(&reply, &[])

@@ -6,6 +6,13 @@
 //! A session's reply is sealed once the committed op is applied (`apply`): the status and
 //! body the state machine gave, kept for retries and in checkpoints. Until then a retry
 //! of that request is in progress, never answered without its result.
+//!
+//! The bodies kept are bounded together (`REPLY_BODIES_KEPT_MAX`): sealing a reply that
+//! would pass the bound takes the bodies of the sessions committed longest ago, which
+//! keep their status. Every replica seals the same replies in the same order, so they
+//! keep the same bodies; a replica that restarted from a checkpoint taken while a reply
+//! waited for its result holds that one as its status alone, and may keep a body the
+//! others gave up (never the other way round for the reply it lacks).
 
 use std::collections::BTreeMap;
 
@@ -16,9 +23,14 @@ use crate::wire::{Frame, ReplyHeader, HEADER_SIZE};
 /// Sessions kept by default before the oldest is evicted.
 pub const CLIENTS_MAX_DEFAULT: usize = 64;
 
-/// The largest reply body a session keeps for retries (and checkpoints); a larger one
-/// is kept as its header alone (the status, no body).
-pub const REPLY_BODY_KEPT_MAX: usize = 4 << 10;
+/// The largest reply body a session keeps for retries (and checkpoints): the details of
+/// a topic of the most partitions a topic may have fit with room. A larger one is kept
+/// as its header alone (the status, no body).
+pub const REPLY_BODY_KEPT_MAX: usize = 1 << 20;
+
+/// The reply bodies one table keeps at most, all sessions together, so that a table and
+/// its checkpoints stay bounded whatever its sessions' replies were.
+pub const REPLY_BODIES_KEPT_MAX: usize = 32 << 20;
 
 /// One client's session.
 #[derive(Clone, Debug)]
@@ -56,6 +68,8 @@ pub enum Lookup<'a> {
 pub struct ClientTable {
     sessions: BTreeMap<u128, Session>,
     clients_max: usize,
+    /// Body bytes of the sessions' replies together (at most `REPLY_BODIES_KEPT_MAX`).
+    bodies: usize,
 }
 
 impl ClientTable {
@@ -65,7 +79,13 @@ impl ClientTable {
         ClientTable {
             sessions: BTreeMap::new(),
             clients_max,
+            bodies: 0,
         }
+    }
+
+    /// Body bytes of the replies kept, all sessions together.
+    pub fn reply_bodies(&self) -> usize {
+        self.bodies
     }
 
     /// Sessions held.
@@ -142,21 +162,23 @@ impl ClientTable {
                 .min_by_key(|(_, s)| s.op)
                 .map(|(client, _)| *client);
             if let Some(oldest) = oldest {
-                self.sessions.remove(&oldest);
+                self.remove(oldest);
                 evicted = Some(oldest);
             }
         }
-        self.sessions.insert(
-            client,
-            Session {
-                session: op,
-                request: 0,
-                op,
-                reply,
-                applied: false,
-            },
-        );
+        self.bodies += body_len(&reply);
+        let session = Session {
+            session: op,
+            request: 0,
+            op,
+            reply,
+            applied: false,
+        };
+        if let Some(replaced) = self.sessions.insert(client, session) {
+            self.bodies -= body_len(&replaced.reply);
+        }
         assert!(self.sessions.len() <= self.clients_max);
+        self.make_room(client);
         evicted
     }
 
@@ -165,10 +187,12 @@ impl ClientTable {
     pub fn commit(&mut self, client: u128, request: u64, op: u64, reply: Frame) -> bool {
         match self.sessions.get_mut(&client) {
             Some(s) if request > s.request => {
+                self.bodies = self.bodies - body_len(&s.reply) + body_len(&reply);
                 s.request = request;
                 s.op = op;
                 s.reply = reply;
                 s.applied = false;
+                self.make_room(client);
                 true
             }
             _ => false,
@@ -176,21 +200,58 @@ impl ClientTable {
     }
 
     /// Seals the reply of `client`'s op `op` once the op is applied; false when the
-    /// session is gone or has moved on to a later op.
+    /// session is gone or has moved on to a later op. A body over `REPLY_BODY_KEPT_MAX`
+    /// is kept as the header alone; one that would take the table's bodies past
+    /// `REPLY_BODIES_KEPT_MAX` takes the bodies of the sessions committed longest ago.
     pub fn apply(&mut self, client: u128, op: u64, reply: Frame) -> bool {
+        let reply = if body_len(&reply) > REPLY_BODY_KEPT_MAX {
+            header_only(&reply)
+        } else {
+            reply
+        };
         match self.sessions.get_mut(&client) {
             Some(s) if s.op == op => {
+                self.bodies = self.bodies - body_len(&s.reply) + body_len(&reply);
                 s.reply = reply;
                 s.applied = true;
-                true
             }
-            _ => false,
+            _ => return false,
         }
+        self.make_room(client);
+        true
     }
 
     /// Ends a session (Logout).
     pub fn remove(&mut self, client: u128) {
-        self.sessions.remove(&client);
+        if let Some(session) = self.sessions.remove(&client) {
+            self.bodies -= body_len(&session.reply);
+        }
+    }
+
+    /// Takes reply bodies, from the session committed longest ago on, until the table's
+    /// bodies are within `REPLY_BODIES_KEPT_MAX`, never `client`'s own: the bound is
+    /// above `REPLY_BODY_KEPT_MAX`, so the session just sealed always keeps its body.
+    fn make_room(&mut self, client: u128) {
+        if self.bodies <= REPLY_BODIES_KEPT_MAX {
+            return;
+        }
+        let mut oldest: Vec<(u64, u128)> = self
+            .sessions
+            .iter()
+            .filter(|(c, s)| **c != client && body_len(&s.reply) > 0)
+            .map(|(c, s)| (s.op, *c))
+            .collect();
+        oldest.sort_unstable();
+        for (_, other) in oldest {
+            if self.bodies <= REPLY_BODIES_KEPT_MAX {
+                break;
+            }
+            if let Some(s) = self.sessions.get_mut(&other) {
+                self.bodies -= body_len(&s.reply);
+                s.reply = header_only(&s.reply);
+            }
+        }
+        assert!(self.bodies <= REPLY_BODIES_KEPT_MAX);
     }
 
     /// The table as a checkpoint keeps it: a reply not applied yet is taken as applied
@@ -233,7 +294,8 @@ impl ClientTable {
     }
 
     /// Decodes `encode`'s bytes; every reply must be a Reply frame as built, with a body
-    /// of at most `REPLY_BODY_KEPT_MAX`, and the sessions must fit `clients_max`.
+    /// of at most `REPLY_BODY_KEPT_MAX` and all of them together within
+    /// `REPLY_BODIES_KEPT_MAX`, and the sessions must fit `clients_max`.
     /// (Replies are client frames, which carry no checksum: the file holding the table
     /// must checksum it.)
     pub fn decode(bytes: &[u8], clients_max: usize) -> Result<ClientTable, &'static str> {
@@ -269,6 +331,10 @@ impl ClientTable {
             if rebuilt.as_bytes() != reply {
                 return Err("client table: a reply is not a sealed Reply frame");
             }
+            table.bodies += size - HEADER_SIZE;
+            if table.bodies > REPLY_BODIES_KEPT_MAX {
+                return Err("client table: reply bodies over the bound");
+            }
             let session = Session {
                 session: u64_at(16),
                 request: u64_at(24),
@@ -298,8 +364,22 @@ impl Session {
     }
 }
 
+/// The body bytes of a reply frame.
+fn body_len(reply: &Frame) -> usize {
+    reply.as_bytes().len() - HEADER_SIZE
+}
+
+/// `reply` (a Reply frame, as every kept reply is) with its status and no body.
+fn header_only(reply: &Frame) -> Frame {
+    let header = ReplyHeader::read_from_bytes(&reply.as_bytes()[..HEADER_SIZE])
+        .expect("a 256-byte prefix reads as a ReplyHeader");
+    Frame::build(&header, &[])
+}
+
 /// Bytes of one encoded session before its reply's body.
 const SESSION_HEAD_LEN: usize = 16 + 8 + 8 + 8 + HEADER_SIZE;
+
+const _: () = assert!(REPLY_BODY_KEPT_MAX < REPLY_BODIES_KEPT_MAX);
 
 #[cfg(test)]
 mod tests {
@@ -410,6 +490,62 @@ mod tests {
         assert!(back
             .get(7)
             .is_some_and(|s| s.applied && s.reply.as_bytes() == reply(10).as_bytes()));
+    }
+
+    #[test]
+    fn large_bodies_are_kept_within_the_tables_bound_oldest_given_up_first() {
+        let mut table = ClientTable::new(64);
+        let body = |i: u8| vec![i; REPLY_BODY_KEPT_MAX];
+        let sessions = REPLY_BODIES_KEPT_MAX / REPLY_BODY_KEPT_MAX;
+        // Client i commits op 100 + i; all their bodies fit the bound exactly.
+        for i in 0..sessions as u8 {
+            let (client, op) = (u128::from(i), 100 + u64::from(i));
+            table.register(client, op, reply(op));
+            assert!(table.apply(client, op, applied(op, &body(i))));
+        }
+        assert_eq!(table.reply_bodies(), REPLY_BODIES_KEPT_MAX);
+        // One more byte anywhere takes the oldest session's body (client 0), not the
+        // sealing one's, and not the others'.
+        let last = sessions as u128;
+        table.register(last, 500, reply(500));
+        assert!(table.apply(last, 500, applied(500, b"x")));
+        let body_of = |table: &ClientTable, client: u128| {
+            table
+                .get(client)
+                .map(|s| s.reply.as_bytes().len() - HEADER_SIZE)
+        };
+        assert_eq!(body_of(&table, 0), Some(0), "the oldest keeps its status");
+        assert_eq!(body_of(&table, 1), Some(REPLY_BODY_KEPT_MAX));
+        assert_eq!(body_of(&table, last), Some(1));
+        assert_eq!(
+            table.reply_bodies(),
+            REPLY_BODIES_KEPT_MAX - REPLY_BODY_KEPT_MAX + 1
+        );
+        let status = table
+            .get(0)
+            .map(|s| ReplyHeader::read_from_prefix(s.reply.as_bytes()));
+        assert!(matches!(status, Some(Ok((h, _))) if h.status == 7 && h.op == 100));
+        // The bytes round-trip, and a table past the bound is refused.
+        let bytes = table.encode();
+        let back = ClientTable::decode(&bytes, 64).expect("decodes");
+        assert_eq!(back.reply_bodies(), table.reply_bodies());
+        let mut over = table.clone();
+        over.sessions.get_mut(&0).expect("client 0").reply = applied(100, &body(0));
+        assert!(
+            ClientTable::decode(&over.encode(), 64).is_err(),
+            "over the bound"
+        );
+        // A body past the per-reply bound is kept as its status; a new request, a
+        // logout and an eviction give their bodies' room back.
+        assert!(table.commit(last, 1, 501, reply(501)));
+        assert!(table.apply(last, 501, applied(501, &vec![1; REPLY_BODY_KEPT_MAX + 1])));
+        assert_eq!(body_of(&table, last), Some(0));
+        assert!(table.commit(1, 1, 502, reply(502)));
+        table.remove(2);
+        assert_eq!(
+            table.reply_bodies(),
+            REPLY_BODIES_KEPT_MAX - 3 * REPLY_BODY_KEPT_MAX
+        );
     }
 
     #[test]

@@ -45,7 +45,9 @@ mod timeout;
 mod view_change;
 
 pub use applied::Applied;
-pub use client_table::{ClientTable, Session, CLIENTS_MAX_DEFAULT, REPLY_BODY_KEPT_MAX};
+pub use client_table::{
+    ClientTable, Session, CLIENTS_MAX_DEFAULT, REPLY_BODIES_KEPT_MAX, REPLY_BODY_KEPT_MAX,
+};
 pub use groups::{Groups, RouteError, SleepStats};
 pub use hibernate::{PeerLiveness, Sleep, Woke, BROADCASTS_BEFORE_SLEEP, REFRESH_HEARTBEATS};
 pub use log::{Log, Slot};

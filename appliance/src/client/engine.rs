@@ -5,17 +5,16 @@ use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use replication::wire::registry::EvictionReason;
 use replication::wire::{Frame, Header, Limits, Operation, RequestHeader, METADATA_GROUP};
 
 use super::conn::{ClientTls, Connection, ExchangeError, Incoming};
 use super::error::ClientError;
-use super::retry::{proves_not_applied, step_for, Budget, RetryPolicy, Step};
-use crate::protocol::reply::{
-    reason_text, strip_result_section, LoginReply, NotPrimaryReply, RegisterReply,
-};
+use super::retry::{Budget, RetryPolicy};
+use crate::protocol::reply::{reason_text, LoginReply, RegisterReply};
 use crate::protocol::request::PROTOCOL_VERSION;
 use crate::protocol::{ClientRequest, ClientVersion, Credentials, ReadCommand, Status};
+
+mod attempts;
 
 /// The SDK name this library gives in a Register.
 pub const SDK_NAME: &str = "appliance-client";
@@ -575,185 +574,6 @@ impl Client {
             self.session = None;
         }
         result
-    }
-
-    fn call_attempts(
-        &mut self,
-        group: u64,
-        request: &ClientRequest<'_>,
-        fate: &mut Fate,
-    ) -> Result<Vec<u8>, ClientError> {
-        let (operation, read_command) = request.operation();
-        let kind = match operation {
-            Operation::NonReplicated => Kind::Read,
-            Operation::Register => Kind::Register,
-            _ => Kind::Replicated,
-        };
-        let body = request.encode();
-        if kind == Kind::Replicated && self.session.is_none() {
-            self.register()?;
-        }
-        let mut budget = Budget::new(self.options.retry, Instant::now(), self.next_jitter());
-        let mut last = None;
-        let mut next_addr: Option<SocketAddr> = None;
-        let mut redirects = 0u32;
-        let mut session = self.session.unwrap_or(Session { id: 0, request: 0 });
-        let mut number = session.request + 1;
-        while budget.start_attempt(Instant::now()) {
-            let addr = next_addr.take().unwrap_or_else(|| self.next_target(group));
-            let (session_id, request_number) = match kind {
-                Kind::Replicated => (session.id, number),
-                Kind::Read | Kind::Register => (0, 0),
-            };
-            self.request_high = self.request_high.max(request_number);
-            let frame = self.frame(operation, read_command, session_id, request_number, &body);
-            let incoming = self.ensure_conn(addr).and_then(|()| {
-                let timeout = self.options.request_timeout;
-                self.exchange(addr, &frame, request_number, operation, timeout)
-            });
-            let (status, reply_body) = match incoming {
-                Err(e) => {
-                    fate.maybe_applied |= e.delivered && kind == Kind::Replicated;
-                    if !e.error.is_transient() {
-                        return Err(e.error);
-                    }
-                    self.failed_at(addr);
-                    last = Some(e.error);
-                    std::thread::sleep(budget.backoff(Instant::now()));
-                    continue;
-                }
-                Ok(Incoming::Eviction { reason, .. }) => {
-                    if reason != EvictionReason::NoSession as u8 {
-                        self.session = None;
-                        return Err(ClientError::evicted(reason));
-                    }
-                    (Status::NoSession, Vec::new())
-                }
-                Ok(Incoming::Reply { header, body }) => {
-                    self.failed.remove(&addr);
-                    match Status::from_reply(header.status, &body) {
-                        Some(status) => (status, body),
-                        None => {
-                            self.forget(addr);
-                            last = Some(ClientError::UnexpectedReply {
-                                server: addr,
-                                what: format!("unknown status {}", header.status),
-                            });
-                            fate.maybe_applied |= kind == Kind::Replicated;
-                            std::thread::sleep(budget.backoff(Instant::now()));
-                            continue;
-                        }
-                    }
-                }
-            };
-            if !proves_not_applied(status) && kind == Kind::Replicated {
-                // Decided: the number is used whether the status is Ok or final.
-                fate.decided = true;
-                session.request = number;
-                if self.session.map(|s| s.id) == Some(session.id) {
-                    self.session = Some(session);
-                }
-            }
-            let refused = ClientError::Status {
-                status,
-                reason: reason_text(&reply_body),
-            };
-            match step_for(status) {
-                Step::Done if status == Status::Ok => {
-                    // The body moves on as it is (a poll's is megabytes) unless a result
-                    // section leads it.
-                    let mut body = reply_body;
-                    let section = body.len()
-                        - strip_result_section(operation as u8, &body)
-                            .map_err(|e| ClientError::body(addr, "result section", e))?
-                            .len();
-                    body.drain(..section);
-                    return Ok(body);
-                }
-                Step::Done => return Err(refused),
-                Step::Redirect => {
-                    let to = NotPrimaryReply::decode(&reply_body)
-                        .map_err(|e| ClientError::body(addr, "NotPrimary", e))
-                        .and_then(|r| {
-                            resolve(&r.address)?.into_iter().next().ok_or(
-                                ClientError::UnexpectedReply {
-                                    server: addr,
-                                    what: format!("NotPrimary names no address: {}", r.address),
-                                },
-                            )
-                        });
-                    match to {
-                        Ok(to) if to != addr && self.paused(to, Some(addr), Instant::now()) => {
-                            // Named by a node that has not noticed its silence yet: ask
-                            // the others first (it failed an attempt, so it is known).
-                            if self.primaries.get(&group) == Some(&addr) {
-                                self.primaries.remove(&group);
-                            }
-                            if let Some(index) = self.nodes.iter().position(|a| *a == addr) {
-                                self.cursor = (index + 1) % self.nodes.len();
-                            }
-                            std::thread::sleep(budget.backoff(Instant::now()));
-                        }
-                        Ok(to) => {
-                            self.set_primary(group, to);
-                            redirects += 1;
-                            if to == addr || redirects > 1 {
-                                // Redirected back to the node that refused, or nodes that
-                                // disagree about the primary (a view change in progress):
-                                // give them time to settle instead of spinning.
-                                std::thread::sleep(budget.backoff(Instant::now()));
-                            }
-                            next_addr = Some(to);
-                        }
-                        Err(error) => {
-                            self.forget(addr);
-                            last = Some(error);
-                            std::thread::sleep(budget.backoff(Instant::now()));
-                            continue;
-                        }
-                    }
-                    last = Some(refused);
-                }
-                Step::RetrySame => {
-                    last = Some(refused);
-                    next_addr = Some(addr);
-                    std::thread::sleep(budget.backoff(Instant::now()));
-                }
-                Step::RetryElsewhere => {
-                    last = Some(refused);
-                    self.pass_over(addr);
-                    std::thread::sleep(budget.backoff(Instant::now()));
-                }
-                Step::Relogin => {
-                    if self.credentials.is_none() {
-                        return Err(refused);
-                    }
-                    if let Some(conn) = self.conns.get_mut(&addr) {
-                        conn.logged_in = false;
-                    }
-                    last = Some(refused);
-                    next_addr = Some(addr);
-                }
-                Step::SessionGone => {
-                    self.session = None;
-                    match kind {
-                        Kind::Read | Kind::Register => return Err(refused),
-                        Kind::Replicated if fate.maybe_applied => {
-                            return Err(ClientError::SessionLost { request: number });
-                        }
-                        Kind::Replicated => {
-                            // Every attempt so far was refused unapplied: safe to resend
-                            // under a new session as its first request.
-                            self.register()?;
-                            session = self.session.unwrap_or(Session { id: 0, request: 0 });
-                            number = session.request + 1;
-                            last = Some(refused);
-                        }
-                    }
-                }
-            }
-        }
-        Err(self.exhausted(&budget, fate.maybe_applied, last))
     }
 
     /// NonReplicated reads go to the group's cached primary (read-your-writes when it is

@@ -22,6 +22,33 @@ fn batch(messages: u32) -> Vec<u8> {
     bytes
 }
 
+/// Client tables as checkpoints hold them: empty, sessions with small replies (one
+/// waiting for its result), and one reply with a large body.
+fn client_tables() -> Vec<(&'static str, replication::vsr::ClientTable)> {
+    use replication::vsr::ClientTable;
+    let reply = |op: u64, body: &[u8]| {
+        let mut header = ReplyHeader::new();
+        header.op = op;
+        header.client = 7;
+        Frame::build(&header, body)
+    };
+    let mut small = ClientTable::new(16);
+    small.register(7, 10, reply(10, b""));
+    small.apply(7, 10, reply(10, b"registered"));
+    small.commit(7, 1, 11, reply(11, b""));
+    small.commit_request(9, 5, 12, reply(12, b""));
+    small.apply(9, 12, reply(12, &[3; 40]));
+    let mut large = ClientTable::new(16);
+    large.register(7, 10, reply(10, b""));
+    large.commit(7, 1, 11, reply(11, b""));
+    large.apply(7, 11, reply(11, &[5; 9000]));
+    vec![
+        ("empty", ClientTable::new(16)),
+        ("small", small),
+        ("large_body", large),
+    ]
+}
+
 fn main() -> std::io::Result<()> {
     let out = std::env::args()
         .nth(1)
@@ -106,8 +133,14 @@ fn main() -> std::io::Result<()> {
     for count in [1, 2, 5] {
         std::fs::write(batch_dir.join(format!("batch_{count}")), batch(count))?;
     }
+
+    let table_dir = out.join("client_table_decode");
+    std::fs::create_dir_all(&table_dir)?;
+    for (name, table) in client_tables() {
+        std::fs::write(table_dir.join(name), table.encode())?;
+    }
     println!(
-        "wrote {} frame seeds and 3 batch seeds under {}",
+        "wrote {} frame seeds, 3 batch seeds and 3 client tables under {}",
         frames.len() + 1,
         out.display()
     );

@@ -280,6 +280,15 @@ fn regression_seeds() {
     sweep(7, 3, 5_000, false);
     sweep(30, 3, 5_000, false);
     sweep(30, 3, 5_000, true);
+    // 100264 (50,000 ticks, partition plane): the primary of view 38 prepared ops
+    // 184-187; a backup got 186 and 187 but never 185, and the primary restarted unable
+    // to vouch for 185. A merge of the two found no header for 185 and kept it anyway
+    // (one nack of the two needed), so the forming primary waited for a body nobody
+    // could send; it persisted its log view with a suffix ending at the hole, crashed,
+    // and could vouch for nothing after: views changed for the remaining 50,000 ticks.
+    // A merge now waits for more DVCs while a kept op has no header (the third replica,
+    // of an older log view, nacks it).
+    sweep(100_264, 3, 50_000, true);
 }
 
 /// Sleeping idle replicas (`vsr/hibernate.rs`): seeds that found liveness bugs.

@@ -363,6 +363,14 @@ impl Replica {
         let own = self.config.replica;
         for op in commit_max + 1..=op_new {
             let Some(header) = canonical.get(&op) else {
+                // No DVC has this op's header, so none presents its body. Merged around
+                // the hole, the view starts only if a peer's unverified copy turns up,
+                // and its superblock suffix ends at the hole: restarted, the merged log
+                // could vouch for nothing. While DVCs are missing, wait for them: they
+                // bring the header or nack the op away.
+                if self.dvcs.len() < usize::from(self.config.replica_count) {
+                    return;
+                }
                 continue;
             };
             let held_here = self.log.slot(op).is_some_and(|s| {

@@ -329,7 +329,7 @@ fn metadata_checkpoints_let_the_journal_wrap_across_restarts() {
     let mut daemon = Daemon::start(&files, 0);
     wait_healthy(&files, &mut daemon, Duration::from_secs(30));
     // A topic of many partitions: its CreateTopic reply body is over 4 KiB. It stays
-    // this session's last write, below the checkpoint the streams below cause.
+    // client 0xc3's last write, below the checkpoint the streams below cause.
     let mut wide = logged_in(&files, 0xc3);
     let (stream, _) = create_topic(&mut wide, "wide", "many", 1);
     let wide_body = create_topic_body(stream, "partitions", 150);

@@ -272,12 +272,7 @@ impl ClientTable {
     /// header alone and reads back as applied (an op below a checkpoint is never applied
     /// again).
     pub fn encode(&self) -> Vec<u8> {
-        let bodies: usize = self
-            .sessions
-            .values()
-            .map(|s| s.reply.as_bytes().len())
-            .sum();
-        let mut out = Vec::with_capacity(4 + self.sessions.len() * SESSION_HEAD_LEN + bodies);
+        let mut out = Vec::with_capacity(4 + self.sessions.len() * SESSION_HEAD_LEN + self.bodies);
         out.extend_from_slice(&(self.sessions.len() as u32).to_le_bytes());
         for (client, s) in &self.sessions {
             out.extend_from_slice(&client.to_le_bytes());
@@ -509,11 +504,8 @@ mod tests {
         let last = sessions as u128;
         table.register(last, 500, reply(500));
         assert!(table.apply(last, 500, applied(500, b"x")));
-        let body_of = |table: &ClientTable, client: u128| {
-            table
-                .get(client)
-                .map(|s| s.reply.as_bytes().len() - HEADER_SIZE)
-        };
+        let body_of =
+            |table: &ClientTable, client: u128| table.get(client).map(|s| body_len(&s.reply));
         assert_eq!(body_of(&table, 0), Some(0), "the oldest keeps its status");
         assert_eq!(body_of(&table, 1), Some(REPLY_BODY_KEPT_MAX));
         assert_eq!(body_of(&table, last), Some(1));

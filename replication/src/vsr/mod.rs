@@ -32,6 +32,7 @@ mod client_table;
 mod groups;
 mod hibernate;
 mod log;
+mod merge;
 mod normal;
 mod partition;
 mod recovery;

@@ -257,21 +257,7 @@ impl Replica {
         journal: &[JournalEntry],
         checkpoint: Option<(u64, PartitionPosition)>,
     ) -> Replica {
-        // A group starts in its initial view without writing it: a superblock of a lower
-        // view (never written, or written only as a default) stands for that view.
-        let initial_view = config.initial_view;
-        let mut raised;
-        let superblock = if !superblock.replacement
-            && !superblock.unformed
-            && superblock.log_view < initial_view
-        {
-            raised = superblock.clone();
-            raised.view = raised.view.max(initial_view);
-            raised.log_view = initial_view;
-            &raised
-        } else {
-            superblock
-        };
+        let superblock = &in_initial_view(superblock, config.initial_view);
         let mut replica = Replica::empty(config);
         if let Some((op, position)) = checkpoint {
             // Ops below the checkpoint's own are gone; its slot stays as the chain anchor.
@@ -284,79 +270,8 @@ impl Replica {
         replica.view = superblock.view;
         replica.log_view = superblock.log_view;
         replica.superblock = superblock.clone();
-        let limits = Limits::default();
-        let mut stamped = Vec::new();
-        let mut commit_known = 0;
-        for entry in journal {
-            if entry.op == 0 {
-                continue;
-            }
-            let header =
-                entry
-                    .bytes
-                    .as_ref()
-                    .and_then(|bytes| match decode(bytes.as_bytes(), &limits) {
-                        Ok(Message::Prepare(h, body)) if h.op == entry.op => {
-                            Some(Frame::build(h, body))
-                        }
-                        _ => None,
-                    });
-            let slot = replica.log.slot_mut(entry.op);
-            slot.durable = header.is_some();
-            // Faulty entries may have been prepared: never nack them.
-            slot.prepared = true;
-            if let Some(frame) = header {
-                let prepare = PrepareHeader::read_from_prefix(frame.as_bytes())
-                    .map(|(h, _)| h)
-                    .ok();
-                if let Some(prepare) = prepare {
-                    // Its primary had committed this far when it prepared it.
-                    commit_known = commit_known.max(prepare.commit);
-                    if prepare.frame.view == superblock.log_view {
-                        stamped.push(prepare);
-                    }
-                }
-                slot.frame = Some(frame);
-            }
-        }
-        // Ops at or below a checkpoint are applied: only the headers above it matter. The
-        // checkpoint op's own header is its anchor, never a suffix header (a stale suffix
-        // may name another prepare there, and would displace the committed one).
-        let floor = if checkpoint.is_some() {
-            replica.commit
-        } else {
-            replica.log.op_checkpoint
-        };
-        let top = superblock.headers.first().map(|h| h.op).unwrap_or(0);
-        for header in superblock.headers.iter().rev().filter(|h| h.op > floor) {
-            replica.log.set_canonical(header);
-        }
-        replica.log.op = top;
-        if checkpoint.is_some() {
-            // The checkpoint op is committed: its local prepare is canonical by the
-            // driver's contract, and anchors the chain of everything above.
-            let anchor = stamped_anchor(&replica, replica.commit);
-            if let Some(header) = anchor {
-                replica.log.set_canonical(&header);
-            }
-            replica.log.op = replica.log.op.max(replica.commit);
-        }
-        // Prepares stamped with log_view above the superblock suffix were appended in
-        // that view after it was installed: they are that view's log.
-        for header in stamped.iter().filter(|h| h.op > top.max(floor)) {
-            replica.log.set_canonical(header);
-            replica.log.op = replica.log.op.max(header.op);
-        }
-        // Below that, a suffix ends at the first op this replica never received: the ops
-        // under such a hole that it did receive (and may have acknowledged) are known by
-        // their own prepares, stamped with log_view and chained onto the op below.
-        stamped.sort_by_key(|h| h.op);
-        for header in stamped.iter().filter(|h| h.op > floor && h.op <= top) {
-            let below = replica.log.identity(header.op - 1);
-            if replica.log.header(header.op).is_none() && below == Some(header.parent) {
-                replica.log.set_canonical(header);
-            }
-        }
+        let read = replica.load_journal(journal, superblock.log_view);
+        replica.place_headers(superblock, read.stamped, checkpoint.is_some());
         let op = replica.log.op;
         // An unreadable entry above what we can place may be a prepare we acknowledged in
         // log_view: until a StartView decides the log we must not claim we never had it.
@@ -372,29 +287,120 @@ impl Replica {
         // Ops without a known identity above chain_floor cannot exist; below it the walk
         // learns identities from parent links.
         replica.walk_chain();
-        replica.commit_max = commit_known.min(replica.log.op).max(replica.commit);
+        replica.commit_max = read.commit_known.min(replica.log.op).max(replica.commit);
         replica.rebuild_positions();
         replica.incarnation = replica.prng.next_u128();
-        if superblock.replacement && replica.config.replica_count > 1 {
+        replica.start_recovering();
+        replica
+    }
+
+    /// Puts the journal's entries in their slots: a readable prepare with its frame (and
+    /// durable), any other entry as faulty. Every entry counts as prepared: a faulty one
+    /// may have been acknowledged, so it is never nacked.
+    fn load_journal(&mut self, journal: &[JournalEntry], log_view: u32) -> JournalRead {
+        let limits = Limits::default();
+        let mut read = JournalRead {
+            stamped: Vec::new(),
+            commit_known: 0,
+        };
+        for entry in journal.iter().filter(|e| e.op != 0) {
+            let frame =
+                entry
+                    .bytes
+                    .as_ref()
+                    .and_then(|bytes| match decode(bytes.as_bytes(), &limits) {
+                        Ok(Message::Prepare(h, body)) if h.op == entry.op => {
+                            Some(Frame::build(h, body))
+                        }
+                        _ => None,
+                    });
+            let slot = self.log.slot_mut(entry.op);
+            slot.durable = frame.is_some();
+            slot.prepared = true;
+            let Some(frame) = frame else {
+                continue;
+            };
+            if let Ok((prepare, _)) = PrepareHeader::read_from_prefix(frame.as_bytes()) {
+                // Its primary had committed this far when it prepared it.
+                read.commit_known = read.commit_known.max(prepare.commit);
+                if prepare.frame.view == log_view {
+                    read.stamped.push(prepare);
+                }
+            }
+            slot.frame = Some(frame);
+        }
+        read
+    }
+
+    /// Sets the canonical headers the restart can vouch for: the superblock's suffix,
+    /// the checkpoint's anchor, and the prepares stamped with log_view that extend them.
+    fn place_headers(
+        &mut self,
+        superblock: &Superblock,
+        mut stamped: Vec<PrepareHeader>,
+        from_checkpoint: bool,
+    ) {
+        // Ops at or below a checkpoint are applied: only the headers above it matter. The
+        // checkpoint op's own header is its anchor, never a suffix header (a stale suffix
+        // may name another prepare there, and would displace the committed one).
+        let floor = if from_checkpoint {
+            self.commit
+        } else {
+            self.log.op_checkpoint
+        };
+        let top = superblock.headers.first().map(|h| h.op).unwrap_or(0);
+        for header in superblock.headers.iter().rev().filter(|h| h.op > floor) {
+            self.log.set_canonical(header);
+        }
+        self.log.op = top;
+        if from_checkpoint {
+            // The checkpoint op is committed: its local prepare is canonical by the
+            // driver's contract, and anchors the chain of everything above.
+            if let Some(header) = stamped_anchor(self, self.commit) {
+                self.log.set_canonical(&header);
+            }
+            self.log.op = self.log.op.max(self.commit);
+        }
+        // Prepares stamped with log_view above the superblock suffix were appended in
+        // that view after it was installed: they are that view's log.
+        for header in stamped.iter().filter(|h| h.op > top.max(floor)) {
+            self.log.set_canonical(header);
+            self.log.op = self.log.op.max(header.op);
+        }
+        // Below that, a suffix ends at the first op this replica never received: the ops
+        // under such a hole that it did receive (and may have acknowledged) are known by
+        // their own prepares, stamped with log_view and chained onto the op below.
+        stamped.sort_by_key(|h| h.op);
+        for header in stamped.iter().filter(|h| h.op > floor && h.op <= top) {
+            let below = self.log.identity(header.op - 1);
+            if self.log.header(header.op).is_none() && below == Some(header.parent) {
+                self.log.set_canonical(header);
+            }
+        }
+    }
+
+    /// The restarted replica's first step: a replacement catches up without a vote, a
+    /// lone replica elects itself, any other probes its peers with RequestStartView.
+    fn start_recovering(&mut self) {
+        if self.superblock.replacement && self.config.replica_count > 1 {
             // Still a replacement: what it holds helps it catch up, but it votes only
             // once a view vouched for it again. (One replica is the whole group: there
             // is nobody to catch up from.)
-            replica.start_census(false);
-            return replica;
+            self.start_census(false);
+            return;
         }
-        if replica.config.replica_count == 1 {
+        if self.config.replica_count == 1 {
             // A one-replica cluster has nobody to probe: its superblock and durable
             // journal are the whole cluster's state, so it elects itself at once rather
             // than waiting out the probe attempts.
-            let view = replica.view + 1;
-            replica.start_view_change(view);
-            return replica;
+            let view = self.view + 1;
+            self.start_view_change(view);
+            return;
         }
-        let frame = replica.request_start_view_frame(replica.view);
-        replica.actions.push_back(Action::Broadcast { frame });
-        let now = replica.now;
-        replica.timeout_probe.start(now, &mut replica.prng);
-        replica
+        let frame = self.request_start_view_frame(self.view);
+        self.actions.push_back(Action::Broadcast { frame });
+        let now = self.now;
+        self.timeout_probe.start(now, &mut self.prng);
     }
 
     /// Ops at or below `op` are in a checkpoint: drop them from memory. Repair requests
@@ -445,4 +451,23 @@ impl Replica {
         self.log.restore(Frame::build(header, body));
         true
     }
+}
+
+/// What a restart learned from its journal's readable prepares.
+struct JournalRead {
+    /// The prepares stamped with the superblock's log_view.
+    stamped: Vec<PrepareHeader>,
+    /// The highest commit point a readable prepare carries.
+    commit_known: u64,
+}
+
+/// A group starts in its initial view without writing it: a superblock of a lower view
+/// (never written, or written only as a default) stands for that view.
+fn in_initial_view(superblock: &Superblock, initial_view: u32) -> Superblock {
+    let mut superblock = superblock.clone();
+    if !superblock.replacement && !superblock.unformed && superblock.log_view < initial_view {
+        superblock.view = superblock.view.max(initial_view);
+        superblock.log_view = initial_view;
+    }
+    superblock
 }

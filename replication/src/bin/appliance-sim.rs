@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use replication::sim::{
-    partition_plane_group, run_many, run_seed, Failure, ManyOptions, SimOptions,
+    partition_plane_group, run_many, run_seed, Failure, ManyOptions, SimOptions, Summary,
 };
 
 #[derive(Parser, Debug)]
@@ -116,17 +116,10 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let (from, to) = match (&args.seed, &args.seeds) {
-        (Some(seed), None) => (*seed, seed + 1),
-        (None, Some(range)) => match parse_range(range) {
-            Some(range) => range,
-            None => {
-                eprintln!("appliance-sim: --seeds must be A..B with A < B, got {range}");
-                return ExitCode::from(2);
-            }
-        },
-        _ => {
-            eprintln!("appliance-sim: give --seed N or --seeds A..B");
+    let (from, to) = match seed_range(&args) {
+        Ok(range) => range,
+        Err(message) => {
+            eprintln!("appliance-sim: {message}");
             return ExitCode::from(2);
         }
     };
@@ -134,35 +127,11 @@ fn main() -> ExitCode {
         return many(&args, partitions, from, to);
     }
     let started = std::time::Instant::now();
-    let mut passed = 0u64;
-    let mut commits = 0u64;
-    let mut view_changes = 0u64;
-    let mut crashes = 0u64;
-    let mut checkpoint_restarts = 0u64;
-    let mut state_transfers = 0u64;
-    let mut anchors_released = 0u64;
-    let mut wipes = 0u64;
-    let mut slow_stretches = 0u64;
-    let mut slow_skips = 0u64;
-    let mut sleeps = 0u64;
-    let mut silent_wakes = 0u64;
-    let mut deferred_appends = 0u64;
+    let mut totals = Totals::default();
     for seed in from..to {
         match run_seed(options(&args, seed)) {
             Ok(summary) => {
-                passed += 1;
-                commits += summary.commit;
-                view_changes += summary.view_changes;
-                crashes += summary.crashes;
-                checkpoint_restarts += summary.checkpoint_restarts;
-                state_transfers += summary.state_transfers;
-                anchors_released += summary.anchors_released;
-                wipes += summary.wipes;
-                slow_stretches += summary.slow_stretches;
-                slow_skips += summary.slow_skips;
-                sleeps += summary.sleeps;
-                silent_wakes += summary.silent_wakes;
-                deferred_appends += summary.deferred_appends;
+                totals.add(&summary);
                 if to - from == 1 || args.trace {
                     println!("seed {seed}: ok {summary:?}");
                 }
@@ -171,25 +140,99 @@ fn main() -> ExitCode {
                 let mut replay = options(&args, seed);
                 replay.trace = true;
                 replay.trace_lines = args.trace_lines;
-                let flags = format!(
-                    "{}{}{}{}",
-                    if args.partition { " --partition" } else { "" },
-                    if args.no_defer_gaps {
-                        " --no-defer-gaps"
-                    } else {
-                        ""
-                    },
-                    fault_mix_flags(&args),
-                    if args.no_hibernate && !args.no_wipes && !args.no_slow {
-                        " --no-hibernate"
-                    } else {
-                        ""
-                    }
-                );
-                return failed(&args, seed, passed, &failure, run_seed(replay), &flags);
+                let flags = replay_flags(&args);
+                let replayed = run_seed(replay);
+                return failed(&args, seed, totals.passed, &failure, replayed, &flags);
             }
         }
     }
+    print_totals(&args, (from, to), &totals, started.elapsed().as_secs_f64());
+    ExitCode::SUCCESS
+}
+
+/// The seeds to run, from --seed or --seeds.
+fn seed_range(args: &Args) -> Result<(u64, u64), String> {
+    match (&args.seed, &args.seeds) {
+        (Some(seed), None) => Ok((*seed, seed + 1)),
+        (None, Some(range)) => {
+            parse_range(range).ok_or(format!("--seeds must be A..B with A < B, got {range}"))
+        }
+        _ => Err("give --seed N or --seeds A..B".to_string()),
+    }
+}
+
+/// What the passing seeds of a sweep added up to.
+#[derive(Default)]
+struct Totals {
+    passed: u64,
+    commits: u64,
+    view_changes: u64,
+    crashes: u64,
+    checkpoint_restarts: u64,
+    state_transfers: u64,
+    anchors_released: u64,
+    wipes: u64,
+    slow_stretches: u64,
+    slow_skips: u64,
+    sleeps: u64,
+    silent_wakes: u64,
+    deferred_appends: u64,
+}
+
+impl Totals {
+    fn add(&mut self, summary: &Summary) {
+        self.passed += 1;
+        self.commits += summary.commit;
+        self.view_changes += summary.view_changes;
+        self.crashes += summary.crashes;
+        self.checkpoint_restarts += summary.checkpoint_restarts;
+        self.state_transfers += summary.state_transfers;
+        self.anchors_released += summary.anchors_released;
+        self.wipes += summary.wipes;
+        self.slow_stretches += summary.slow_stretches;
+        self.slow_skips += summary.slow_skips;
+        self.sleeps += summary.sleeps;
+        self.silent_wakes += summary.silent_wakes;
+        self.deferred_appends += summary.deferred_appends;
+    }
+}
+
+/// The flags (after --ticks) that replay a seed of this sweep as it ran.
+fn replay_flags(args: &Args) -> String {
+    format!(
+        "{}{}{}{}",
+        if args.partition { " --partition" } else { "" },
+        if args.no_defer_gaps {
+            " --no-defer-gaps"
+        } else {
+            ""
+        },
+        fault_mix_flags(args),
+        if args.no_hibernate && !args.no_wipes && !args.no_slow {
+            " --no-hibernate"
+        } else {
+            ""
+        }
+    )
+}
+
+/// The sweep's line: JSON with --json, else a sentence.
+fn print_totals(args: &Args, (from, to): (u64, u64), totals: &Totals, seconds: f64) {
+    let Totals {
+        passed,
+        commits,
+        view_changes,
+        crashes,
+        checkpoint_restarts,
+        state_transfers,
+        anchors_released,
+        wipes,
+        slow_stretches,
+        slow_skips,
+        sleeps,
+        silent_wakes,
+        deferred_appends,
+    } = totals;
     if args.json {
         println!(
             "{{\"passed\": {passed}, \"failed_seed\": null, \"from\": {from}, \"to\": {to}, \
@@ -198,13 +241,12 @@ fn main() -> ExitCode {
              \"checkpoint_restarts\": {checkpoint_restarts}, \"state_transfers\": \
              {state_transfers}, \"anchors_released\": {anchors_released}, \"wipes\": {wipes}, \"slow_stretches\": {slow_stretches}, \
              \"slow_skips\": {slow_skips}, \"sleeps\": {sleeps}, \"silent_wakes\": \
-             {silent_wakes}, \"deferred_appends\": {deferred_appends}, \"seconds\": {:.1}}}",
+             {silent_wakes}, \"deferred_appends\": {deferred_appends}, \"seconds\": {seconds:.1}}}",
             args.replicas,
             args.ticks,
             args.partition,
-            started.elapsed().as_secs_f64()
         );
-        return ExitCode::SUCCESS;
+        return;
     }
     println!(
         "appliance-sim: {passed} seeds passed ({}..{}, {} replicas, {} ticks): {commits} ops \
@@ -213,14 +255,9 @@ fn main() -> ExitCode {
          commit points released from memory, {wipes} lost disks), \
          {slow_stretches} slow stretches ({slow_skips} backups skipped as slow), {sleeps} \
          sleeps of idle replicas ({silent_wakes} woken by a silent primary), \
-         {deferred_appends} journal appends past the head deferred, {:.1}s",
-        from,
-        to,
-        args.replicas,
-        args.ticks,
-        started.elapsed().as_secs_f64()
+         {deferred_appends} journal appends past the head deferred, {seconds:.1}s",
+        from, to, args.replicas, args.ticks,
     );
-    ExitCode::SUCCESS
 }
 
 /// Reports a failing seed (after `passed` seeds passed): the failure, the trace of its

@@ -29,106 +29,24 @@ impl PartitionLog {
         config: PartitionConfig,
     ) -> Result<(PartitionLog, OpenReport)> {
         config.validate()?;
-        std::fs::create_dir_all(dir).map_err(io("create directory", dir))?;
-        let mut bases: Vec<u64> = std::fs::read_dir(dir)
-            .map_err(io("list", dir))?
-            .filter_map(|e| e.ok())
-            .filter_map(|e| parse_segment_name(&e.file_name().to_string_lossy()))
-            .collect();
-        bases.sort_unstable();
+        let bases = segment_bases(dir).await?;
         let mut report = OpenReport::default();
-        if bases.is_empty() {
-            let path = dir.join(segment_file_name(0, "log"));
-            open_segment_file(&path, true)
-                .await?
-                .close()
-                .await
-                .map_err(io("close", &path))?;
-            sync_parent_dir(&path)?;
-            bases.push(0);
-        }
-        let mut segments = Vec::with_capacity(bases.len());
-        let mut last_timestamp = None;
-        let active_base = *bases.last().unwrap_or(&0);
-        let mut active_tail = Vec::new();
-        for &base in &bases {
-            let path = dir.join(segment_file_name(base, "log"));
-            let is_active = base == active_base;
-            if let Some(expected) = segments.last().map(|s: &Segment| s.next_offset) {
-                if expected != base {
-                    return Err(JournalError::SegmentCorrupt { path, position: 0 });
-                }
-            }
-            // A sealed segment with a valid index is not read (only its length is
-            // needed); the active one and any without an index are read and scanned.
-            let loaded = if is_active {
-                None
-            } else {
-                let len = std::fs::metadata(&path).map_err(io("stat", &path))?.len();
-                load_index(dir, base, len).map(|loaded| (loaded, len))
-            };
-            let segment = match loaded {
-                Some(((index, next_offset), len)) => Segment {
-                    base_offset: base,
-                    next_offset,
-                    len,
-                    index,
-                },
-                None if !is_active => {
-                    let segment = scan_sealed(&path, partition_id, base, config)?;
-                    report.rebuilt_indexes.push(base);
-                    write_index(dir, &segment)?;
-                    segment
-                }
-                None => {
-                    // The usual case, a clean end, is verified a window at a time; only
-                    // damage or a torn tail reads the file whole to tell which it is.
-                    let mut windowed =
-                        SealedScan::open(&path, partition_id, base, config, Vec::new())?;
-                    let clean = match windowed.step(u64::MAX) {
-                        Ok(_) => true,
-                        Err(JournalError::SegmentCorrupt { .. }) => false,
-                        Err(other) => return Err(other),
-                    };
-                    if clean {
-                        let segment = windowed.segment();
-                        last_timestamp = windowed.batches.last().map(|b| b.base_timestamp);
-                        let tail_start = sector_floor(segment.len);
-                        active_tail = vec![0u8; (segment.len - tail_start) as usize];
-                        windowed
-                            .file
-                            .read_exact_at(&mut active_tail, tail_start)
-                            .map_err(io("read", &path))?;
-                        segments.push(segment);
-                        continue;
-                    }
-                    let image = std::fs::read(&path).map_err(io("read", &path))?;
-                    let scan = scan_segment(&image, partition_id, base);
-                    match &scan.tail {
-                        SegmentTail::Clean => {}
-                        SegmentTail::Torn { position, .. } => {
-                            report.truncated_tail = Some((base, *position));
-                        }
-                        SegmentTail::Corrupt { position, .. }
-                        | SegmentTail::Discontinuity { position, .. } => {
-                            return Err(JournalError::SegmentCorrupt {
-                                path,
-                                position: *position,
-                            })
-                        }
-                    }
-                    last_timestamp = scan.batches.last().map(|b| b.base_timestamp);
-                    let tail_start = sector_floor(scan.valid_len) as usize;
-                    active_tail = image[tail_start..scan.valid_len as usize].to_vec();
-                    segment_of(base, &scan, config)
-                }
-            };
-            segments.push(segment);
-        }
-        let active_segment = segments
-            .last()
+        let mut segments: Vec<Segment> = Vec::with_capacity(bases.len());
+        let (&active_base, sealed) = bases
+            .split_last()
             .unwrap_or_else(|| unreachable!("one segment at least"));
-        let path = dir.join(segment_file_name(active_segment.base_offset, "log"));
+        for &base in sealed {
+            check_continues(dir, &segments, base)?;
+            segments.push(open_sealed(dir, base, partition_id, config, &mut report)?);
+        }
+        check_continues(dir, &segments, active_base)?;
+        let path = dir.join(segment_file_name(active_base, "log"));
+        let found = scan_active(&path, partition_id, active_base, config)?;
+        if let Some(position) = found.torn_at {
+            report.truncated_tail = Some((active_base, position));
+        }
+        segments.push(found.segment);
+        let active_segment = &segments[segments.len() - 1];
         let file = open_segment_file(&path, false).await?;
         if report.truncated_tail.is_some() {
             // Drop the torn bytes so they cannot be mistaken for data later.
@@ -137,8 +55,8 @@ impl PartitionLog {
                 .map_err(io("truncate", &path))?;
             file.fdatasync().await.map_err(io("fdatasync", &path))?;
         }
-        let tail = active_tail;
-        let last_timestamp = last_timestamp
+        let last_timestamp = found
+            .last_timestamp
             .or_else(|| {
                 segments
                     .iter()
@@ -154,13 +72,132 @@ impl PartitionLog {
             segments,
             active: Active {
                 file: Rc::new(file),
-                tail,
+                tail: found.tail,
             },
             last_timestamp,
             schedule: SyncSchedule::new(config.durability),
         };
         Ok((log, report))
     }
+}
+
+/// The base offsets of the segments in `dir`, ascending; an empty log gets its first
+/// segment file (base 0) created and made durable.
+async fn segment_bases(dir: &Path) -> Result<Vec<u64>> {
+    std::fs::create_dir_all(dir).map_err(io("create directory", dir))?;
+    let mut bases: Vec<u64> = std::fs::read_dir(dir)
+        .map_err(io("list", dir))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| parse_segment_name(&e.file_name().to_string_lossy()))
+        .collect();
+    bases.sort_unstable();
+    if bases.is_empty() {
+        let path = dir.join(segment_file_name(0, "log"));
+        open_segment_file(&path, true)
+            .await?
+            .close()
+            .await
+            .map_err(io("close", &path))?;
+        sync_parent_dir(&path)?;
+        bases.push(0);
+    }
+    Ok(bases)
+}
+
+/// A segment must start where the one before it ends.
+fn check_continues(dir: &Path, segments: &[Segment], base: u64) -> Result<()> {
+    match segments.last() {
+        Some(before) if before.next_offset != base => Err(JournalError::SegmentCorrupt {
+            path: dir.join(segment_file_name(base, "log")),
+            position: 0,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// A sealed segment: with a valid index it is not read (only its length is needed);
+/// without one it is verified and indexed again, and the index written.
+fn open_sealed(
+    dir: &Path,
+    base: u64,
+    partition_id: u64,
+    config: PartitionConfig,
+    report: &mut OpenReport,
+) -> Result<Segment> {
+    let path = dir.join(segment_file_name(base, "log"));
+    let len = std::fs::metadata(&path).map_err(io("stat", &path))?.len();
+    if let Some((index, next_offset)) = load_index(dir, base, len) {
+        return Ok(Segment {
+            base_offset: base,
+            next_offset,
+            len,
+            index,
+        });
+    }
+    let segment = scan_sealed(&path, partition_id, base, config)?;
+    report.rebuilt_indexes.push(base);
+    write_index(dir, &segment)?;
+    Ok(segment)
+}
+
+/// What scanning the active segment found.
+struct ActiveScan {
+    segment: Segment,
+    /// The bytes of its last, partial sector (what the next write rewrites).
+    tail: Vec<u8>,
+    last_timestamp: Option<u64>,
+    /// Where a torn tail starts, to be truncated.
+    torn_at: Option<u64>,
+}
+
+/// Scans the active segment. The usual case, a clean end, is verified a window at a
+/// time; only damage or a torn tail reads the file whole to tell which it is. Damage
+/// before the end is an error.
+fn scan_active(
+    path: &Path,
+    partition_id: u64,
+    base: u64,
+    config: PartitionConfig,
+) -> Result<ActiveScan> {
+    let mut windowed = SealedScan::open(path, partition_id, base, config, Vec::new())?;
+    match windowed.step(u64::MAX) {
+        Ok(_) => {
+            let segment = windowed.segment();
+            let tail_start = sector_floor(segment.len);
+            let mut tail = vec![0u8; (segment.len - tail_start) as usize];
+            windowed
+                .file
+                .read_exact_at(&mut tail, tail_start)
+                .map_err(io("read", path))?;
+            return Ok(ActiveScan {
+                segment,
+                tail,
+                last_timestamp: windowed.batches.last().map(|b| b.base_timestamp),
+                torn_at: None,
+            });
+        }
+        Err(JournalError::SegmentCorrupt { .. }) => {}
+        Err(other) => return Err(other),
+    }
+    let image = std::fs::read(path).map_err(io("read", path))?;
+    let scan = scan_segment(&image, partition_id, base);
+    let torn_at = match &scan.tail {
+        SegmentTail::Clean => None,
+        SegmentTail::Torn { position, .. } => Some(*position),
+        SegmentTail::Corrupt { position, .. } | SegmentTail::Discontinuity { position, .. } => {
+            return Err(JournalError::SegmentCorrupt {
+                path: path.into(),
+                position: *position,
+            })
+        }
+    };
+    let tail_start = sector_floor(scan.valid_len) as usize;
+    Ok(ActiveScan {
+        tail: image[tail_start..scan.valid_len as usize].to_vec(),
+        last_timestamp: scan.batches.last().map(|b| b.base_timestamp),
+        segment: segment_of(base, &scan, config),
+        torn_at,
+    })
 }
 
 fn load_index(dir: &Path, base: u64, log_len: u64) -> Option<(SparseIndex, u64)> {

@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use super::{Config, ConfigError};
+use super::{AuthConfig, Config, ConfigError, NodeConfig};
 
 /// Replicas a cluster may have.
 pub const REPLICAS_MAX: usize = 16;
@@ -12,11 +12,11 @@ pub const PIPELINE_MAX: u32 = 127;
 pub const MAX_BATCH_MAX: u32 = 512;
 const SECRET_LEN_MIN: usize = 32;
 
-fn err(
+fn err<T>(
     key: impl Into<String>,
     value: impl ToString,
     rule: impl Into<String>,
-) -> Result<(), ConfigError> {
+) -> Result<T, ConfigError> {
     Err(ConfigError::new(key, value.to_string(), rule))
 }
 
@@ -36,7 +36,44 @@ fn validate_cluster(config: &Config) -> Result<(), ConfigError> {
             "must not be empty: it derives the cluster id",
         );
     }
-    let nodes = &cluster.nodes;
+    let ids = validate_nodes(&cluster.nodes)?;
+    if let Some(id) = config.replica_id {
+        if !ids.contains(&id) {
+            return err(
+                "replica_id",
+                id,
+                "must be the replica_id of one of cluster.nodes",
+            );
+        }
+    }
+    validate_auth(&cluster.auth)?;
+    let tls = &cluster.tls;
+    if tls.enabled {
+        tls_files(
+            "cluster.tls",
+            &[
+                ("cert_file", &tls.cert_file),
+                ("key_file", &tls.key_file),
+                ("ca_file", &tls.ca_file),
+            ],
+        )?;
+    }
+    let client_tls = &config.tcp.tls;
+    if client_tls.enabled {
+        tls_files(
+            "tcp.tls",
+            &[
+                ("cert_file", &client_tls.cert_file),
+                ("key_file", &client_tls.key_file),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// The cluster's nodes: 1 to `REPLICAS_MAX`, dense unique replica ids, unique names,
+/// non-zero ports distinct across the cluster. Returns the replica ids.
+fn validate_nodes(nodes: &[NodeConfig]) -> Result<HashSet<u8>, ConfigError> {
     if nodes.is_empty() || nodes.len() > REPLICAS_MAX {
         return err(
             "cluster.nodes",
@@ -102,16 +139,12 @@ fn validate_cluster(config: &Config) -> Result<(), ConfigError> {
             }
         }
     }
-    if let Some(id) = config.replica_id {
-        if !ids.contains(&id) {
-            return err(
-                "replica_id",
-                id,
-                "must be the replica_id of one of cluster.nodes",
-            );
-        }
-    }
-    let auth = &cluster.auth;
+    Ok(ids)
+}
+
+/// The cluster's shared secrets: long enough, and the previous one (during a rotation)
+/// not the same as the current.
+fn validate_auth(auth: &AuthConfig) -> Result<(), ConfigError> {
     if auth.enabled && auth.shared_secret.len() < SECRET_LEN_MIN {
         return err(
             "cluster.auth.shared_secret",
@@ -134,27 +167,6 @@ fn validate_cluster(config: &Config) -> Result<(), ConfigError> {
                 "must differ from shared_secret",
             );
         }
-    }
-    let tls = &cluster.tls;
-    if tls.enabled {
-        tls_files(
-            "cluster.tls",
-            &[
-                ("cert_file", &tls.cert_file),
-                ("key_file", &tls.key_file),
-                ("ca_file", &tls.ca_file),
-            ],
-        )?;
-    }
-    let client_tls = &config.tcp.tls;
-    if client_tls.enabled {
-        tls_files(
-            "tcp.tls",
-            &[
-                ("cert_file", &client_tls.cert_file),
-                ("key_file", &client_tls.key_file),
-            ],
-        )?;
     }
     Ok(())
 }

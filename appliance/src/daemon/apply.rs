@@ -285,8 +285,6 @@ fn is_offset_op(operation: u8) -> bool {
         || operation == Operation::DeleteConsumerOffset as u8
 }
 
-/// The client-facing operation of a prepared one (docs/protocol.md, "Replication": the
-/// primary replaces some requests with internal operations).
 /// A reply as the client reads it: its own operation, and on a partition group its own
 /// request number (the core numbers a partition's requests per session).
 fn client_reply(group: u64, frame: Frame) -> Frame {
@@ -300,6 +298,8 @@ fn client_reply(group: u64, frame: Frame) -> Frame {
     Frame::build(&header, body)
 }
 
+/// The client-facing operation of a prepared one (docs/protocol.md, "Replication": the
+/// primary replaces some requests with internal operations).
 fn client_operation(operation: u8) -> u8 {
     match Operation::from_u8(operation) {
         Some(Operation::CreateTopicWithAssignments) => Operation::CreateTopic as u8,

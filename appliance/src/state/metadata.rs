@@ -415,6 +415,17 @@ impl MetadataState {
         self.streams.get_mut(&stream_id)?.topics.get_mut(&topic_id)
     }
 
+    fn group_mut(
+        &mut self,
+        stream_id: u32,
+        topic_id: u32,
+        group_id: u32,
+    ) -> Option<&mut ConsumerGroup> {
+        self.topic_mut(stream_id, topic_id)?
+            .groups
+            .get_mut(&group_id)
+    }
+
     /// Whether the cluster holds this partition.
     pub fn has_partition(&self, key: PartitionKey) -> bool {
         self.streams

@@ -253,6 +253,13 @@ fn storage(out: &mut Out, s: &Snapshot) {
 
 /// The consensus groups: counts by status, and each listed group's series.
 fn groups(out: &mut Out, s: &Snapshot) {
+    group_summary(out, s);
+    group_series(out, s);
+}
+
+/// The node's groups counted: by status, without quorum, led here, needing attention,
+/// asleep, listed.
+fn group_summary(out: &mut Out, s: &Snapshot) {
     let summary = &s.group_summary;
     out.family(
         "appliance_groups",
@@ -319,7 +326,11 @@ fn groups(out: &mut Out, s: &Snapshot) {
     ] {
         out.one(name, kind, help, value);
     }
+}
 
+/// One series per listed group: view, log view, op, commit, lag, primary, quorum and
+/// status.
+fn group_series(out: &mut Out, s: &Snapshot) {
     let group_gauges: [GroupSeries; 7] = [
         ("appliance_group_view", "Current view of the group.", |g| {
             u64::from(g.view)

@@ -11,7 +11,9 @@ use super::{
 use crate::protocol::reply::{PartitionReply, TopicDetailsReply};
 use crate::protocol::users::{TOKENS_PER_USER_MAX, USER_INACTIVE};
 use crate::protocol::Status;
+use crate::state::metadata::StreamPermission;
 use crate::state::ops::MetadataOp;
+use replication::wire::PartitionKey;
 
 impl MetadataState {
     /// Applies a committed op. Deterministic: validation against the state at this op
@@ -49,14 +51,7 @@ impl MetadataState {
                 topic_id,
                 message_expiry,
                 max_topic_size,
-            } => {
-                let Some(topic) = self.topic_mut(*stream_id, *topic_id) else {
-                    return Applied::fail(Status::NotFound);
-                };
-                topic.message_expiry = *message_expiry;
-                topic.max_topic_size = *max_topic_size;
-                Applied::ok(Vec::new())
-            }
+            } => self.set_topic_limits(*stream_id, *topic_id, *message_expiry, *max_topic_size),
             M::DeleteTopic {
                 stream_id,
                 topic_id,
@@ -69,50 +64,21 @@ impl MetadataState {
                 stream_id,
                 topic_id,
                 count,
-            } => {
-                let Some(topic) = self.topic_mut(*stream_id, *topic_id) else {
-                    return Applied::fail(Status::NotFound);
-                };
-                match topic.partition_count.checked_add(*count) {
-                    Some(total) if *count > 0 && total <= PARTITIONS_PER_TOPIC_MAX => {
-                        topic.partition_count = total;
-                        topic.reassign_groups();
-                        Applied::ok(total.to_le_bytes().to_vec())
-                    }
-                    _ => Applied::fail(Status::InvalidRequest),
-                }
-            }
+            } => self.create_partitions(*stream_id, *topic_id, *count),
             M::DeletePartitions {
                 stream_id,
                 topic_id,
                 count,
-            } => {
-                let Some(topic) = self.topic_mut(*stream_id, *topic_id) else {
-                    return Applied::fail(Status::NotFound);
-                };
-                if *count == 0 || *count >= topic.partition_count {
-                    return Applied::fail(Status::InvalidRequest);
-                }
-                topic.partition_count -= count;
-                topic.reassign_groups();
-                let remaining = topic.partition_count;
-                topic.retained_from.retain(|p, _| *p < remaining);
-                Applied::ok(remaining.to_le_bytes().to_vec())
-            }
+            } => self.delete_partitions(*stream_id, *topic_id, *count),
             M::TruncatePartition {
                 partition,
                 first_offset,
             } => {
-                let Some(topic) = self.topic_mut(partition.stream, partition.topic) else {
-                    return Applied::fail(Status::NotFound);
-                };
-                if partition.partition >= topic.partition_count {
-                    return Applied::fail(Status::NotFound);
+                if self.retain_from(*partition, *first_offset) {
+                    Applied::ok(Vec::new())
+                } else {
+                    Applied::fail(Status::NotFound)
                 }
-                // Never moves back: a later op naming a lower offset changes nothing.
-                let from = topic.retained_from.entry(partition.partition).or_default();
-                *from = (*from).max(*first_offset);
-                Applied::ok(Vec::new())
             }
             M::CreateUser {
                 username,
@@ -144,23 +110,7 @@ impl MetadataState {
                 name,
                 hash,
                 expiry_at,
-            } => {
-                let Some(user) = self.users.get_mut(&caller.user_id) else {
-                    return Applied::fail(Status::NotFound);
-                };
-                if user.tokens.contains_key(name) {
-                    return Applied::fail(Status::AlreadyExists);
-                }
-                if user.tokens.len() >= TOKENS_PER_USER_MAX {
-                    return Applied::fail(Status::LimitReached);
-                }
-                let token = Token {
-                    hash: hash.clone(),
-                    expiry_at: *expiry_at,
-                };
-                user.tokens.insert(name.clone(), token);
-                Applied::ok(Vec::new())
-            }
+            } => self.create_token(caller, name, hash, *expiry_at),
             M::DeleteToken { name } => {
                 let removed = self
                     .users
@@ -170,32 +120,11 @@ impl MetadataState {
             }
             M::Purge { partitions } => {
                 for (key, offset) in partitions {
-                    let Some(topic) = self.topic_mut(key.stream, key.topic) else {
-                        continue;
-                    };
-                    if key.partition < topic.partition_count {
-                        let from = topic.retained_from.entry(key.partition).or_default();
-                        *from = (*from).max(*offset);
-                    }
+                    self.retain_from(*key, *offset);
                 }
                 Applied::ok(Vec::new())
             }
-            M::UpdateStream { stream_id, name } => {
-                let taken = self
-                    .streams
-                    .iter()
-                    .any(|(id, s)| id != stream_id && s.name == *name);
-                if taken {
-                    return Applied::fail(Status::AlreadyExists);
-                }
-                match self.streams.get_mut(stream_id) {
-                    Some(stream) => {
-                        stream.name = name.clone();
-                        Applied::ok(Vec::new())
-                    }
-                    None => Applied::fail(Status::NotFound),
-                }
-            }
+            M::UpdateStream { stream_id, name } => self.update_stream(*stream_id, name),
             M::DeleteUser { user_id } => {
                 if *user_id == ROOT_USER_ID {
                     return Applied::fail(Status::PermissionDenied);
@@ -215,17 +144,7 @@ impl MetadataState {
             M::UpdatePermissions {
                 user_id,
                 permissions,
-            } => match self.users.get_mut(user_id) {
-                Some(user) if !user.root => {
-                    user.permissions = permissions
-                        .iter()
-                        .map(|p| (p.stream_id, p.bits()))
-                        .collect();
-                    Applied::ok(Vec::new())
-                }
-                Some(_) => Applied::fail(Status::PermissionDenied),
-                None => Applied::fail(Status::NotFound),
-            },
+            } => self.update_permissions(*user_id, permissions),
             M::CreateConsumerGroup {
                 stream_id,
                 topic_id,
@@ -248,21 +167,113 @@ impl MetadataState {
                 stream_id,
                 topic_id,
                 group_id,
-            } => {
-                let removed = self
-                    .topic_mut(*stream_id, *topic_id)
-                    .and_then(|t| t.groups.get_mut(group_id))
-                    .is_some_and(|group| {
-                        let removed = group.members.remove(&caller.client);
-                        group.generation += u64::from(removed);
-                        removed
-                    });
-                if removed {
-                    Applied::ok(Vec::new())
-                } else {
-                    Applied::fail(Status::NotFound)
-                }
+            } => self.leave_consumer_group(*stream_id, *topic_id, *group_id, caller.client),
+        }
+    }
+
+    fn set_topic_limits(
+        &mut self,
+        stream_id: u32,
+        topic_id: u32,
+        message_expiry: u64,
+        max_topic_size: u64,
+    ) -> Applied {
+        let Some(topic) = self.topic_mut(stream_id, topic_id) else {
+            return Applied::fail(Status::NotFound);
+        };
+        topic.message_expiry = message_expiry;
+        topic.max_topic_size = max_topic_size;
+        Applied::ok(Vec::new())
+    }
+
+    fn create_partitions(&mut self, stream_id: u32, topic_id: u32, count: u32) -> Applied {
+        let Some(topic) = self.topic_mut(stream_id, topic_id) else {
+            return Applied::fail(Status::NotFound);
+        };
+        match topic.partition_count.checked_add(count) {
+            Some(total) if count > 0 && total <= PARTITIONS_PER_TOPIC_MAX => {
+                topic.partition_count = total;
+                topic.reassign_groups();
+                Applied::ok(total.to_le_bytes().to_vec())
             }
+            _ => Applied::fail(Status::InvalidRequest),
+        }
+    }
+
+    fn delete_partitions(&mut self, stream_id: u32, topic_id: u32, count: u32) -> Applied {
+        let Some(topic) = self.topic_mut(stream_id, topic_id) else {
+            return Applied::fail(Status::NotFound);
+        };
+        if count == 0 || count >= topic.partition_count {
+            return Applied::fail(Status::InvalidRequest);
+        }
+        topic.partition_count -= count;
+        topic.reassign_groups();
+        let remaining = topic.partition_count;
+        topic.retained_from.retain(|p, _| *p < remaining);
+        Applied::ok(remaining.to_le_bytes().to_vec())
+    }
+
+    /// Raises the first offset a partition retains to `offset`; false when the partition
+    /// does not exist. Never moves back: a later op naming a lower offset changes nothing.
+    fn retain_from(&mut self, partition: PartitionKey, offset: u64) -> bool {
+        let Some(topic) = self.topic_mut(partition.stream, partition.topic) else {
+            return false;
+        };
+        if partition.partition >= topic.partition_count {
+            return false;
+        }
+        let from = topic.retained_from.entry(partition.partition).or_default();
+        *from = (*from).max(offset);
+        true
+    }
+
+    fn create_token(&mut self, caller: Caller, name: &str, hash: &str, expiry_at: u64) -> Applied {
+        let Some(user) = self.users.get_mut(&caller.user_id) else {
+            return Applied::fail(Status::NotFound);
+        };
+        if user.tokens.contains_key(name) {
+            return Applied::fail(Status::AlreadyExists);
+        }
+        if user.tokens.len() >= TOKENS_PER_USER_MAX {
+            return Applied::fail(Status::LimitReached);
+        }
+        let token = Token {
+            hash: hash.to_string(),
+            expiry_at,
+        };
+        user.tokens.insert(name.to_string(), token);
+        Applied::ok(Vec::new())
+    }
+
+    fn update_stream(&mut self, stream_id: u32, name: &str) -> Applied {
+        let taken = self
+            .streams
+            .iter()
+            .any(|(id, s)| *id != stream_id && s.name == name);
+        if taken {
+            return Applied::fail(Status::AlreadyExists);
+        }
+        match self.streams.get_mut(&stream_id) {
+            Some(stream) => {
+                stream.name = name.to_string();
+                Applied::ok(Vec::new())
+            }
+            None => Applied::fail(Status::NotFound),
+        }
+    }
+
+    fn update_permissions(&mut self, user_id: u32, permissions: &[StreamPermission]) -> Applied {
+        match self.users.get_mut(&user_id) {
+            Some(user) if !user.root => {
+                user.permissions = permissions
+                    .iter()
+                    .map(|p| (p.stream_id, p.bits()))
+                    .collect();
+                Applied::ok(Vec::new())
+            }
+            Some(_) => Applied::fail(Status::PermissionDenied),
+            None => Applied::fail(Status::NotFound),
         }
     }
 
@@ -405,9 +416,7 @@ impl MetadataState {
         group_id: u32,
         client: u128,
     ) -> Applied {
-        let group = self
-            .topic_mut(stream_id, topic_id)
-            .and_then(|t| t.groups.get_mut(&group_id));
+        let group = self.group_mut(stream_id, topic_id, group_id);
         match group {
             Some(group)
                 if group.members.len() < GROUP_MEMBERS_MAX || group.members.contains(&client) =>
@@ -419,6 +428,29 @@ impl MetadataState {
             }
             Some(_) => Applied::fail(Status::LimitReached),
             None => Applied::fail(Status::NotFound),
+        }
+    }
+
+    /// `client` leaves the group, which starts a new generation of its assignment; one
+    /// that is not a member gets NotFound.
+    fn leave_consumer_group(
+        &mut self,
+        stream_id: u32,
+        topic_id: u32,
+        group_id: u32,
+        client: u128,
+    ) -> Applied {
+        let removed = self
+            .group_mut(stream_id, topic_id, group_id)
+            .is_some_and(|group| {
+                let removed = group.members.remove(&client);
+                group.generation += u64::from(removed);
+                removed
+            });
+        if removed {
+            Applied::ok(Vec::new())
+        } else {
+            Applied::fail(Status::NotFound)
         }
     }
 }

@@ -18,16 +18,53 @@ impl MetadataState {
         now: u64,
     ) -> Result<MetadataOp, Status> {
         use ClientRequest as R;
-        let need = |stream: u32, right: Right| {
-            if self.allows(caller.user_id, stream, right) {
-                Ok(())
-            } else {
-                Err(Status::PermissionDenied)
-            }
-        };
+        match request {
+            R::CreateStream { .. }
+            | R::DeleteStream { .. }
+            | R::CreateTopic { .. }
+            | R::DeleteTopic { .. }
+            | R::CreatePartitions { .. }
+            | R::DeletePartitions { .. }
+            | R::DeleteSegments { .. }
+            | R::UpdateTopic { .. }
+            | R::PurgeStream { .. }
+            | R::PurgeTopic { .. }
+            | R::UpdateStream { .. } => self.prepare_stream_op(caller, request, now),
+            R::CreateUser { .. }
+            | R::ChangePassword { .. }
+            | R::DeleteUser { .. }
+            | R::UpdateUser { .. }
+            | R::UpdatePermissions { .. }
+            | R::DeleteToken { .. } => self.prepare_user_op(caller, request, now),
+            R::CreateConsumerGroup { .. }
+            | R::DeleteConsumerGroup { .. }
+            | R::JoinConsumerGroup { .. }
+            | R::LeaveConsumerGroup { .. } => self.prepare_group_op(caller, request),
+            // Sessions, partition-plane writes and reads are not metadata ops.
+            _ => Err(Status::InvalidRequest),
+        }
+    }
+
+    /// Whether the caller holds `right` on `stream` (stream 0: a cluster-wide right).
+    fn need(&self, caller: Caller, stream: u32, right: Right) -> Result<(), Status> {
+        if self.allows(caller.user_id, stream, right) {
+            Ok(())
+        } else {
+            Err(Status::PermissionDenied)
+        }
+    }
+
+    /// A stream, topic or partition op.
+    fn prepare_stream_op(
+        &self,
+        caller: Caller,
+        request: &ClientRequest<'_>,
+        now: u64,
+    ) -> Result<MetadataOp, Status> {
+        use ClientRequest as R;
         Ok(match request {
             R::CreateStream { name } => {
-                need(0, Right::Manage)?;
+                self.need(caller, 0, Right::Manage)?;
                 MetadataOp::CreateStream {
                     name: name.clone(),
                     created_at: now,
@@ -35,7 +72,7 @@ impl MetadataState {
             }
             R::DeleteStream { stream } => {
                 let stream_id = self.stream_id(stream).ok_or(Status::NotFound)?;
-                need(stream_id, Right::Manage)?;
+                self.need(caller, stream_id, Right::Manage)?;
                 MetadataOp::DeleteStream { stream_id }
             }
             R::CreateTopic {
@@ -45,7 +82,7 @@ impl MetadataState {
                 options,
             } => {
                 let stream_id = self.stream_id(stream).ok_or(Status::NotFound)?;
-                need(stream_id, Right::Manage)?;
+                self.need(caller, stream_id, Right::Manage)?;
                 let options = TopicOptions::parse(options).map_err(|refusal| refusal.status)?;
                 MetadataOp::CreateTopic {
                     stream_id,
@@ -61,7 +98,7 @@ impl MetadataState {
             }
             R::DeleteTopic { stream, topic } => {
                 let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
-                need(stream_id, Right::Manage)?;
+                self.need(caller, stream_id, Right::Manage)?;
                 MetadataOp::DeleteTopic {
                     stream_id,
                     topic_id,
@@ -73,7 +110,7 @@ impl MetadataState {
                 count,
             } => {
                 let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
-                need(stream_id, Right::Manage)?;
+                self.need(caller, stream_id, Right::Manage)?;
                 MetadataOp::CreatePartitions {
                     stream_id,
                     topic_id,
@@ -86,7 +123,7 @@ impl MetadataState {
                 count,
             } => {
                 let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
-                need(stream_id, Right::Manage)?;
+                self.need(caller, stream_id, Right::Manage)?;
                 MetadataOp::DeletePartitions {
                     stream_id,
                     topic_id,
@@ -105,7 +142,7 @@ impl MetadataState {
                     topic,
                     partition: *partition,
                 };
-                need(partition.stream, Right::Manage)?;
+                self.need(caller, partition.stream, Right::Manage)?;
                 // The node resolves the segment count to an offset from its own
                 // segments (daemon/retention.rs) before it prepares this.
                 MetadataOp::TruncatePartition {
@@ -120,15 +157,46 @@ impl MetadataState {
                 options,
             } => {
                 let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
-                need(stream_id, Right::Manage)?;
+                self.need(caller, stream_id, Right::Manage)?;
                 self.update_topic(stream_id, topic_id, name, options)?
             }
+            R::PurgeStream { stream } => {
+                let stream_id = self.stream_id(stream).ok_or(Status::NotFound)?;
+                self.need(caller, stream_id, Right::Manage)?;
+                self.purge(|key| key.stream == stream_id)?
+            }
+            R::PurgeTopic { stream, topic } => {
+                let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
+                self.need(caller, stream_id, Right::Manage)?;
+                self.purge(|key| key.stream == stream_id && key.topic == topic_id)?
+            }
+            R::UpdateStream { stream, name } => {
+                let stream_id = self.stream_id(stream).ok_or(Status::NotFound)?;
+                self.need(caller, stream_id, Right::Manage)?;
+                MetadataOp::UpdateStream {
+                    stream_id,
+                    name: name.clone(),
+                }
+            }
+            _ => return Err(Status::InvalidRequest),
+        })
+    }
+
+    /// A user or personal access token op.
+    fn prepare_user_op(
+        &self,
+        caller: Caller,
+        request: &ClientRequest<'_>,
+        now: u64,
+    ) -> Result<MetadataOp, Status> {
+        use ClientRequest as R;
+        Ok(match request {
             R::CreateUser { .. } | R::ChangePassword { .. } => {
                 let work = self.password_work(caller, request, now)?;
                 return work.map_or(Err(Status::InvalidRequest), PasswordWork::run);
             }
             R::DeleteUser { user } => {
-                need(0, Right::Manage)?;
+                self.need(caller, 0, Right::Manage)?;
                 let user_id = self.user_id(user).ok_or(Status::NotFound)?;
                 MetadataOp::DeleteUser { user_id }
             }
@@ -138,7 +206,7 @@ impl MetadataState {
                 status,
                 options,
             } => {
-                need(0, Right::Manage)?;
+                self.need(caller, 0, Right::Manage)?;
                 let user_id = self.user_id(user).ok_or(Status::NotFound)?;
                 MetadataOp::UpdateUser {
                     user_id,
@@ -148,7 +216,7 @@ impl MetadataState {
                 }
             }
             R::UpdatePermissions { user, permissions } => {
-                need(0, Right::Manage)?;
+                self.need(caller, 0, Right::Manage)?;
                 let user_id = self.user_id(user).ok_or(Status::NotFound)?;
                 MetadataOp::UpdatePermissions {
                     user_id,
@@ -156,31 +224,25 @@ impl MetadataState {
                 }
             }
             R::DeleteToken { name } => MetadataOp::DeleteToken { name: name.clone() },
-            R::PurgeStream { stream } => {
-                let stream_id = self.stream_id(stream).ok_or(Status::NotFound)?;
-                need(stream_id, Right::Manage)?;
-                self.purge(|key| key.stream == stream_id)?
-            }
-            R::PurgeTopic { stream, topic } => {
-                let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
-                need(stream_id, Right::Manage)?;
-                self.purge(|key| key.stream == stream_id && key.topic == topic_id)?
-            }
-            R::UpdateStream { stream, name } => {
-                let stream_id = self.stream_id(stream).ok_or(Status::NotFound)?;
-                need(stream_id, Right::Manage)?;
-                MetadataOp::UpdateStream {
-                    stream_id,
-                    name: name.clone(),
-                }
-            }
+            _ => return Err(Status::InvalidRequest),
+        })
+    }
+
+    /// A consumer group op.
+    fn prepare_group_op(
+        &self,
+        caller: Caller,
+        request: &ClientRequest<'_>,
+    ) -> Result<MetadataOp, Status> {
+        use ClientRequest as R;
+        Ok(match request {
             R::CreateConsumerGroup {
                 stream,
                 topic,
                 name,
             } => {
                 let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
-                need(stream_id, Right::Manage)?;
+                self.need(caller, stream_id, Right::Manage)?;
                 MetadataOp::CreateConsumerGroup {
                     stream_id,
                     topic_id,
@@ -190,7 +252,7 @@ impl MetadataState {
             R::DeleteConsumerGroup { group } => {
                 let (stream_id, topic_id, group_id) =
                     self.group_id(group).ok_or(Status::NotFound)?;
-                need(stream_id, Right::Manage)?;
+                self.need(caller, stream_id, Right::Manage)?;
                 MetadataOp::DeleteConsumerGroup {
                     stream_id,
                     topic_id,
@@ -200,7 +262,7 @@ impl MetadataState {
             R::JoinConsumerGroup { group } => {
                 let (stream_id, topic_id, group_id) =
                     self.group_id(group).ok_or(Status::NotFound)?;
-                need(stream_id, Right::Read)?;
+                self.need(caller, stream_id, Right::Read)?;
                 MetadataOp::JoinConsumerGroup {
                     stream_id,
                     topic_id,
@@ -210,14 +272,13 @@ impl MetadataState {
             R::LeaveConsumerGroup { group } => {
                 let (stream_id, topic_id, group_id) =
                     self.group_id(group).ok_or(Status::NotFound)?;
-                need(stream_id, Right::Read)?;
+                self.need(caller, stream_id, Right::Read)?;
                 MetadataOp::LeaveConsumerGroup {
                     stream_id,
                     topic_id,
                     group_id,
                 }
             }
-            // Sessions, partition-plane writes and reads are not metadata ops.
             _ => return Err(Status::InvalidRequest),
         })
     }

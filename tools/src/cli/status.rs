@@ -176,14 +176,7 @@ fn u(value: &Value) -> u64 {
 /// The report of one refresh: per node its groups, links and latencies, with op lag
 /// measured against the highest op any reachable node reports for the group.
 fn report(seed: SocketAddr, views: &[NodeView]) -> Report {
-    let mut highest_op: Map<String, Value> = Map::new();
-    for stats in views.iter().filter_map(|v| v.stats.as_ref().ok()) {
-        for g in stats["groups"].as_array().into_iter().flatten() {
-            let key = g["group"].as_str().unwrap_or("").to_string();
-            let op = u(&g["op"]).max(highest_op.get(&key).map_or(0, u));
-            highest_op.insert(key, json!(op));
-        }
-    }
+    let highest_op = highest_ops(views);
     let cluster = views
         .iter()
         .find_map(|v| v.stats.as_ref().ok())
@@ -195,141 +188,10 @@ fn report(seed: SocketAddr, views: &[NodeView]) -> Report {
         "cluster {cluster}: {up} of {} nodes up (via {seed})\n",
         views.len()
     );
-    let mut nodes = Vec::new();
-    for view in views {
-        let replica = view.replica.map_or("?".to_string(), |r| r.to_string());
-        let label = [replica.as_str(), view.name.as_str()]
-            .iter()
-            .filter(|s| !s.is_empty())
-            .copied()
-            .collect::<Vec<_>>()
-            .join(" ");
-        let stats = match &view.stats {
-            Ok(stats) => stats,
-            Err(error) => {
-                text.push_str(&format!("\nnode {label} {}: DOWN ({error})\n", view.http));
-                nodes.push(json!({
-                    "replica": view.replica, "name": view.name, "http": view.http.to_string(),
-                    "up": false, "error": error,
-                }));
-                continue;
-            }
-        };
-        let (healthy, health_reason) = match &view.health {
-            Some((200, _)) => (true, "healthy".to_string()),
-            Some((code, body)) => (false, format!("unhealthy ({code}): {}", body.trim())),
-            None => (false, "health unknown".to_string()),
-        };
-        let client_tls = &stats["client_tls"];
-        let tls_enabled = client_tls["enabled"].as_bool().unwrap_or(false);
-        text.push_str(&format!(
-            "\nnode {label} {}: up {}s, {health_reason}, client port {}\n",
-            view.http,
-            u(&stats["uptime_s"]),
-            match (tls_enabled, u(&client_tls["reload_failures"])) {
-                (false, _) => "plaintext".to_string(),
-                (true, 0) => "TLS".to_string(),
-                (true, failures) => format!(
-                    "TLS ({failures} certificate reloads failed: {})",
-                    client_tls["last_error"]
-                        .as_str()
-                        .unwrap_or("the last one succeeded")
-                ),
-            }
-        ));
-        let summary = &stats["group_summary"];
-        let listed = stats["groups"].as_array().map_or(0, Vec::len) as u64;
-        let total = summary["total"].as_u64().unwrap_or(listed);
-        if total > 0 {
-            let mut counts: Vec<String> = ["normal", "view_change", "recovering", "state_transfer"]
-                .iter()
-                .filter(|status| u(&summary[**status]) > 0)
-                .map(|status| format!("{} {status}", u(&summary[*status])))
-                .collect();
-            for (key, what) in [
-                ("without_quorum", "without quorum"),
-                ("needing_attention", "needing attention"),
-                ("primary", "led here"),
-            ] {
-                counts.push(format!("{} {what}", u(&summary[key])));
-            }
-            text.push_str(&format!("  groups: {total} ({})\n", counts.join(", ")));
-        }
-        let mut groups = Vec::new();
-        for g in stats["groups"].as_array().into_iter().flatten() {
-            let key = g["group"].as_str().unwrap_or("");
-            let status = g["status"].as_str().unwrap_or("?");
-            let role = if status != "normal" {
-                status
-            } else if g["is_primary"].as_bool().unwrap_or(false) {
-                "primary"
-            } else {
-                "backup"
-            };
-            let (op, commit) = (u(&g["op"]), u(&g["commit"]));
-            let op_lag = highest_op.get(key).map_or(0, u).saturating_sub(op);
-            let commit_lag = op.saturating_sub(commit);
-            let name = g["name"].as_str().unwrap_or(key);
-            text.push_str(&format!(
-                "  {name:<16} {role:<8} view {:<4} op {op:<8} commit {commit:<8} lag op {op_lag} commit {commit_lag}\n",
-                u(&g["view"]),
-            ));
-            groups.push(json!({
-                "group": key, "name": name, "role": role, "status": status,
-                "view": u(&g["view"]), "primary": u(&g["primary"]),
-                "op": op, "commit": commit, "op_lag": op_lag, "commit_lag": commit_lag,
-            }));
-        }
-        if listed < total {
-            text.push_str(&format!(
-                "  ... {} more groups not listed (--all-groups lists them)\n",
-                total - listed
-            ));
-        }
-        let mut links = Vec::new();
-        let mut dropped_total = 0;
-        for p in stats["peers"].as_array().into_iter().flatten() {
-            let connected = p["connected"].as_bool().unwrap_or(false);
-            dropped_total += u(&p["dropped"]);
-            links.push(format!(
-                "{} {} (queue {}, dropped {})",
-                u(&p["replica"]),
-                if connected { "up" } else { "DOWN" },
-                u(&p["queue_depth"]),
-                u(&p["dropped"])
-            ));
-        }
-        if !links.is_empty() {
-            text.push_str(&format!("  links: {}\n", links.join(", ")));
-        }
-        let latency = &stats["latency_us"];
-        let p99 = |figure: &str| u(&latency[figure]["p99"]);
-        text.push_str(&format!(
-            "  p99 us: request {}, prepare->commit {}, journal fsync {}\n",
-            p99("request"),
-            p99("prepare_commit"),
-            p99("journal_fsync")
-        ));
-        nodes.push(json!({
-            "replica": view.replica,
-            "name": view.name,
-            "http": view.http.to_string(),
-            "up": true,
-            "healthy": healthy,
-            "health": health_reason,
-            "uptime_s": u(&stats["uptime_s"]),
-            "client_tls": client_tls.clone(),
-            "group_summary": summary.clone(),
-            "groups": groups,
-            "peers": stats["peers"].clone(),
-            "dropped": dropped_total,
-            "p99_us": {
-                "request": p99("request"),
-                "prepare_commit": p99("prepare_commit"),
-                "journal_fsync": p99("journal_fsync"),
-            },
-        }));
-    }
+    let nodes: Vec<Value> = views
+        .iter()
+        .map(|view| node_report(view, &highest_op, &mut text))
+        .collect();
     Report {
         text: text.trim_end().to_string(),
         json: json!({
@@ -339,6 +201,179 @@ fn report(seed: SocketAddr, views: &[NodeView]) -> Report {
             "nodes": nodes,
         }),
     }
+}
+
+/// The highest op any node reports, per group: what each node's op lag is against.
+fn highest_ops(views: &[NodeView]) -> Map<String, Value> {
+    let mut highest_op: Map<String, Value> = Map::new();
+    for stats in views.iter().filter_map(|v| v.stats.as_ref().ok()) {
+        for g in stats["groups"].as_array().into_iter().flatten() {
+            let key = g["group"].as_str().unwrap_or("").to_string();
+            let op = u(&g["op"]).max(highest_op.get(&key).map_or(0, u));
+            highest_op.insert(key, json!(op));
+        }
+    }
+    highest_op
+}
+
+/// One node's part of the report: its lines appended to `text`, its JSON returned.
+fn node_report(view: &NodeView, highest_op: &Map<String, Value>, text: &mut String) -> Value {
+    let replica = view.replica.map_or("?".to_string(), |r| r.to_string());
+    let label = [replica.as_str(), view.name.as_str()]
+        .iter()
+        .filter(|s| !s.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let stats = match &view.stats {
+        Ok(stats) => stats,
+        Err(error) => {
+            text.push_str(&format!("\nnode {label} {}: DOWN ({error})\n", view.http));
+            return json!({
+                "replica": view.replica, "name": view.name, "http": view.http.to_string(),
+                "up": false, "error": error,
+            });
+        }
+    };
+    let (healthy, health_reason) = match &view.health {
+        Some((200, _)) => (true, "healthy".to_string()),
+        Some((code, body)) => (false, format!("unhealthy ({code}): {}", body.trim())),
+        None => (false, "health unknown".to_string()),
+    };
+    let client_tls = &stats["client_tls"];
+    text.push_str(&format!(
+        "\nnode {label} {}: up {}s, {health_reason}, client port {}\n",
+        view.http,
+        u(&stats["uptime_s"]),
+        client_port(client_tls),
+    ));
+    let summary = &stats["group_summary"];
+    let listed = stats["groups"].as_array().map_or(0, Vec::len) as u64;
+    let total = summary["total"].as_u64().unwrap_or(listed);
+    if total > 0 {
+        text.push_str(&format!("  groups: {total} ({})\n", group_counts(summary)));
+    }
+    let groups = group_lines(stats, highest_op, text);
+    if listed < total {
+        text.push_str(&format!(
+            "  ... {} more groups not listed (--all-groups lists them)\n",
+            total - listed
+        ));
+    }
+    let dropped_total = links_line(stats, text);
+    let latency = &stats["latency_us"];
+    let p99 = |figure: &str| u(&latency[figure]["p99"]);
+    text.push_str(&format!(
+        "  p99 us: request {}, prepare->commit {}, journal fsync {}\n",
+        p99("request"),
+        p99("prepare_commit"),
+        p99("journal_fsync")
+    ));
+    json!({
+        "replica": view.replica,
+        "name": view.name,
+        "http": view.http.to_string(),
+        "up": true,
+        "healthy": healthy,
+        "health": health_reason,
+        "uptime_s": u(&stats["uptime_s"]),
+        "client_tls": client_tls.clone(),
+        "group_summary": summary.clone(),
+        "groups": groups,
+        "peers": stats["peers"].clone(),
+        "dropped": dropped_total,
+        "p99_us": {
+            "request": p99("request"),
+            "prepare_commit": p99("prepare_commit"),
+            "journal_fsync": p99("journal_fsync"),
+        },
+    })
+}
+
+/// How the node's client port is served: plaintext or TLS (with failed reloads).
+fn client_port(client_tls: &Value) -> String {
+    let tls_enabled = client_tls["enabled"].as_bool().unwrap_or(false);
+    match (tls_enabled, u(&client_tls["reload_failures"])) {
+        (false, _) => "plaintext".to_string(),
+        (true, 0) => "TLS".to_string(),
+        (true, failures) => format!(
+            "TLS ({failures} certificate reloads failed: {})",
+            client_tls["last_error"]
+                .as_str()
+                .unwrap_or("the last one succeeded")
+        ),
+    }
+}
+
+/// The group summary's counts: by status, then without quorum, needing attention and
+/// led here.
+fn group_counts(summary: &Value) -> String {
+    let mut counts: Vec<String> = ["normal", "view_change", "recovering", "state_transfer"]
+        .iter()
+        .filter(|status| u(&summary[**status]) > 0)
+        .map(|status| format!("{} {status}", u(&summary[*status])))
+        .collect();
+    for (key, what) in [
+        ("without_quorum", "without quorum"),
+        ("needing_attention", "needing attention"),
+        ("primary", "led here"),
+    ] {
+        counts.push(format!("{} {what}", u(&summary[key])));
+    }
+    counts.join(", ")
+}
+
+/// A line per listed group (role, view, op, commit and their lags) appended to `text`;
+/// the groups' JSON returned.
+fn group_lines(stats: &Value, highest_op: &Map<String, Value>, text: &mut String) -> Vec<Value> {
+    let mut groups = Vec::new();
+    for g in stats["groups"].as_array().into_iter().flatten() {
+        let key = g["group"].as_str().unwrap_or("");
+        let status = g["status"].as_str().unwrap_or("?");
+        let role = if status != "normal" {
+            status
+        } else if g["is_primary"].as_bool().unwrap_or(false) {
+            "primary"
+        } else {
+            "backup"
+        };
+        let (op, commit) = (u(&g["op"]), u(&g["commit"]));
+        let op_lag = highest_op.get(key).map_or(0, u).saturating_sub(op);
+        let commit_lag = op.saturating_sub(commit);
+        let name = g["name"].as_str().unwrap_or(key);
+        text.push_str(&format!(
+            "  {name:<16} {role:<8} view {:<4} op {op:<8} commit {commit:<8} lag op {op_lag} commit {commit_lag}\n",
+            u(&g["view"]),
+        ));
+        groups.push(json!({
+            "group": key, "name": name, "role": role, "status": status,
+            "view": u(&g["view"]), "primary": u(&g["primary"]),
+            "op": op, "commit": commit, "op_lag": op_lag, "commit_lag": commit_lag,
+        }));
+    }
+    groups
+}
+
+/// The node's links to its peers, one line appended to `text`; returns the frames
+/// dropped on all of them.
+fn links_line(stats: &Value, text: &mut String) -> u64 {
+    let mut links = Vec::new();
+    let mut dropped_total = 0;
+    for p in stats["peers"].as_array().into_iter().flatten() {
+        let connected = p["connected"].as_bool().unwrap_or(false);
+        dropped_total += u(&p["dropped"]);
+        links.push(format!(
+            "{} {} (queue {}, dropped {})",
+            u(&p["replica"]),
+            if connected { "up" } else { "DOWN" },
+            u(&p["queue_depth"]),
+            u(&p["dropped"])
+        ));
+    }
+    if !links.is_empty() {
+        text.push_str(&format!("  links: {}\n", links.join(", ")));
+    }
+    dropped_total
 }
 
 /// One refresh: the report, or a failure (with the report) when no node answered.

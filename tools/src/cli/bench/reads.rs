@@ -43,98 +43,19 @@ pub(super) fn consume(
             wire_bytes: 0,
             finished: start,
         };
-        let tag = derive::tag(a.seed);
-        let mut expected = Vec::new();
+        let mut check = MessageCheck {
+            verify: a.verify,
+            seed: a.seed,
+            tag: derive::tag(a.seed),
+            expected: Vec::new(),
+        };
         for key in keys.iter().skip(w as usize).step_by(threads as usize) {
-            let mut next = 0u64;
-            while Instant::now() < deadline {
-                let sent = Instant::now();
-                let body = client
-                    .poll_messages(
-                        *key,
-                        Consumer::Single(0),
-                        PollStrategy::Offset(next),
-                        POLL_COUNT,
-                    )
-                    .map_err(|e| format!("partition {}: poll at {next}: {e}", key.partition))?;
-                record(&mut result.histogram, sent.elapsed());
-                let batches = split_poll_body(&body).map_err(|e| e.to_string())?;
-                let before = next;
-                for (bytes, _) in &batches {
-                    for m in batch::messages(bytes) {
-                        if m.offset < next && next == before {
-                            continue;
-                        }
-                        if m.offset != next {
-                            return Err(format!(
-                                "partition {}: expected offset {next}, read offset {}",
-                                key.partition, m.offset
-                            ));
-                        }
-                        if a.verify {
-                            let (t, index) = derive::split_id(m.id);
-                            expected.resize(m.payload.len(), 0);
-                            derive::fill_payload(a.seed, index, &mut expected);
-                            if t != tag || m.payload != expected.as_slice() {
-                                return Err(format!(
-                                    "partition {}: offset {next}: message does not match its id (seed {})",
-                                    key.partition, a.seed
-                                ));
-                            }
-                        }
-                        result.payload_bytes += m.payload.len() as u64;
-                        next += 1;
-                    }
-                    result.wire_bytes += bytes.len() as u64;
-                }
-                if next == before {
-                    break;
-                }
-                result.messages += next - before;
-            }
+            consume_partition(&mut client, *key, deadline, &mut check, &mut result)?;
         }
         result.finished = Instant::now();
         Ok(result)
     })?;
-    let mut histogram = histogram();
-    let (mut messages, mut payload, mut wire) = (0u64, 0u64, 0u64);
-    let mut finished = start;
-    for r in &results {
-        let _ = histogram.add(&r.histogram);
-        messages += r.messages;
-        payload += r.payload_bytes;
-        wire += r.wire_bytes;
-        finished = finished.max(r.finished);
-    }
-    let elapsed = finished.saturating_duration_since(start);
-    let secs = elapsed.as_secs_f64();
-    let rate = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
-    let json = json!({
-        "mode": "consume",
-        "stream": target.stream,
-        "topic": target.topic,
-        "consumers": threads,
-        "partitions": target.partitions.len(),
-        "verified": args.verify,
-        "messages": messages,
-        "bytes": payload,
-        "wire_bytes": wire,
-        "elapsed_s": secs,
-        "msgs_per_s": rate(messages).round(),
-        "mb_per_s": (rate(payload) / 1e6 * 100.0).round() / 100.0,
-        "wire_mb_per_s": (rate(wire) / 1e6 * 100.0).round() / 100.0,
-        "latency_us": latency_json(&histogram),
-    });
-    let mut report = Report {
-        text: format!(
-            "consume: {messages} messages ({payload} payload bytes) in {secs:.2} s: {:.0} msg/s, {:.1} MB/s{}\nper poll {}",
-            rate(messages),
-            rate(payload) / 1e6,
-            if args.verify { ", content verified" } else { "" },
-            latency_text(&histogram)
-        ),
-        json,
-    };
+    let (mut report, messages) = consume_report(args, target, &results, start);
     if let Some(expect) = args.expect {
         if expect != messages {
             let message = format!("read {messages} messages, expected {expect}");
@@ -152,6 +73,123 @@ pub(super) fn consume(
         });
     }
     Ok(report)
+}
+
+/// How a consumer checks the messages it reads: with `verify`, each payload against
+/// the one its id derives from the run's seed.
+struct MessageCheck {
+    verify: bool,
+    seed: u64,
+    tag: u64,
+    expected: Vec<u8>,
+}
+
+/// Reads one partition from offset 0 until the deadline or its end: every message at
+/// the next offset, in order.
+fn consume_partition(
+    client: &mut Client,
+    key: PartitionKey,
+    deadline: Instant,
+    check: &mut MessageCheck,
+    result: &mut ConsumerResult,
+) -> Result<(), String> {
+    let mut next = 0u64;
+    while Instant::now() < deadline {
+        let sent = Instant::now();
+        let body = client
+            .poll_messages(
+                key,
+                Consumer::Single(0),
+                PollStrategy::Offset(next),
+                POLL_COUNT,
+            )
+            .map_err(|e| format!("partition {}: poll at {next}: {e}", key.partition))?;
+        record(&mut result.histogram, sent.elapsed());
+        let batches = split_poll_body(&body).map_err(|e| e.to_string())?;
+        let before = next;
+        for (bytes, _) in &batches {
+            for m in batch::messages(bytes) {
+                if m.offset < next && next == before {
+                    continue;
+                }
+                if m.offset != next {
+                    return Err(format!(
+                        "partition {}: expected offset {next}, read offset {}",
+                        key.partition, m.offset
+                    ));
+                }
+                if check.verify {
+                    let (t, index) = derive::split_id(m.id);
+                    check.expected.resize(m.payload.len(), 0);
+                    derive::fill_payload(check.seed, index, &mut check.expected);
+                    if t != check.tag || m.payload != check.expected.as_slice() {
+                        return Err(format!(
+                            "partition {}: offset {next}: message does not match its id (seed {})",
+                            key.partition, check.seed
+                        ));
+                    }
+                }
+                result.payload_bytes += m.payload.len() as u64;
+                next += 1;
+            }
+            result.wire_bytes += bytes.len() as u64;
+        }
+        if next == before {
+            break;
+        }
+        result.messages += next - before;
+    }
+    Ok(())
+}
+
+/// The consumers' figures together (messages, bytes, rates and poll latency), and the
+/// messages read.
+fn consume_report(
+    args: &BenchArgs,
+    target: &Target,
+    results: &[ConsumerResult],
+    start: Instant,
+) -> (Report, u64) {
+    let mut histogram = histogram();
+    let (mut messages, mut payload, mut wire) = (0u64, 0u64, 0u64);
+    let mut finished = start;
+    for r in results {
+        let _ = histogram.add(&r.histogram);
+        messages += r.messages;
+        payload += r.payload_bytes;
+        wire += r.wire_bytes;
+        finished = finished.max(r.finished);
+    }
+    let elapsed = finished.saturating_duration_since(start);
+    let secs = elapsed.as_secs_f64();
+    let rate = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
+    let json = json!({
+        "mode": "consume",
+        "stream": target.stream,
+        "topic": target.topic,
+        "consumers": args.producers,
+        "partitions": target.partitions.len(),
+        "verified": args.verify,
+        "messages": messages,
+        "bytes": payload,
+        "wire_bytes": wire,
+        "elapsed_s": secs,
+        "msgs_per_s": rate(messages).round(),
+        "mb_per_s": (rate(payload) / 1e6 * 100.0).round() / 100.0,
+        "wire_mb_per_s": (rate(wire) / 1e6 * 100.0).round() / 100.0,
+        "latency_us": latency_json(&histogram),
+    });
+    let report = Report {
+        text: format!(
+            "consume: {messages} messages ({payload} payload bytes) in {secs:.2} s: {:.0} msg/s, {:.1} MB/s{}\nper poll {}",
+            rate(messages),
+            rate(payload) / 1e6,
+            if args.verify { ", content verified" } else { "" },
+            latency_text(&histogram)
+        ),
+        json,
+    };
+    (report, messages)
 }
 
 pub(super) fn roundtrip(

@@ -596,6 +596,7 @@ fn commit_all(primary: &mut Replica) -> Vec<Action> {
                         status: 0,
                         body: &[],
                         keep_body: true,
+                        reply_as: None,
                     };
                     if let Some((client, frame)) = primary.on_applied(*op, applied) {
                         out.push(Action::Reply { client, frame });
@@ -654,6 +655,22 @@ fn the_oldest_session_is_evicted_past_the_bound_and_told_so() {
     assert_eq!(primary.op(), 3);
 }
 
+/// Registers `client` on a one-replica metadata group's primary, its op 1 committed
+/// and applied.
+fn register_applied(primary: &mut Replica, client: u128) {
+    primary.on_request(request(client, Operation::Register, 0, 0).as_bytes());
+    let _ = primary.drain_actions();
+    primary.on_journal_durable(1, primary.log().identity(1).expect("held"));
+    let _ = primary.drain_actions();
+    let registered = Applied {
+        status: 0,
+        body: b"",
+        keep_body: true,
+        reply_as: None,
+    };
+    assert!(primary.on_applied(1, registered).is_some());
+}
+
 #[test]
 fn a_reply_carries_the_applied_result_and_a_retry_gets_it_from_the_table() {
     use replication::vsr::{RequestOutcome, REPLY_BODY_KEPT_MAX};
@@ -686,16 +703,7 @@ fn a_reply_carries_the_applied_result_and_a_retry_gets_it_from_the_table() {
         let create = request(0xb, Operation::CreateStream, 1, request_number);
         primary.on_request(create.as_bytes())
     };
-    primary.on_request(request(0xb, Operation::Register, 0, 0).as_bytes());
-    let _ = primary.drain_actions();
-    primary.on_journal_durable(1, primary.log().identity(1).expect("held"));
-    let _ = primary.drain_actions();
-    let registered = Applied {
-        status: 0,
-        body: b"",
-        keep_body: true,
-    };
-    assert!(primary.on_applied(1, registered).is_some());
+    register_applied(&mut primary, 0xb);
     // Committed, not applied: a retry is in progress, not answered without its result.
     let op = commit(&mut primary, 1);
     assert_eq!(retry(&mut primary, 1), RequestOutcome::InProgress);
@@ -703,6 +711,7 @@ fn a_reply_carries_the_applied_result_and_a_retry_gets_it_from_the_table() {
         status: 5,
         body: b"the stream",
         keep_body: true,
+        reply_as: None,
     };
     let (client, frame) = primary
         .on_applied(op, applied)
@@ -732,6 +741,7 @@ fn a_reply_carries_the_applied_result_and_a_retry_gets_it_from_the_table() {
             status: 0,
             body,
             keep_body,
+            reply_as: None,
         };
         let (_, frame) = primary.on_applied(op, applied).expect("replied");
         assert_eq!(reply_of(&frame).1, body, "the first reply carries the body");
@@ -750,6 +760,7 @@ fn a_reply_carries_the_applied_result_and_a_retry_gets_it_from_the_table() {
         status: 0,
         body: &wide,
         keep_body: true,
+        reply_as: None,
     };
     assert!(primary.on_applied(op, applied).is_some());
     assert_eq!(retry(&mut primary, 4), RequestOutcome::Replied);
@@ -800,6 +811,53 @@ fn a_prepared_request_carries_the_drivers_operation_and_body() {
         primary.on_request_prepared(register.as_bytes(), Operation::CreateStream, b"x"),
         RequestOutcome::Rejected
     );
+}
+
+#[test]
+fn a_reply_is_sealed_once_in_the_clients_terms_and_kept_so() {
+    use replication::vsr::RequestOutcome;
+    use replication::wire::ReplyHeader;
+    use zerocopy::FromBytes;
+    let mut primary = Replica::new(Config::new(cluster(), METADATA_GROUP, 0, 1));
+    register_applied(&mut primary, 0xb);
+    // Prepared under an internal operation and the driver's own request number.
+    let create = request(0xb, Operation::CreateTopic, 1, (7 << 32) | 1);
+    let outcome = primary.on_request_prepared(
+        create.as_bytes(),
+        Operation::CreateTopicWithAssignments,
+        b"prepared body",
+    );
+    assert_eq!(outcome, RequestOutcome::Prepared { op: 2 });
+    let _ = primary.drain_actions();
+    primary.on_journal_durable(2, primary.log().identity(2).expect("held"));
+    let _ = primary.drain_actions();
+    let head = |frame: &Frame| {
+        let (header, _) = ReplyHeader::read_from_prefix(frame.as_bytes()).expect("a reply");
+        (header.operation, header.request, header.status)
+    };
+    let client_terms = (Operation::CreateTopic as u8, 1, 0);
+    let applied = Applied {
+        status: 0,
+        body: b"topic",
+        keep_body: true,
+        reply_as: Some((Operation::CreateTopic as u8, 1)),
+    };
+    let (_, frame) = primary.on_applied(2, applied).expect("the primary replies");
+    assert_eq!(head(&frame), client_terms);
+    // The retry, under the driver's number, gets the kept copy in the client's terms.
+    let outcome = primary.on_request_prepared(
+        create.as_bytes(),
+        Operation::CreateTopicWithAssignments,
+        b"prepared body",
+    );
+    assert_eq!(outcome, RequestOutcome::Replied);
+    let resent = primary.drain_actions().into_iter().find_map(|a| match a {
+        Action::Reply { frame, .. } => Some(frame),
+        _ => None,
+    });
+    assert_eq!(resent.as_ref().map(head), Some(client_terms));
+    let kept = primary.clients().get(0xb).map(|s| head(&s.reply));
+    assert_eq!(kept, Some(client_terms));
 }
 
 /// An unstamped batch of one message, and a SendMessages request header for it.

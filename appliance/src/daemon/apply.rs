@@ -78,7 +78,13 @@ impl Node {
             },
             None => (Status::InvalidRequest, Vec::new()),
         };
-        self.on_applied(METADATA_GROUP, op, header.operation, status, reply_body);
+        self.on_applied(
+            METADATA_GROUP,
+            op,
+            (header.operation, header.request),
+            status,
+            reply_body,
+        );
         self.metadata_applied = op;
         self.partitions_pending = true;
         self.sync_partitions(PARTITION_START_BUDGET).await
@@ -94,7 +100,13 @@ impl Node {
             return Err(not_a_prepare(group, op));
         };
         if !self.partitions.by_group.contains_key(&group) {
-            self.on_applied(group, op, header.operation, Status::NotFound, Vec::new());
+            self.on_applied(
+                group,
+                op,
+                (header.operation, header.request),
+                Status::NotFound,
+                Vec::new(),
+            );
             return Ok(());
         }
         // Normally journaled at prepare time (its write may still be in flight: reads
@@ -142,7 +154,13 @@ impl Node {
             self.partitions.grown = true;
         }
         let (status, reply_body) = (applied.status, applied.body);
-        self.on_applied(group, op, header.operation, status, reply_body);
+        self.on_applied(
+            group,
+            op,
+            (header.operation, header.request),
+            status,
+            reply_body,
+        );
         // Committed prepares are in the segment log now: keep only a repair window of
         // them in memory (older ones are answered RangeEvicted).
         let ops_min = self.settings.vsr.pipeline_max + 1;
@@ -159,14 +177,21 @@ impl Node {
     }
 
     /// Hands a committed op's result to its group's core (every committed op, in
-    /// order): the core seals the reply with it and keeps it in the client table for
+    /// order): the core seals the reply with it, in the client's terms (its own
+    /// operation's wire code and request number), and keeps it in the client table for
     /// retries (checkpointed with the table). The primary sends the reply; a backup
     /// sends it only to a client waiting on this node for that very request, one this
     /// node took as the primary of an earlier view (replaced while the client waited,
-    /// the write committed in the new view). The status and body are the client's: its
-    /// own operation's wire code and result section. A token's secret is not kept (a
-    /// retry gets the status alone).
-    fn on_applied(&mut self, group: u64, op: u64, operation: u8, status: Status, body: Vec<u8>) {
+    /// the write committed in the new view). The body is the operation's result section.
+    /// A token's secret is not kept (a retry gets the status alone).
+    fn on_applied(
+        &mut self,
+        group: u64,
+        op: u64,
+        (operation, request): (u8, u64),
+        status: Status,
+        body: Vec<u8>,
+    ) {
         let operation = client_operation(operation);
         let body = if status == Status::Ok {
             with_result_section(operation, &body).into_owned()
@@ -177,14 +202,13 @@ impl Node {
             status: status.wire_code(operation),
             body: &body,
             keep_body: operation != Operation::CreatePersonalAccessToken as u8,
+            reply_as: Some((operation, client_request(group, request))),
         };
         let Some(replica) = self.groups.get_mut(group) else {
             return;
         };
         let primary = replica.is_primary() && replica.status() == VsrStatus::Normal;
-        let reply = replica
-            .seal_applied(op, applied)
-            .map(|(client, frame)| (client, client_reply(group, frame)));
+        let reply = replica.seal_applied(op, applied);
         let carried = reply.as_ref().and_then(|(client, frame)| {
             let (header, _) = ReplyHeader::read_from_prefix(frame.as_bytes()).ok()?;
             Some((*client, header.request))
@@ -285,17 +309,34 @@ fn is_offset_op(operation: u8) -> bool {
         || operation == Operation::DeleteConsumerOffset as u8
 }
 
-/// A reply as the client reads it: its own operation, and on a partition group its own
-/// request number (the core numbers a partition's requests per session).
+/// A reply from the client table as the client reads it: sealed in the client's terms
+/// already (`on_applied`), it goes as it is; one sealed in the core's (a table written
+/// by an older build, an op whose result never came back) is sealed again with the
+/// client's own operation and request number.
 fn client_reply(group: u64, frame: Frame) -> Frame {
     let Ok((mut header, body)) = ReplyHeader::read_from_prefix(frame.as_bytes()) else {
         return frame;
     };
-    header.operation = client_operation(header.operation);
-    if group != METADATA_GROUP {
-        header.request = super::client::client_request_number(header.request);
+    let (operation, request) = (
+        client_operation(header.operation),
+        client_request(group, header.request),
+    );
+    if (operation, request) == (header.operation, header.request) {
+        return frame;
     }
+    header.operation = operation;
+    header.request = request;
     Frame::build(&header, body)
+}
+
+/// The client's own number of a request the core of `group` numbered (the core numbers
+/// a partition's requests per session).
+fn client_request(group: u64, request: u64) -> u64 {
+    if group == METADATA_GROUP {
+        request
+    } else {
+        super::client::client_request_number(request)
+    }
 }
 
 /// The client-facing operation of a prepared one (docs/protocol.md, "Replication": the

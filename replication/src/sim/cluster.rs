@@ -574,6 +574,7 @@ impl Cluster {
                             status,
                             body: &body,
                             keep_body: true,
+                            reply_as: None,
                         };
                         replica.on_applied(op, applied)
                     });

@@ -656,6 +656,7 @@ impl ManyCluster {
                         status,
                         body: &body,
                         keep_body: true,
+                        reply_as: None,
                     };
                     let replica = self.nodes[i].as_mut().and_then(|node| node.get_mut(group));
                     if let Some((client, frame)) =

@@ -21,6 +21,11 @@ pub struct Applied<'a> {
     /// Whether the client table may keep `body` for retries (false for a secret, which
     /// must not reach a checkpoint; a retry then gets the status alone).
     pub keep_body: bool,
+    /// The operation and request number the client reads in its reply, where they
+    /// differ from the prepare's: a driver that prepares a client's request under an
+    /// internal operation or numbers requests its own way seals the reply in the
+    /// client's terms once, here (None: the prepare's).
+    pub reply_as: Option<(u8, u64)>,
 }
 
 /// A committed op waiting for its result: the reply header built at commit.
@@ -78,6 +83,10 @@ impl Replica {
             return None;
         }
         reply.status = applied.status;
+        if let Some((operation, request)) = applied.reply_as {
+            reply.operation = operation;
+            reply.request = request;
+        }
         let frame = Frame::build(&reply, applied.body);
         // The table keeps bodies within its bounds.
         let kept = if applied.keep_body {

@@ -5,9 +5,12 @@
 use zerocopy::FromBytes;
 
 use crate::vsr::{
-    Action, Applied, Config, PeerLiveness, Prng, Replica, RequestOutcome, Sleep, Status, Woke,
+    Action, Applied, Config, PeerLiveness, Prng, Replica, RequestOutcome, Sleep, Status,
+    Superblock, Woke,
 };
-use crate::wire::{cluster_id, decode, FrameBuf, Limits, Message, PrepareHeader, METADATA_GROUP};
+use crate::wire::{
+    cluster_id, decode, Frame, FrameBuf, Limits, Message, PrepareHeader, METADATA_GROUP,
+};
 
 use super::checker::Checker;
 use super::network::{Network, NetworkFaults, Node, Packet};
@@ -541,68 +544,14 @@ impl Cluster {
                 Action::JournalTruncate { op_max } => {
                     self.storages[usize::from(r)].truncate(op_max);
                 }
-                Action::PersistSuperblock(superblock) => {
-                    self.log(|| {
-                        format!(
-                            "r{r} superblock view {} log_view {} headers {}",
-                            superblock.view,
-                            superblock.log_view,
-                            superblock.headers.len()
-                        )
-                    });
-                    let lag = self.options.superblock_lag_max;
-                    if lag == 0 {
-                        self.storages[usize::from(r)].superblock = superblock;
-                    } else {
-                        let due = self.now + 1 + self.superblock_prng.below(lag);
-                        self.superblock_writes[usize::from(r)] = Some(SuperblockWrite {
-                            due,
-                            superblock,
-                            after: Vec::new(),
-                        });
-                    }
-                }
-                Action::Commit { op, prepare } => {
-                    let header = PrepareHeader::read_from_prefix(prepare.as_bytes())
-                        .map(|(h, _)| h)
-                        .map_err(|_| format!("r{r} committed a frame that is not a prepare"))?;
-                    self.checker.on_commit(r, op, &header)?;
-                    let (status, body) = applied_result(&header);
-                    let replica = self.replicas[usize::from(r)].as_mut();
-                    let reply = replica.and_then(|replica| {
-                        let applied = Applied {
-                            status,
-                            body: &body,
-                            keep_body: true,
-                            reply_as: None,
-                        };
-                        replica.on_applied(op, applied)
-                    });
-                    if let Some((client, frame)) = reply.filter(|_| !self.drop_replies) {
-                        if let Some(c) = self.client_index(client) {
-                            let (bytes, to) = (frame.into_buf(), Node::Client(c));
-                            self.network
-                                .send_between(self.now, r, to, bytes, &mut self.prng);
-                        }
-                    }
-                }
+                Action::PersistSuperblock(superblock) => self.persist_superblock(r, superblock),
+                Action::Commit { op, prepare } => self.commit(r, op, &prepare)?,
                 Action::Reply { client, frame } => {
-                    if self.drop_replies {
-                        continue;
-                    }
-                    if let Some(c) = self.client_index(client) {
-                        let (bytes, to) = (frame.into_buf(), Node::Client(c));
-                        self.network
-                            .send_between(self.now, r, to, bytes, &mut self.prng);
+                    if !self.drop_replies {
+                        self.send_to_client(r, client, frame);
                     }
                 }
-                Action::Evict { client, frame } => {
-                    if let Some(c) = self.client_index(client) {
-                        let (bytes, to) = (frame.into_buf(), Node::Client(c));
-                        self.network
-                            .send_between(self.now, r, to, bytes, &mut self.prng);
-                    }
-                }
+                Action::Evict { client, frame } => self.send_to_client(r, client, frame),
                 Action::StateTransfer { from, op_min } => {
                     if !self.options.checkpoint_restarts {
                         return Err(format!(
@@ -617,6 +566,63 @@ impl Cluster {
             }
         }
         Ok(())
+    }
+
+    /// `r` writes its superblock: at once, or (with a superblock lag) due a few ticks
+    /// later, the actions after it waiting until then.
+    fn persist_superblock(&mut self, r: u8, superblock: Superblock) {
+        self.log(|| {
+            format!(
+                "r{r} superblock view {} log_view {} headers {}",
+                superblock.view,
+                superblock.log_view,
+                superblock.headers.len()
+            )
+        });
+        let lag = self.options.superblock_lag_max;
+        if lag == 0 {
+            self.storages[usize::from(r)].superblock = superblock;
+        } else {
+            let due = self.now + 1 + self.superblock_prng.below(lag);
+            self.superblock_writes[usize::from(r)] = Some(SuperblockWrite {
+                due,
+                superblock,
+                after: Vec::new(),
+            });
+        }
+    }
+
+    /// `r` committed `op`: the checker sees it, the replica gets its result, and the
+    /// reply (if `r` is the primary) goes to the client.
+    fn commit(&mut self, r: u8, op: u64, prepare: &Frame) -> Result<(), String> {
+        let header = PrepareHeader::read_from_prefix(prepare.as_bytes())
+            .map(|(h, _)| h)
+            .map_err(|_| format!("r{r} committed a frame that is not a prepare"))?;
+        self.checker.on_commit(r, op, &header)?;
+        let (status, body) = applied_result(&header);
+        let replica = self.replicas[usize::from(r)].as_mut();
+        let reply = replica.and_then(|replica| {
+            let applied = Applied {
+                status,
+                body: &body,
+                keep_body: true,
+                reply_as: None,
+            };
+            replica.on_applied(op, applied)
+        });
+        if let Some((client, frame)) = reply.filter(|_| !self.drop_replies) {
+            self.send_to_client(r, client, frame);
+        }
+        Ok(())
+    }
+
+    /// Sends `frame` from `r` to the simulated client `client`, if it is one of ours.
+    fn send_to_client(&mut self, r: u8, client: u128, frame: Frame) {
+        if let Some(c) = self.client_index(client) {
+            let (bytes, to) = (frame.into_buf(), Node::Client(c));
+            self.network
+                .send_between(self.now, r, to, bytes, &mut self.prng);
+        }
     }
 
     /// Completes `r`'s superblock write if it is due: it is durable, and the actions

@@ -14,10 +14,7 @@ use super::node::Node;
 use crate::node_core::pending::Prepared;
 use crate::protocol::codec::Writer;
 use crate::protocol::options::{self, OptionRefusal, TopicOptions};
-use crate::protocol::reply::{
-    with_result_section, ClusterMetadataReply, GroupInfo, ListTopicsReply, NodeInfo,
-    PartitionRange, TopicInfo, PRIMARY_UNKNOWN,
-};
+use crate::protocol::reply::with_result_section;
 use crate::protocol::{ClientRequest, Status};
 use crate::state::{auth, Caller, MetadataOp, Right};
 
@@ -670,107 +667,5 @@ impl Node {
         let mut w = Writer::default();
         w.u8(primary).short_bytes(address.as_bytes());
         w.finish()
-    }
-
-    /// NonReplicated reads, from committed state only.
-    fn read(&mut self, user: u32, request: &ClientRequest<'_>) -> (Status, Vec<u8>) {
-        let mut w = Writer::default();
-        match request {
-            ClientRequest::ClusterMetadata => {
-                // One codec for the daemon and the client (protocol::reply).
-                let nodes = self
-                    .settings
-                    .client_addresses
-                    .iter()
-                    .map(|(replica, address)| NodeInfo {
-                        replica_id: *replica,
-                        address: address.clone(),
-                    })
-                    .collect();
-                let groups = self
-                    .group_ids()
-                    .into_iter()
-                    .filter_map(|group| self.groups.get(group))
-                    .map(|replica| GroupInfo {
-                        group: replica.config().group,
-                        view: replica.view(),
-                        primary: if replica.status() == replication::vsr::Status::Normal {
-                            replica.config().primary_of(replica.view())
-                        } else {
-                            PRIMARY_UNKNOWN
-                        },
-                    })
-                    .collect();
-                return (Status::Ok, ClusterMetadataReply { nodes, groups }.encode());
-            }
-            ClientRequest::ClusterNodes
-            | ClientRequest::GetStreams
-            | ClientRequest::GetStream { .. }
-            | ClientRequest::GetTopic { .. }
-            | ClientRequest::GetTopics { .. }
-            | ClientRequest::GetConsumerGroup { .. }
-            | ClientRequest::GetConsumerGroups { .. } => return self.metadata_read(user, request),
-            ClientRequest::ListStreams => {
-                let streams: Vec<_> = self
-                    .state
-                    .streams
-                    .iter()
-                    .filter(|(id, _)| self.state.allows(user, **id, Right::Read))
-                    .collect();
-                w.u32(streams.len() as u32);
-                for (id, stream) in streams {
-                    w.u32(*id)
-                        .short_bytes(stream.name.as_bytes())
-                        .u32(stream.topics.len() as u32);
-                }
-            }
-            ClientRequest::ListTopics { stream_id } => {
-                if !self.state.allows(user, *stream_id, Right::Read) {
-                    return (Status::PermissionDenied, Vec::new());
-                }
-                let Some(stream) = self.state.streams.get(stream_id) else {
-                    return (Status::NotFound, Vec::new());
-                };
-                let topics = stream
-                    .topics
-                    .iter()
-                    .map(|(id, topic)| TopicInfo {
-                        topic_id: *id,
-                        name: topic.name.clone(),
-                        partitions: topic.partition_count,
-                        message_expiry: topic.message_expiry,
-                        max_topic_size: topic.max_topic_size,
-                        stored: (0..topic.partition_count)
-                            .filter_map(|partition| {
-                                let key = PartitionKey {
-                                    stream: *stream_id,
-                                    topic: *id,
-                                    partition,
-                                };
-                                let stored = self.stored(key)?;
-                                let segments = self
-                                    .partitions
-                                    .by_group
-                                    .get(&key.pack().ok()?)
-                                    .map_or(0, |p| p.log.index_memory().0);
-                                Some(PartitionRange {
-                                    partition,
-                                    first_offset: stored.first_offset,
-                                    end_offset: stored.committed_end,
-                                    bytes: stored.bytes,
-                                    segments: segments as u32,
-                                })
-                            })
-                            .collect(),
-                    })
-                    .collect();
-                return (Status::Ok, ListTopicsReply { topics }.encode());
-            }
-            ClientRequest::GetConsumerOffset { target } => {
-                return self.get_consumer_offset(user, target)
-            }
-            _ => return (Status::InvalidRequest, Vec::new()),
-        }
-        (Status::Ok, w.finish())
     }
 }

@@ -1,20 +1,138 @@
-//! Iggy's metadata reads (GetClusterMetadata, GetStreams, GetStream, GetTopics,
-//! GetTopic), answered from this node's committed metadata, with the sizes and offsets
-//! of what this node stores (docs/client-protocol.md).
+//! The NonReplicated reads of metadata: Iggy's (GetClusterMetadata, GetStreams,
+//! GetStream, GetTopics, GetTopic, consumer groups) and the client plane's own
+//! (ClusterMetadata, ListStreams, ListTopics), answered from this node's committed
+//! metadata, with the sizes and offsets of what this node stores
+//! (docs/client-protocol.md).
 
 use replication::wire::PartitionKey;
 
 use super::node::Node;
+use crate::protocol::codec::Writer;
 use crate::protocol::reply::{
-    ClusterNode, ClusterNodesReply, ConsumerGroupReply, GroupAssignmentReply, PartitionReply,
-    StreamDetailsReply, StreamReply, StreamsReply, TopicDetailsReply, TopicReply, TopicsReply,
-    NODE_HEALTHY, NODE_UNREACHABLE, ROLE_FOLLOWER, ROLE_LEADER,
+    ClusterMetadataReply, ClusterNode, ClusterNodesReply, ConsumerGroupReply, GroupAssignmentReply,
+    GroupInfo, ListTopicsReply, NodeInfo, PartitionRange, PartitionReply, StreamDetailsReply,
+    StreamReply, StreamsReply, TopicDetailsReply, TopicInfo, TopicReply, TopicsReply, NODE_HEALTHY,
+    NODE_UNREACHABLE, PRIMARY_UNKNOWN, ROLE_FOLLOWER, ROLE_LEADER,
 };
 use crate::protocol::request::{GroupRef, Identifier};
 use crate::protocol::{ClientRequest, Status};
 use crate::state::Right;
 
 impl Node {
+    /// NonReplicated reads, from committed state only.
+    pub(super) fn read(&self, user: u32, request: &ClientRequest<'_>) -> (Status, Vec<u8>) {
+        match request {
+            ClientRequest::ClusterMetadata => (Status::Ok, self.cluster_metadata().encode()),
+            ClientRequest::ClusterNodes
+            | ClientRequest::GetStreams
+            | ClientRequest::GetStream { .. }
+            | ClientRequest::GetTopic { .. }
+            | ClientRequest::GetTopics { .. }
+            | ClientRequest::GetConsumerGroup { .. }
+            | ClientRequest::GetConsumerGroups { .. } => self.metadata_read(user, request),
+            ClientRequest::ListStreams => (Status::Ok, self.list_streams(user)),
+            ClientRequest::ListTopics { stream_id } => self.list_topics(user, *stream_id),
+            ClientRequest::GetConsumerOffset { target } => self.get_consumer_offset(user, target),
+            _ => (Status::InvalidRequest, Vec::new()),
+        }
+    }
+
+    /// The client plane's own ClusterMetadata: every node's client address and every
+    /// group's view and primary (unknown while not normal). One codec for the daemon and
+    /// the client (protocol::reply).
+    fn cluster_metadata(&self) -> ClusterMetadataReply {
+        let nodes = self
+            .settings
+            .client_addresses
+            .iter()
+            .map(|(replica, address)| NodeInfo {
+                replica_id: *replica,
+                address: address.clone(),
+            })
+            .collect();
+        let groups = self
+            .group_ids()
+            .into_iter()
+            .filter_map(|group| self.groups.get(group))
+            .map(|replica| GroupInfo {
+                group: replica.config().group,
+                view: replica.view(),
+                primary: if replica.status() == replication::vsr::Status::Normal {
+                    replica.config().primary_of(replica.view())
+                } else {
+                    PRIMARY_UNKNOWN
+                },
+            })
+            .collect();
+        ClusterMetadataReply { nodes, groups }
+    }
+
+    /// The streams `user` may read: id, name and topic count of each.
+    fn list_streams(&self, user: u32) -> Vec<u8> {
+        let streams: Vec<_> = self
+            .state
+            .streams
+            .iter()
+            .filter(|(id, _)| self.state.allows(user, **id, Right::Read))
+            .collect();
+        let mut w = Writer::default();
+        w.u32(streams.len() as u32);
+        for (id, stream) in streams {
+            w.u32(*id)
+                .short_bytes(stream.name.as_bytes())
+                .u32(stream.topics.len() as u32);
+        }
+        w.finish()
+    }
+
+    /// A stream's topics, each with what this node stores of its partitions.
+    fn list_topics(&self, user: u32, stream_id: u32) -> (Status, Vec<u8>) {
+        if !self.state.allows(user, stream_id, Right::Read) {
+            return (Status::PermissionDenied, Vec::new());
+        }
+        let Some(stream) = self.state.streams.get(&stream_id) else {
+            return (Status::NotFound, Vec::new());
+        };
+        let topics = stream
+            .topics
+            .iter()
+            .map(|(id, topic)| TopicInfo {
+                topic_id: *id,
+                name: topic.name.clone(),
+                partitions: topic.partition_count,
+                message_expiry: topic.message_expiry,
+                max_topic_size: topic.max_topic_size,
+                stored: (0..topic.partition_count)
+                    .filter_map(|partition| {
+                        self.partition_range(PartitionKey {
+                            stream: stream_id,
+                            topic: *id,
+                            partition,
+                        })
+                    })
+                    .collect(),
+            })
+            .collect();
+        (Status::Ok, ListTopicsReply { topics }.encode())
+    }
+
+    /// What this node stores of a partition: offsets, bytes and segments.
+    fn partition_range(&self, key: PartitionKey) -> Option<PartitionRange> {
+        let stored = self.stored(key)?;
+        let segments = self
+            .partitions
+            .by_group
+            .get(&key.pack().ok()?)
+            .map_or(0, |p| p.log.index_memory().0);
+        Some(PartitionRange {
+            partition: key.partition,
+            first_offset: stored.first_offset,
+            end_offset: stored.committed_end,
+            bytes: stored.bytes,
+            segments: segments as u32,
+        })
+    }
+
     /// Answers one of Iggy's metadata reads for `user`. An unknown stream or topic in
     /// GetStream and GetTopic is an empty answer (the SDK's "none").
     pub(super) fn metadata_read(

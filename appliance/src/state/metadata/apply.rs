@@ -22,6 +22,34 @@ impl MetadataState {
     pub fn apply(&mut self, caller: Caller, op: &MetadataOp) -> Applied {
         use MetadataOp as M;
         match op {
+            M::CreateStream { .. }
+            | M::DeleteStream { .. }
+            | M::CreateTopic { .. }
+            | M::UpdateTopic { .. }
+            | M::DeleteTopic { .. }
+            | M::CreatePartitions { .. }
+            | M::DeletePartitions { .. }
+            | M::TruncatePartition { .. }
+            | M::Purge { .. }
+            | M::UpdateStream { .. } => self.apply_stream_op(op),
+            M::CreateUser { .. }
+            | M::UpdateUser { .. }
+            | M::CreateToken { .. }
+            | M::DeleteToken { .. }
+            | M::DeleteUser { .. }
+            | M::ChangePassword { .. }
+            | M::UpdatePermissions { .. } => self.apply_user_op(caller, op),
+            M::CreateConsumerGroup { .. }
+            | M::DeleteConsumerGroup { .. }
+            | M::JoinConsumerGroup { .. }
+            | M::LeaveConsumerGroup { .. } => self.apply_group_op(caller, op),
+        }
+    }
+
+    /// A stream, topic or partition op.
+    fn apply_stream_op(&mut self, op: &MetadataOp) -> Applied {
+        use MetadataOp as M;
+        match op {
             M::CreateStream { name, created_at } => self.create_stream(name, *created_at),
             M::DeleteStream { stream_id } => Applied::removed(self.streams.remove(stream_id)),
             M::CreateTopic {
@@ -80,6 +108,21 @@ impl MetadataState {
                     Applied::fail(Status::NotFound)
                 }
             }
+            M::Purge { partitions } => {
+                for (key, offset) in partitions {
+                    self.retain_from(*key, *offset);
+                }
+                Applied::ok(Vec::new())
+            }
+            M::UpdateStream { stream_id, name } => self.update_stream(*stream_id, name),
+            _ => Applied::fail(Status::InvalidRequest),
+        }
+    }
+
+    /// A user or personal access token op (a token is the caller's own).
+    fn apply_user_op(&mut self, caller: Caller, op: &MetadataOp) -> Applied {
+        use MetadataOp as M;
+        match op {
             M::CreateUser {
                 username,
                 password_hash,
@@ -118,13 +161,6 @@ impl MetadataState {
                     .and_then(|user| user.tokens.remove(name));
                 Applied::removed(removed)
             }
-            M::Purge { partitions } => {
-                for (key, offset) in partitions {
-                    self.retain_from(*key, *offset);
-                }
-                Applied::ok(Vec::new())
-            }
-            M::UpdateStream { stream_id, name } => self.update_stream(*stream_id, name),
             M::DeleteUser { user_id } => {
                 if *user_id == ROOT_USER_ID {
                     return Applied::fail(Status::PermissionDenied);
@@ -145,6 +181,14 @@ impl MetadataState {
                 user_id,
                 permissions,
             } => self.update_permissions(*user_id, permissions),
+            _ => Applied::fail(Status::InvalidRequest),
+        }
+    }
+
+    /// A consumer group op (joining and leaving are the caller's own).
+    fn apply_group_op(&mut self, caller: Caller, op: &MetadataOp) -> Applied {
+        use MetadataOp as M;
+        match op {
             M::CreateConsumerGroup {
                 stream_id,
                 topic_id,
@@ -168,6 +212,7 @@ impl MetadataState {
                 topic_id,
                 group_id,
             } => self.leave_consumer_group(*stream_id, *topic_id, *group_id, caller.client),
+            _ => Applied::fail(Status::InvalidRequest),
         }
     }
 

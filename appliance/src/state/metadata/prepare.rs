@@ -5,6 +5,7 @@ use replication::wire::PartitionKey;
 
 use super::{Caller, MetadataState, PasswordWork, Right};
 use crate::protocol::options::{self, TopicOptions};
+use crate::protocol::request::Identifier;
 use crate::protocol::{ClientRequest, Status};
 use crate::state::ops::{MetadataOp, PURGE_PARTITIONS_MAX};
 
@@ -21,15 +22,15 @@ impl MetadataState {
         match request {
             R::CreateStream { .. }
             | R::DeleteStream { .. }
-            | R::CreateTopic { .. }
+            | R::PurgeStream { .. }
+            | R::UpdateStream { .. } => self.prepare_stream_op(caller, request, now),
+            R::CreateTopic { .. }
             | R::DeleteTopic { .. }
             | R::CreatePartitions { .. }
             | R::DeletePartitions { .. }
             | R::DeleteSegments { .. }
             | R::UpdateTopic { .. }
-            | R::PurgeStream { .. }
-            | R::PurgeTopic { .. }
-            | R::UpdateStream { .. } => self.prepare_stream_op(caller, request, now),
+            | R::PurgeTopic { .. } => self.prepare_topic_op(caller, request, now),
             R::CreateUser { .. }
             | R::ChangePassword { .. }
             | R::DeleteUser { .. }
@@ -54,7 +55,26 @@ impl MetadataState {
         }
     }
 
-    /// A stream, topic or partition op.
+    /// The id of an existing stream the caller may manage.
+    fn managed_stream(&self, caller: Caller, stream: &Identifier) -> Result<u32, Status> {
+        let stream_id = self.stream_id(stream).ok_or(Status::NotFound)?;
+        self.need(caller, stream_id, Right::Manage)?;
+        Ok(stream_id)
+    }
+
+    /// The ids of an existing topic the caller may manage (a right on its stream).
+    fn managed_topic(
+        &self,
+        caller: Caller,
+        stream: &Identifier,
+        topic: &Identifier,
+    ) -> Result<(u32, u32), Status> {
+        let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
+        self.need(caller, stream_id, Right::Manage)?;
+        Ok((stream_id, topic_id))
+    }
+
+    /// A stream op.
     fn prepare_stream_op(
         &self,
         caller: Caller,
@@ -71,18 +91,40 @@ impl MetadataState {
                 }
             }
             R::DeleteStream { stream } => {
-                let stream_id = self.stream_id(stream).ok_or(Status::NotFound)?;
-                self.need(caller, stream_id, Right::Manage)?;
+                let stream_id = self.managed_stream(caller, stream)?;
                 MetadataOp::DeleteStream { stream_id }
             }
+            R::PurgeStream { stream } => {
+                let stream_id = self.managed_stream(caller, stream)?;
+                self.purge(|key| key.stream == stream_id)?
+            }
+            R::UpdateStream { stream, name } => {
+                let stream_id = self.managed_stream(caller, stream)?;
+                MetadataOp::UpdateStream {
+                    stream_id,
+                    name: name.clone(),
+                }
+            }
+            _ => return Err(Status::InvalidRequest),
+        })
+    }
+
+    /// A topic or partition op.
+    fn prepare_topic_op(
+        &self,
+        caller: Caller,
+        request: &ClientRequest<'_>,
+        now: u64,
+    ) -> Result<MetadataOp, Status> {
+        use ClientRequest as R;
+        Ok(match request {
             R::CreateTopic {
                 stream,
                 name,
                 partitions,
                 options,
             } => {
-                let stream_id = self.stream_id(stream).ok_or(Status::NotFound)?;
-                self.need(caller, stream_id, Right::Manage)?;
+                let stream_id = self.managed_stream(caller, stream)?;
                 let options = TopicOptions::parse(options).map_err(|refusal| refusal.status)?;
                 MetadataOp::CreateTopic {
                     stream_id,
@@ -97,8 +139,7 @@ impl MetadataState {
                 }
             }
             R::DeleteTopic { stream, topic } => {
-                let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
-                self.need(caller, stream_id, Right::Manage)?;
+                let (stream_id, topic_id) = self.managed_topic(caller, stream, topic)?;
                 MetadataOp::DeleteTopic {
                     stream_id,
                     topic_id,
@@ -109,8 +150,7 @@ impl MetadataState {
                 topic,
                 count,
             } => {
-                let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
-                self.need(caller, stream_id, Right::Manage)?;
+                let (stream_id, topic_id) = self.managed_topic(caller, stream, topic)?;
                 MetadataOp::CreatePartitions {
                     stream_id,
                     topic_id,
@@ -122,8 +162,7 @@ impl MetadataState {
                 topic,
                 count,
             } => {
-                let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
-                self.need(caller, stream_id, Right::Manage)?;
+                let (stream_id, topic_id) = self.managed_topic(caller, stream, topic)?;
                 MetadataOp::DeletePartitions {
                     stream_id,
                     topic_id,
@@ -156,27 +195,12 @@ impl MetadataState {
                 name,
                 options,
             } => {
-                let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
-                self.need(caller, stream_id, Right::Manage)?;
+                let (stream_id, topic_id) = self.managed_topic(caller, stream, topic)?;
                 self.update_topic(stream_id, topic_id, name, options)?
             }
-            R::PurgeStream { stream } => {
-                let stream_id = self.stream_id(stream).ok_or(Status::NotFound)?;
-                self.need(caller, stream_id, Right::Manage)?;
-                self.purge(|key| key.stream == stream_id)?
-            }
             R::PurgeTopic { stream, topic } => {
-                let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
-                self.need(caller, stream_id, Right::Manage)?;
+                let (stream_id, topic_id) = self.managed_topic(caller, stream, topic)?;
                 self.purge(|key| key.stream == stream_id && key.topic == topic_id)?
-            }
-            R::UpdateStream { stream, name } => {
-                let stream_id = self.stream_id(stream).ok_or(Status::NotFound)?;
-                self.need(caller, stream_id, Right::Manage)?;
-                MetadataOp::UpdateStream {
-                    stream_id,
-                    name: name.clone(),
-                }
             }
             _ => return Err(Status::InvalidRequest),
         })
@@ -241,8 +265,7 @@ impl MetadataState {
                 topic,
                 name,
             } => {
-                let (stream_id, topic_id) = self.topic_id(stream, topic).ok_or(Status::NotFound)?;
-                self.need(caller, stream_id, Right::Manage)?;
+                let (stream_id, topic_id) = self.managed_topic(caller, stream, topic)?;
                 MetadataOp::CreateConsumerGroup {
                     stream_id,
                     topic_id,

@@ -198,21 +198,20 @@ impl Node {
         } else {
             body
         };
+        let request = client_request(group, request);
         let applied = Applied {
             status: status.wire_code(operation),
             body: &body,
             keep_body: operation != Operation::CreatePersonalAccessToken as u8,
-            reply_as: Some((operation, client_request(group, request))),
+            reply_as: Some((operation, request)),
         };
         let Some(replica) = self.groups.get_mut(group) else {
             return;
         };
         let primary = replica.is_primary() && replica.status() == VsrStatus::Normal;
         let reply = replica.seal_applied(op, applied);
-        let carried = reply.as_ref().and_then(|(client, frame)| {
-            let (header, _) = ReplyHeader::read_from_prefix(frame.as_bytes()).ok()?;
-            Some((*client, header.request))
-        });
+        // The reply carries the client's own request number, sealed just above.
+        let carried = reply.as_ref().map(|(client, _)| (*client, request));
         let discarded = self.prepared_requests.applied(group, op, carried);
         self.answer_discarded(group, discarded);
         if let Some((client, frame)) = reply {

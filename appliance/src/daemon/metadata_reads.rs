@@ -119,18 +119,21 @@ impl Node {
     /// What this node stores of a partition: offsets, bytes and segments.
     fn partition_range(&self, key: PartitionKey) -> Option<PartitionRange> {
         let stored = self.stored(key)?;
-        let segments = self
-            .partitions
-            .by_group
-            .get(&key.pack().ok()?)
-            .map_or(0, |p| p.log.index_memory().0);
         Some(PartitionRange {
             partition: key.partition,
             first_offset: stored.first_offset,
             end_offset: stored.committed_end,
             bytes: stored.bytes,
-            segments: segments as u32,
+            segments: self.segment_count(key),
         })
+    }
+
+    /// The segment files this node holds of a partition (0 when it holds none).
+    fn segment_count(&self, key: PartitionKey) -> u32 {
+        key.pack()
+            .ok()
+            .and_then(|group| self.partitions.by_group.get(&group))
+            .map_or(0, |p| p.log.segment_count() as u32)
     }
 
     /// Answers one of Iggy's metadata reads for `user`. An unknown stream or topic in
@@ -245,17 +248,12 @@ impl Node {
                     partition,
                 };
                 let stored = self.stored(key);
-                let segments = key
-                    .pack()
-                    .ok()
-                    .and_then(|group| self.partitions.by_group.get(&group))
-                    .map_or(0, |p| p.log.index_memory().0);
                 let (first, end, bytes) =
                     stored.map_or((0, 0, 0), |s| (s.first_offset, s.committed_end, s.bytes));
                 PartitionReply {
                     id: partition,
                     created_at,
-                    segments_count: segments as u32,
+                    segments_count: self.segment_count(key),
                     current_offset: end.saturating_sub(1),
                     size_bytes: bytes,
                     messages_count: end.saturating_sub(first),
